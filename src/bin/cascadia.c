@@ -1,0 +1,36 @@
+/* cascadia: the one binary. Dispatches to a subcommand from cli/commands.c; nothing else lives here. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "core/log.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "cascadia: distributed LLM inference on ordinary PCs\n\n"
+            "usage: cascadia COMMAND [options]   (cascadia COMMAND --help for its options)\n\n"
+            "commands:\n");
+    for (const csd_command *c = csd_commands; c->name; c++)
+        fprintf(out, "  %-12s %s\n", c->name, c->summary);
+    fprintf(out, "\nenvironment: CSD_LOG=error|warn|info|debug|trace, CSD_KERN=ref|avx2|avx512\n");
+}
+
+int main(int argc, char **argv) {
+    const char *level = getenv("CSD_LOG");
+    if (level && csd_log_level_parse(level) >= 0) csd_log_set_level(csd_log_level_parse(level));
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    for (const csd_command *c = csd_commands; c->name; c++)
+        if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "cascadia: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,105 @@
+/* cli_util: flag parsing helpers (see cli_util.h). */
+#include "cli_util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+
+bool csd_cli_int(const char *cmd, const char *flag, const char *text, int64_t lo, int64_t hi,
+                 int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = text ? strtoll(text, &end, 10) : 0;
+    if (!text || *text == '\0' || *end != '\0' || errno || v < lo || v > hi) {
+        fprintf(stderr, "cascadia %s: %s expects an integer in [%lld, %lld], got '%s'\n", cmd, flag,
+                (long long)lo, (long long)hi, text ? text : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool csd_cli_float(const char *cmd, const char *flag, const char *text, double lo, double hi,
+                   double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = text ? strtod(text, &end) : 0;
+    if (!text || *text == '\0' || *end != '\0' || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "cascadia %s: %s expects a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi,
+                text ? text : "");
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids, int64_t *n) {
+    *ids = NULL;
+    *n = 0;
+    size_t len = strlen(text), cap = len / 2 + 1;
+    int32_t *out = csd_alloc_array(cap, sizeof(int32_t));
+    if (!out) return false;
+    const char *p = text;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
+            fprintf(stderr, "cascadia %s: %s expects comma-separated token ids, got '%s'\n", cmd, flag, text);
+            csd_free(out);
+            return false;
+        }
+        out[(*n)++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "cascadia %s: %s is empty\n", cmd, flag);
+        csd_free(out);
+        return false;
+    }
+    *ids = out;
+    return true;
+}
+
+int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd_model_opts *opts) {
+    int64_t v;
+    if (!strcmp(flag, "--precision")) {
+        int d = csd_dtype_parse(value);
+        if (d < 0) {
+            fprintf(stderr, "cascadia %s: --precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
+                    cmd, value ? value : "");
+            return -1;
+        }
+        opts->precision = d;
+        return 1;
+    }
+    if (!strcmp(flag, "--kv-type")) {
+        int d = csd_dtype_parse(value);
+        if (d != 0 && d != 1) {
+            fprintf(stderr, "cascadia %s: --kv-type must be f32 or f16, got '%s'\n", cmd, value ? value : "");
+            return -1;
+        }
+        opts->kv_dtype = d;
+        return 1;
+    }
+    if (!strcmp(flag, "--threads")) {
+        if (!csd_cli_int(cmd, flag, value, 1, 256, &v)) return -1;
+        opts->n_threads = (int)v;
+        return 1;
+    }
+    if (!strcmp(flag, "--ctx")) {
+        if (!csd_cli_int(cmd, flag, value, 16, 1 << 20, &v)) return -1;
+        opts->max_ctx = v;
+        return 1;
+    }
+    return 0;
+}
+
+void csd_cli_error(const char *cmd, const csd_err *err) {
+    fprintf(stderr, "cascadia %s: %s (%s)\n", cmd, err->msg[0] ? err->msg : csd_strerror(err->code),
+            csd_err_name(err->code));
+}

@@ -1,0 +1,166 @@
+/* cmd_detokenize: `cascadia detokenize DIR`: token ids on stdin (space, comma or newline separated)
+ * -> text on stdout. --batch decodes one line of ids per line and prints base64 of each text (used by
+ * tests/e2e_tok_parity.sh). Ids are validated: a non-number or an out-of-range id is an error. */
+#include "cli/commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "tok/tokenizer.h"
+
+#define STDIN_MAX ((size_t)256 << 20) /* refuse more input than this on stdin */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cascadia detokenize DIR [--skip-special] [--batch]\n"
+            "  Reads token ids (separated by spaces, commas or newlines) on stdin and prints the text.\n"
+            "  DIR             a model or tokenizer directory (tokenizer.json [+ tokenizer_config.json])\n"
+            "  --skip-special  leave special tokens (BOS, EOS, ...) out of the text\n"
+            "  --batch         one sequence of ids per line; print base64 of each text on its own line\n");
+}
+
+static int read_stdin(char **out, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = csd_alloc(cap);
+    if (!buf) return -1;
+    for (;;) {
+        if (n + 1 >= cap) {
+            if (cap >= STDIN_MAX) {
+                csd_free(buf);
+                return -2;
+            }
+            char *nb = csd_alloc(cap * 2);
+            if (!nb) {
+                csd_free(buf);
+                return -1;
+            }
+            memcpy(nb, buf, n);
+            csd_free(buf);
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+        n += r;
+        if (r == 0) break;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static void print_b64(const unsigned char *s, size_t n) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t i = 0; i < n; i += 3) {
+        uint32_t v = (uint32_t)s[i] << 16;
+        if (i + 1 < n) v |= (uint32_t)s[i + 1] << 8;
+        if (i + 2 < n) v |= s[i + 2];
+        putchar(tab[(v >> 18) & 63]);
+        putchar(tab[(v >> 12) & 63]);
+        putchar(i + 1 < n ? tab[(v >> 6) & 63] : '=');
+        putchar(i + 2 < n ? tab[v & 63] : '=');
+    }
+    putchar('\n');
+}
+
+/* Parses the ids of s[0..n); returns 0, or -1 with a message naming the bad item. */
+static int parse_ids(const char *s, size_t n, int32_t vocab, int32_t *ids, size_t *n_ids) {
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        char c = s[i];
+        if (c == ' ' || c == ',' || c == '\n' || c == '\r' || c == '\t') {
+            i++;
+            continue;
+        }
+        if (c < '0' || c > '9') {
+            fprintf(stderr, "detokenize: '%c' at byte %zu is not part of an id\n", c, i);
+            return -1;
+        }
+        long long v = 0;
+        while (i < n && s[i] >= '0' && s[i] <= '9') {
+            v = v * 10 + (s[i++] - '0');
+            if (v >= vocab) break;
+        }
+        if (v >= vocab || (i < n && s[i] >= '0' && s[i] <= '9')) {
+            fprintf(stderr, "detokenize: id %lld... is out of range (vocabulary %d)\n", v, vocab);
+            return -1;
+        }
+        ids[k++] = (int32_t)v;
+    }
+    *n_ids = k;
+    return 0;
+}
+
+int csd_cmd_detokenize(int argc, char **argv) {
+    const char *dir = NULL;
+    bool skip_special = false, batch = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--skip-special") == 0) {
+            skip_special = true;
+        } else if (strcmp(argv[i], "--batch") == 0) {
+            batch = true;
+        } else if (argv[i][0] == '-' || dir) {
+            fprintf(stderr, "detokenize: unexpected argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        } else {
+            dir = argv[i];
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "detokenize: missing DIR\n");
+        usage(stderr);
+        return 2;
+    }
+    csd_err err = {0};
+    csd_tok *tok = NULL;
+    if (csd_tok_load(&tok, dir, &err)) {
+        fprintf(stderr, "detokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *in = NULL;
+    size_t len = 0;
+    int rs = read_stdin(&in, &len);
+    int32_t *ids = rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids); /* ids are >= 2 bytes apart */
+    if (rs || !ids) {
+        fprintf(stderr, "detokenize: %s\n", rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
+        csd_free(in);
+        csd_tok_destroy(tok);
+        return 1;
+    }
+    int status = 0;
+    for (size_t pos = 0; pos < len || (!batch && pos == 0);) {
+        const char *s = in + pos;
+        size_t n = len - pos;
+        if (batch) {
+            const char *nl = memchr(s, '\n', n);
+            n = nl ? (size_t)(nl - s) : n;
+            pos += n + 1;
+        } else {
+            pos = len + 1;
+        }
+        size_t n_ids = 0;
+        char *text = NULL;
+        if (parse_ids(s, n, csd_tok_vocab_size(tok), ids, &n_ids) ||
+            csd_tok_decode(tok, ids, n_ids, skip_special, &text, &err)) {
+            if (text == NULL && err.code) fprintf(stderr, "detokenize: %s\n", err.msg);
+            status = 1;
+            break;
+        }
+        if (batch) print_b64((const unsigned char *)text, strlen(text));
+        else fwrite(text, 1, strlen(text), stdout);
+        csd_free(text);
+    }
+    csd_free(ids);
+    csd_free(in);
+    csd_tok_destroy(tok);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "detokenize: cannot write stdout\n");
+        return 1;
+    }
+    return status;
+}

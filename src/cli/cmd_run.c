@@ -1,0 +1,208 @@
+/* cmd_run: `cascadia run MODEL_DIR -p TEXT`: generate on this machine and stream the text.
+ * Prints the prompt and its continuation to stdout (like llama2.c and llama-cli), token rates to
+ * stderr; --print-ids prints the generated ids instead of text. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli_util.h"
+#include "commands.h"
+#include "coord/generate.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "tok/tokenizer.h"
+
+static const char *const run_usage =
+    "usage: cascadia run MODEL_DIR -p TEXT [options]\n"
+    "  -p, --prompt TEXT   the prompt\n"
+    "  -n N                tokens to generate (default 128)\n"
+    "  --temp T            temperature, 0 = greedy (default 0.8)\n"
+    "  --top-k K           (default 40, 0 = off)\n"
+    "  --top-p P           (default 0.95)\n"
+    "  --min-p P           (default 0.05)\n"
+    "  --repeat-penalty R  (default 1.0 = off)\n"
+    "  --presence-penalty F, --frequency-penalty F   (default 0)\n"
+    "  --seed S            sampling seed (default 24301)\n"
+    "  --ignore-eos        keep generating past end-of-text\n"
+    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_FLAGS_HELP;
+
+typedef struct run_args {
+    const char *model_dir;
+    const char *prompt;
+    csd_gen_params gen;
+    csd_model_opts model;
+    bool print_ids;
+} run_args;
+
+static int parse_sampling_flag(const char *flag, const char *value, csd_sampler_params *sp) {
+    double d;
+    int64_t v;
+    if (!strcmp(flag, "--temp")) {
+        if (!csd_cli_float("run", flag, value, 0, 100, &d)) return -1;
+        sp->temperature = (float)d;
+    } else if (!strcmp(flag, "--top-k")) {
+        if (!csd_cli_int("run", flag, value, 0, 1 << 20, &v)) return -1;
+        sp->top_k = (int32_t)v;
+    } else if (!strcmp(flag, "--top-p")) {
+        if (!csd_cli_float("run", flag, value, 1e-6, 1, &d)) return -1;
+        sp->top_p = (float)d;
+    } else if (!strcmp(flag, "--min-p")) {
+        if (!csd_cli_float("run", flag, value, 0, 1, &d)) return -1;
+        sp->min_p = (float)d;
+    } else if (!strcmp(flag, "--repeat-penalty")) {
+        if (!csd_cli_float("run", flag, value, 1e-3, 10, &d)) return -1;
+        sp->repetition_penalty = (float)d;
+    } else if (!strcmp(flag, "--presence-penalty")) {
+        if (!csd_cli_float("run", flag, value, -2, 2, &d)) return -1;
+        sp->presence_penalty = (float)d;
+    } else if (!strcmp(flag, "--frequency-penalty")) {
+        if (!csd_cli_float("run", flag, value, -2, 2, &d)) return -1;
+        sp->frequency_penalty = (float)d;
+    } else if (!strcmp(flag, "--seed")) {
+        if (!csd_cli_int("run", flag, value, 0, INT64_MAX, &v)) return -1;
+        sp->seed = (uint64_t)v;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Returns 0 to go on, or the exit code. */
+static int parse_args(int argc, char **argv, run_args *a) {
+    memset(a, 0, sizeof *a);
+    csd_model_opts_default(&a->model);
+    csd_sampler_params_default(&a->gen.sampling);
+    a->gen.max_tokens = 128;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t v;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(run_usage, stdout);
+            return -1;
+        } else if (!strcmp(f, "--print-ids")) {
+            a->print_ids = true;
+        } else if (!strcmp(f, "--ignore-eos")) {
+            a->gen.ignore_eos = true;
+        } else if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) {
+            if (!value) break;
+            a->prompt = argv[++i];
+        } else if (!strcmp(f, "-n")) {
+            if (!csd_cli_int("run", f, value, 1, 1 << 20, &v)) return 2;
+            a->gen.max_tokens = v;
+            i++;
+        } else if (f[0] == '-') {
+            int r = parse_sampling_flag(f, value, &a->gen.sampling);
+            if (r == 0) r = csd_cli_model_flag("run", f, value, &a->model);
+            if (r < 0) return 2;
+            if (r == 0) {
+                fprintf(stderr, "cascadia run: unknown option '%s'\n%s", f, run_usage);
+                return 2;
+            }
+            i++;
+        } else if (!a->model_dir) {
+            a->model_dir = f;
+        } else {
+            fprintf(stderr, "cascadia run: unexpected argument '%s'\n", f);
+            return 2;
+        }
+    }
+    if (!a->model_dir || !a->prompt) {
+        fprintf(stderr, "cascadia run: MODEL_DIR and -p TEXT are required\n%s", run_usage);
+        return 2;
+    }
+    return 0;
+}
+
+typedef struct run_output {
+    bool print_ids;
+    csd_detok detok;
+    char buf[1024];
+} run_output;
+
+static bool on_token(void *ctx, int32_t id, const float *logits) {
+    (void)logits;
+    run_output *o = ctx;
+    if (o->print_ids) {
+        printf("%d ", id);
+    } else {
+        size_t len = 0;
+        if (csd_detok_push(&o->detok, id, o->buf, sizeof o->buf, &len) == 0) fwrite(o->buf, 1, len, stdout);
+    }
+    fflush(stdout);
+    return false;
+}
+
+static void print_stats(const csd_gen_stats *st) {
+    double pp = st->prompt_s > 0 ? (double)st->n_prompt / st->prompt_s : 0;
+    /* the first generated token comes from the prefill; the rest from decode steps */
+    double tg = st->gen_s > 0 && st->n_gen > 1 ? (double)(st->n_gen - 1) / st->gen_s : 0;
+    fprintf(stderr, "\nprompt: %lld tokens, %.2f tok/s | generation: %lld tokens, %.2f tok/s | finish: %s\n",
+            (long long)st->n_prompt, pp, (long long)st->n_gen, tg, csd_finish_name(st->finish));
+}
+
+static int generate_text(const run_args *a, csd_pipeline *pipe, const csd_tok *tok, csd_err *err) {
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = csd_tok_encode(tok, a->prompt, strlen(a->prompt), true, false, &ids, &n_ids, err);
+    if (rc) return rc;
+    run_output *out = csd_alloc(sizeof *out);
+    if (!out) {
+        csd_free(ids);
+        return csd_err_set(err, CSD_ENOMEM, "output buffer");
+    }
+    out->print_ids = a->print_ids;
+    csd_detok_init(&out->detok, tok, true);
+    if (!a->print_ids) /* echo the prompt through the same detokenizer so spacing matches */
+        for (size_t i = 0; i < n_ids; i++) on_token(out, ids[i], NULL);
+    csd_gen_params gp = a->gen;
+    int32_t eog[64];
+    int n_eog = 0;
+    for (int32_t id = 0; id < csd_tok_vocab_size(tok) && n_eog < 64; id++)
+        if (csd_tok_is_eog(tok, id)) eog[n_eog++] = id;
+    if (n_eog) {
+        gp.eog_ids = eog;
+        gp.n_eog = n_eog;
+    }
+    csd_gen_stats st;
+    rc = csd_generate(pipe, 1, ids, (int64_t)n_ids, &gp, on_token, out, &st, err);
+    if (!rc) {
+        size_t len = 0;
+        if (!a->print_ids && csd_detok_flush(&out->detok, out->buf, sizeof out->buf, &len) == 0)
+            fwrite(out->buf, 1, len, stdout);
+        printf("\n");
+        fflush(stdout);
+        print_stats(&st);
+    }
+    csd_free(out);
+    csd_free(ids);
+    return rc;
+}
+
+int csd_cmd_run(int argc, char **argv) {
+    run_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    csd_err err = {0};
+    csd_model *model = NULL;
+    csd_tok *tok = NULL;
+    csd_pipeline *pipe = NULL;
+    csd_kern_init();
+    uint64_t t0 = csd_now_ns();
+    rc = csd_tok_load(&tok, a.model_dir, &err);
+    if (!rc) rc = csd_model_load_hf(&model, a.model_dir, &a.model, &err);
+    if (!rc) {
+        fprintf(stderr, "loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",
+                a.model_dir, (double)(csd_now_ns() - t0) * 1e-9, csd_model_cfg(model)->model_type,
+                (long long)csd_model_cfg(model)->n_layers, csd_dtype_name(csd_model_precision(model)),
+                (double)csd_model_weight_bytes(model) / (1 << 20), csd_kern_name());
+        rc = csd_local_pipeline_create(&pipe, model, 1, &err);
+    }
+    if (!rc) rc = generate_text(&a, pipe, tok, &err);
+    if (rc) csd_cli_error("run", &err);
+    if (pipe) pipe->ops->destroy(pipe);
+    csd_model_destroy(model);
+    csd_tok_destroy(tok);
+    return rc ? 1 : 0;
+}

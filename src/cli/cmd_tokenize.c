@@ -1,0 +1,184 @@
+/* cmd_tokenize: `cascadia tokenize DIR`: text on stdin -> token ids on stdout. A thin wrapper over
+ * tok/tokenizer.h; --batch encodes one base64 string per input line (used by tests/e2e_tok_parity.sh
+ * so thousands of strings, including invalid UTF-8, need one tokenizer load). See docs/tokenizer.md. */
+#include "cli/commands.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "tok/tokenizer.h"
+
+#define STDIN_MAX ((size_t)256 << 20) /* refuse more text than this on stdin */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: cascadia tokenize DIR [--tokens] [--no-special] [--split-special] [--batch]\n"
+            "  Reads all of stdin as text and prints its token ids, space-separated, on one line.\n"
+            "  DIR              a model or tokenizer directory (tokenizer.json [+ tokenizer_config.json])\n"
+            "  --tokens         also print one line per token: id, then its vocabulary piece\n"
+            "  --no-special     do not add BOS/EOS (the config's add_bos_token / post-processor)\n"
+            "  --split-special  read special-token strings such as <|eot_id|> as plain text\n"
+            "  --batch          each stdin line is base64 of one text; print one line of ids per line\n");
+}
+
+static int read_stdin(char **out, size_t *len) {
+    size_t cap = 1 << 16, n = 0;
+    char *buf = csd_alloc(cap);
+    if (!buf) return -1;
+    for (;;) {
+        if (n + 1 >= cap) {
+            if (cap >= STDIN_MAX) {
+                csd_free(buf);
+                return -2;
+            }
+            char *nb = csd_alloc(cap * 2);
+            if (!nb) {
+                csd_free(buf);
+                return -1;
+            }
+            memcpy(nb, buf, n);
+            csd_free(buf);
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+        n += r;
+        if (r == 0) break;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
+static int b64_val(char c) {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+}
+
+/* Decodes base64 in place; returns the byte count or -1 for bad input. */
+static long b64_decode(char *s, size_t n) {
+    size_t o = 0;
+    uint32_t acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] == '=') break;
+        int v = b64_val(s[i]);
+        if (v < 0) return -1;
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            s[o++] = (char)((acc >> bits) & 0xFF);
+        }
+    }
+    return (long)o;
+}
+
+static void print_piece(const char *p) {
+    for (; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c < 0x20 || c == 0x7F || c == '\\') printf("\\x%02X", c);
+        else putchar(c);
+    }
+}
+
+int csd_cmd_tokenize(int argc, char **argv) {
+    const char *dir = NULL;
+    bool tokens = false, add_special = true, parse_special = true, batch = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--tokens") == 0) {
+            tokens = true;
+        } else if (strcmp(argv[i], "--no-special") == 0) {
+            add_special = false;
+        } else if (strcmp(argv[i], "--split-special") == 0) {
+            parse_special = false;
+        } else if (strcmp(argv[i], "--batch") == 0) {
+            batch = true;
+        } else if (argv[i][0] == '-' || dir) {
+            fprintf(stderr, "tokenize: unexpected argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        } else {
+            dir = argv[i];
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "tokenize: missing DIR\n");
+        usage(stderr);
+        return 2;
+    }
+    csd_err err = {0};
+    csd_tok *tok = NULL;
+    if (csd_tok_load(&tok, dir, &err)) {
+        fprintf(stderr, "tokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int rs = read_stdin(&text, &len);
+    if (rs) {
+        fprintf(stderr, "tokenize: %s\n", rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
+        csd_tok_destroy(tok);
+        return 1;
+    }
+    int status = 0;
+    size_t line_no = 0;
+    double t0 = csd_now_s();
+    size_t total_bytes = 0, total_ids = 0;
+    for (size_t pos = 0; pos < len || (!batch && pos == 0);) {
+        char *s = text + pos;
+        size_t n = len - pos;
+        if (batch) {
+            char *nl = memchr(s, '\n', n);
+            n = nl ? (size_t)(nl - s) : n;
+            pos += n + 1;
+            line_no++;
+            if (n && s[n - 1] == '\r') n--;
+            long d = b64_decode(s, n);
+            if (d < 0) {
+                fprintf(stderr, "tokenize: line %zu is not base64\n", line_no);
+                status = 1;
+                break;
+            }
+            n = (size_t)d;
+        } else {
+            pos = len + 1;
+        }
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        if (csd_tok_encode(tok, s, n, add_special, parse_special, &ids, &n_ids, &err)) {
+            fprintf(stderr, "tokenize: %s\n", err.msg);
+            status = 1;
+            break;
+        }
+        total_bytes += n;
+        total_ids += n_ids;
+        for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
+        putchar('\n');
+        for (size_t i = 0; tokens && i < n_ids; i++) {
+            printf("%d\t", ids[i]);
+            print_piece(csd_tok_piece(tok, ids[i]));
+            putchar('\n');
+        }
+        csd_free(ids);
+    }
+    fprintf(stderr, "tokenize: %zu bytes -> %zu ids in %.3f s\n", total_bytes, total_ids,
+            csd_now_s() - t0);
+    csd_free(text);
+    csd_tok_destroy(tok);
+    if (fflush(stdout) != 0) {
+        fprintf(stderr, "tokenize: cannot write stdout\n");
+        return 1;
+    }
+    return status;
+}

@@ -1,0 +1,490 @@
+/* engine: admission, continuous batching and micro-batch interleaving (see engine.h).
+ *
+ * One scheduler thread per pipeline. Each pulls requests from the shared FIFO queue whenever it has
+ * a free slot, so a request goes to whichever pipeline has capacity and no pipeline is ever sent
+ * more than --parallel requests (the phase-0 lesson: a flooded backend slows 17x). A step carries
+ * the next token of every decoding request plus a bounded chunk of prompt tokens, so running
+ * streams keep producing while a long prompt is prefilled. With a fleet of S stages, up to S steps
+ * are in flight over disjoint groups of requests, so every stage has work. */
+#include "engine.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+
+enum req_state { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
+
+typedef struct req {
+    struct req *next;         /* queue or active list */
+    uint64_t id;
+    int32_t *prompt;          /* owned copy */
+    int64_t n_prompt;
+    int64_t n_prefilled;
+    int64_t n_gen;
+    int32_t last_token;
+    csd_req_params params;
+    csd_req_callbacks cb;
+    void *ctx;
+    csd_sampler *sampler;
+    int state;
+    bool opened;              /* pipeline state exists */
+    bool in_flight;           /* part of a step not yet ended */
+    atomic_bool cancel;
+    uint64_t t_submit, t_admit, t_first, t_last;
+} req;
+
+typedef struct inflight_step {
+    int n;                                  /* entries */
+    csd_step_entry entries[CSD_STEP_MAX_ENTRIES];
+    req *reqs[CSD_STEP_MAX_ENTRIES];
+    float *logits;                          /* (n_entries with logits, vocab) */
+    uint64_t t_begin;
+} inflight_step;
+
+typedef struct worker {
+    struct csd_engine *e;
+    csd_pipeline *pipe;
+    pthread_t thread;
+    req *active;                            /* admitted requests */
+    int n_active;
+    inflight_step *steps;                   /* ring of max_in_flight */
+    int head, count;
+    float *scratch_logits;                  /* (vocab) raw copy for logprobs */
+} worker;
+
+struct csd_engine {
+    csd_engine_opts opts;
+    csd_model_config cfg;
+    int64_t max_ctx;
+    int32_t *eog;
+    int n_eog;
+    worker *workers;
+    int n_alloc;     /* entries of workers whose buffers may need freeing */
+    int n_workers;   /* threads started */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    req *queue_head, *queue_tail;
+    int queue_len;
+    bool stopping;
+    uint64_t next_id;
+    csd_engine_stats stats;
+};
+
+void csd_engine_opts_default(csd_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->parallel = 4;
+    o->queue_max = 64;
+    o->prefill_chunk = 256;
+}
+
+static void req_free(req *r) {
+    if (!r) return;
+    csd_sampler_destroy(r->sampler);
+    csd_free(r->prompt);
+    csd_free(r);
+}
+
+/* ---- finishing ---- */
+
+static void finish(worker *w, req *r, int end, int code, const char *msg) {
+    csd_engine *e = w->e;
+    if (r->opened) w->pipe->ops->close(w->pipe, (uint32_t)r->id);
+    csd_req_result res = {0};
+    res.end = end;
+    res.prompt_tokens = r->n_prompt;
+    res.completion_tokens = r->n_gen;
+    uint64_t now = csd_now_ns();
+    res.queue_s = r->t_admit ? (double)(r->t_admit - r->t_submit) * 1e-9 : (double)(now - r->t_submit) * 1e-9;
+    res.ttft_s = r->t_first ? (double)(r->t_first - r->t_submit) * 1e-9 : 0;
+    res.total_s = (double)(now - r->t_submit) * 1e-9;
+    res.code = code;
+    if (msg) snprintf(res.message, sizeof res.message, "%s", msg);
+    pthread_mutex_lock(&e->mu);
+    e->stats.completion_tokens_total += r->n_gen;
+    pthread_mutex_unlock(&e->mu);
+    r->cb.on_done(r->ctx, &res);
+    req_free(r);
+}
+
+/* Only the worker's own thread changes its active list, and always under the engine lock, so
+ * csd_engine_cancel (another thread, lock held) can walk it safely. */
+static void remove_active(worker *w, req *r) {
+    pthread_mutex_lock(&w->e->mu);
+    for (req **p = &w->active; *p; p = &(*p)->next) {
+        if (*p == r) {
+            *p = r->next;
+            w->n_active--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&w->e->mu);
+}
+
+/* ---- admission ---- */
+
+static bool is_eog(const csd_engine *e, int32_t id) {
+    for (int i = 0; i < e->n_eog; i++)
+        if (e->eog[i] == id) return true;
+    return false;
+}
+
+/* Moves queued requests into free slots (FIFO). Called with the lock held. */
+static void admit(worker *w) {
+    csd_engine *e = w->e;
+    while (w->n_active < e->opts.parallel && e->queue_head) {
+        req *r = e->queue_head;
+        e->queue_head = r->next;
+        if (!e->queue_head) e->queue_tail = NULL;
+        e->queue_len--;
+        r->next = NULL;
+        r->state = REQ_PREFILL;
+        r->t_admit = csd_now_ns();
+        req **tail = &w->active; /* append: keeps admission order for prefill fairness */
+        while (*tail) tail = &(*tail)->next;
+        *tail = r;
+        w->n_active++;
+    }
+}
+
+/* Opens pipeline state for newly admitted requests and ends cancelled ones. */
+static void prepare_requests(worker *w) {
+    for (req *r = w->active, *next; r; r = next) {
+        next = r->next;
+        if (r->in_flight) continue;
+        if (atomic_load(&r->cancel)) {
+            remove_active(w, r);
+            finish(w, r, CSD_REQ_END_CANCELLED, 0, "cancelled");
+            continue;
+        }
+        if (!r->opened) {
+            csd_err err = {0};
+            int rc = w->pipe->ops->open(w->pipe, (uint32_t)r->id, w->e->max_ctx, &err);
+            if (rc) {
+                remove_active(w, r);
+                finish(w, r, CSD_REQ_END_ERROR, rc, err.msg);
+                continue;
+            }
+            r->opened = true;
+        }
+    }
+}
+
+/* ---- steps ---- */
+
+static int idle_count(const worker *w) {
+    int n = 0;
+    for (const req *r = w->active; r; r = r->next) n += !r->in_flight;
+    return n;
+}
+
+/* Builds a step from idle requests: every decoding one contributes its last token, prefilling
+ * ones a chunk within the prefill budget. Takes at most `limit` requests. */
+static void build_step(worker *w, inflight_step *s, int limit) {
+    int64_t budget = w->e->opts.prefill_chunk, tokens = 0;
+    int64_t max_tokens = w->pipe->max_step_tokens;
+    s->n = 0;
+    for (req *r = w->active; r && s->n < limit && s->n < CSD_STEP_MAX_ENTRIES; r = r->next) {
+        if (r->in_flight || !r->opened) continue;
+        csd_step_entry *en = &s->entries[s->n];
+        en->req = (uint32_t)r->id;
+        if (r->state == REQ_DECODE) {
+            if (tokens + 1 > max_tokens) break;
+            en->ids = &r->last_token;
+            en->n = 1;
+            en->want_logits = true;
+        } else {
+            int64_t left = r->n_prompt - r->n_prefilled;
+            int64_t take = left < budget ? left : budget;
+            if (take + tokens > max_tokens) take = max_tokens - tokens;
+            if (take <= 0) continue;
+            en->ids = r->prompt + r->n_prefilled;
+            en->n = take;
+            en->want_logits = take == left;
+            budget -= take;
+        }
+        tokens += en->n;
+        s->reqs[s->n++] = r;
+        r->in_flight = true;
+    }
+}
+
+/* Turns one request's logits into a token event and decides whether it goes on. */
+static void emit_token(worker *w, req *r, float *logits) {
+    csd_engine *e = w->e;
+    int32_t vocab = (int32_t)e->cfg.vocab_size;
+    csd_token_event ev = {0};
+    if (r->params.logprobs) memcpy(w->scratch_logits, logits, (size_t)vocab * sizeof(float));
+    ev.id = csd_sampler_sample(r->sampler, logits);
+    csd_sampler_accept(r->sampler, ev.id);
+    if (r->params.logprobs) {
+        ev.logprob = csd_logprob_of(w->scratch_logits, vocab, ev.id);
+        ev.n_top = r->params.top_logprobs;
+        csd_top_logprobs(w->scratch_logits, vocab, ev.n_top, ev.top_ids, ev.top_logprobs);
+    }
+    uint64_t now = csd_now_ns();
+    pthread_mutex_lock(&e->mu);
+    if (!r->t_first) {
+        e->stats.ttft_sum_s += (double)(now - r->t_submit) * 1e-9;
+        e->stats.ttft_count++;
+    } else {
+        e->stats.itl_sum_s += (double)(now - r->t_last) * 1e-9;
+        e->stats.itl_count++;
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (!r->t_first) r->t_first = now;
+    r->t_last = now;
+    r->n_gen++;
+    r->last_token = ev.id;
+    r->state = REQ_DECODE;
+    bool stop = r->cb.on_token(r->ctx, &ev);
+    int end = 0;
+    if (stop || atomic_load(&r->cancel)) end = stop ? CSD_REQ_END_STOP : CSD_REQ_END_CANCELLED;
+    else if (!r->params.ignore_eos && is_eog(e, ev.id)) end = CSD_REQ_END_STOP;
+    else if (r->n_gen >= r->params.max_tokens || r->n_prompt + r->n_gen >= e->max_ctx) end = CSD_REQ_END_LENGTH;
+    if (end) {
+        remove_active(w, r);
+        finish(w, r, end, 0, NULL);
+    }
+}
+
+static void complete_step(worker *w, inflight_step *s) {
+    csd_err err = {0};
+    int rc = w->pipe->ops->step_end(w->pipe, &err);
+    csd_engine *e = w->e;
+    pthread_mutex_lock(&e->mu);
+    e->stats.step_sum_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
+    e->stats.step_count++;
+    pthread_mutex_unlock(&e->mu);
+    int64_t vocab = e->cfg.vocab_size, row = 0;
+    for (int i = 0; i < s->n; i++) {
+        req *r = s->reqs[i];
+        r->in_flight = false;
+        if (rc) { /* the pipeline failed (a worker died): fail these requests, keep serving */
+            remove_active(w, r);
+            finish(w, r, CSD_REQ_END_ERROR, rc, err.msg);
+            continue;
+        }
+        if (r->state == REQ_PREFILL) r->n_prefilled += s->entries[i].n;
+        if (!s->entries[i].want_logits) continue;
+        emit_token(w, r, s->logits + row * vocab);
+        row++;
+    }
+}
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    csd_engine *e = w->e;
+    int max_flight = w->pipe->max_in_flight > 0 ? w->pipe->max_in_flight : 1;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        admit(w);
+        while (!e->stopping && w->n_active == 0 && w->count == 0) {
+            pthread_cond_wait(&e->cv, &e->mu);
+            admit(w);
+        }
+        bool stopping = e->stopping;
+        e->stats.active = 0;
+        for (int i = 0; i < e->n_workers; i++) e->stats.active += e->workers[i].n_active;
+        e->stats.queue_depth = e->queue_len;
+        pthread_mutex_unlock(&e->mu);
+        if (stopping && w->count == 0) break;
+        prepare_requests(w);
+        /* Fill the pipeline: begin steps over disjoint groups of idle requests. */
+        while (!stopping && w->count < max_flight) {
+            int idle = idle_count(w);
+            if (idle == 0) break;
+            int groups = max_flight - w->count;
+            int limit = (w->n_active + max_flight - 1) / max_flight;
+            if (limit < 1 || groups == 1) limit = idle;
+            inflight_step *s = &w->steps[(w->head + w->count) % max_flight];
+            build_step(w, s, limit);
+            if (s->n == 0) break;
+            s->t_begin = csd_now_ns();
+            csd_err err = {0};
+            int rc = w->pipe->ops->step_begin(w->pipe, s->entries, s->n, s->logits, &err);
+            if (rc) {
+                for (int i = 0; i < s->n; i++) {
+                    remove_active(w, s->reqs[i]);
+                    finish(w, s->reqs[i], CSD_REQ_END_ERROR, rc, err.msg);
+                }
+                continue;
+            }
+            w->count++;
+        }
+        if (w->count > 0) {
+            inflight_step *s = &w->steps[w->head];
+            w->head = (w->head + 1) % max_flight;
+            w->count--;
+            complete_step(w, s);
+        }
+    }
+    while (w->active) { /* engine shutting down: everything left is cancelled */
+        req *r = w->active;
+        remove_active(w, r);
+        finish(w, r, CSD_REQ_END_CANCELLED, 0, "server shutting down");
+    }
+    return NULL;
+}
+
+/* ---- public API ---- */
+
+int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes, const int32_t *eog_ids,
+                      int n_eog, const csd_engine_opts *opts, csd_err *err) {
+    *out = NULL;
+    if (n_pipes <= 0) return csd_err_set(err, CSD_EINVAL, "no pipeline to serve");
+    csd_engine *e = csd_alloc(sizeof *e);
+    if (!e) return csd_err_set(err, CSD_ENOMEM, "engine");
+    e->opts = *opts;
+    if (e->opts.parallel <= 0) e->opts.parallel = 4;
+    if (e->opts.parallel > CSD_STEP_MAX_ENTRIES) e->opts.parallel = CSD_STEP_MAX_ENTRIES;
+    if (e->opts.queue_max < 0) e->opts.queue_max = 0;
+    if (e->opts.prefill_chunk <= 0) e->opts.prefill_chunk = 256;
+    e->cfg = pipes[0]->cfg;
+    e->max_ctx = opts->max_ctx > 0 && opts->max_ctx < pipes[0]->max_ctx ? opts->max_ctx : pipes[0]->max_ctx;
+    e->next_id = 1;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    e->eog = csd_alloc_array((size_t)(n_eog > 0 ? n_eog : 1), sizeof(int32_t));
+    e->workers = csd_alloc_array((size_t)n_pipes, sizeof(worker));
+    if (!e->eog || !e->workers) {
+        csd_engine_destroy(e);
+        return csd_err_set(err, CSD_ENOMEM, "engine");
+    }
+    if (n_eog > 0) memcpy(e->eog, eog_ids, (size_t)n_eog * sizeof(int32_t));
+    e->n_eog = n_eog;
+    e->stats.slots = e->opts.parallel * n_pipes;
+    e->n_alloc = n_pipes;
+    for (int i = 0; i < n_pipes; i++) {
+        worker *w = &e->workers[i];
+        w->e = e;
+        w->pipe = pipes[i];
+        int flight = pipes[i]->max_in_flight > 0 ? pipes[i]->max_in_flight : 1;
+        w->steps = csd_alloc_array((size_t)flight, sizeof(inflight_step));
+        w->scratch_logits = csd_alloc_array((size_t)e->cfg.vocab_size, sizeof(float));
+        int ok = w->steps && w->scratch_logits;
+        for (int s = 0; ok && s < flight; s++) {
+            w->steps[s].logits = csd_alloc_array((size_t)e->opts.parallel * (size_t)e->cfg.vocab_size, sizeof(float));
+            ok = w->steps[s].logits != NULL;
+        }
+        if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            e->n_workers = i;
+            csd_engine_destroy(e);
+            return csd_err_set(err, CSD_ENOMEM, "engine worker %d", i);
+        }
+        e->n_workers = i + 1;
+    }
+    *out = e;
+    return 0;
+}
+
+void csd_engine_destroy(csd_engine *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stopping = true;
+    req *q = e->queue_head;
+    e->queue_head = e->queue_tail = NULL;
+    e->queue_len = 0;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    for (int i = 0; i < e->n_workers; i++) pthread_join(e->workers[i].thread, NULL);
+    while (q) { /* never admitted: tell their owners */
+        req *next = q->next;
+        csd_req_result res = {0};
+        res.end = CSD_REQ_END_CANCELLED;
+        res.prompt_tokens = q->n_prompt;
+        snprintf(res.message, sizeof res.message, "server shutting down");
+        q->cb.on_done(q->ctx, &res);
+        req_free(q);
+        q = next;
+    }
+    for (int i = 0; e->workers && i < e->n_alloc; i++) {
+        worker *w = &e->workers[i];
+        int flight = w->pipe && w->pipe->max_in_flight > 0 ? w->pipe->max_in_flight : 1;
+        for (int s = 0; w->steps && s < flight; s++) csd_free(w->steps[s].logits);
+        csd_free(w->steps);
+        csd_free(w->scratch_logits);
+    }
+    csd_free(e->workers);
+    csd_free(e->eog);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    csd_free(e);
+}
+
+int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt, const csd_req_params *params,
+                      const csd_req_callbacks *cb, void *ctx, uint64_t *id, csd_err *err) {
+    if (n_prompt <= 0) return csd_err_set(err, CSD_EINVAL, "empty prompt");
+    if (n_prompt >= e->max_ctx)
+        return csd_err_set(err, CSD_ERANGE, "prompt of %lld tokens does not fit the context of %lld tokens",
+                           (long long)n_prompt, (long long)e->max_ctx);
+    if (params->max_tokens <= 0) return csd_err_set(err, CSD_ERANGE, "max_tokens must be > 0");
+    if (params->top_logprobs < 0 || params->top_logprobs > CSD_ENGINE_MAX_TOP_LOGPROBS)
+        return csd_err_set(err, CSD_ERANGE, "top_logprobs must be in [0, %d]", CSD_ENGINE_MAX_TOP_LOGPROBS);
+    for (int64_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->cfg.vocab_size)
+            return csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary", prompt[i]);
+    req *r = csd_alloc(sizeof *r);
+    int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
+               : csd_err_set(err, CSD_ENOMEM, "request");
+    if (!rc && !(r->prompt = csd_alloc_array((size_t)n_prompt, sizeof(int32_t))))
+        rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
+    if (rc) {
+        req_free(r);
+        return rc;
+    }
+    memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
+    for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(r->sampler, prompt[i]);
+    r->n_prompt = n_prompt;
+    r->params = *params;
+    r->cb = *cb;
+    r->ctx = ctx;
+    r->t_submit = csd_now_ns();
+    pthread_mutex_lock(&e->mu);
+    int free_slots = e->stats.slots - e->stats.active;
+    if (e->stopping || e->queue_len >= e->opts.queue_max + (free_slots > 0 ? free_slots : 0)) {
+        e->stats.requests_rejected++;
+        pthread_mutex_unlock(&e->mu);
+        req_free(r);
+        return csd_err_set(err, CSD_EFULL, "server is at capacity (%d slots, %d queued)", e->stats.slots,
+                           e->opts.queue_max);
+    }
+    r->id = e->next_id++;
+    if (e->queue_tail) e->queue_tail->next = r;
+    else e->queue_head = r;
+    e->queue_tail = r;
+    e->queue_len++;
+    e->stats.requests_total++;
+    e->stats.prompt_tokens_total += n_prompt;
+    e->stats.queue_depth = e->queue_len;
+    if (id) *id = r->id;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void csd_engine_cancel(csd_engine *e, uint64_t id) {
+    pthread_mutex_lock(&e->mu);
+    for (req *r = e->queue_head; r; r = r->next)
+        if (r->id == id) atomic_store(&r->cancel, true);
+    for (int i = 0; i < e->n_workers; i++)
+        for (req *r = e->workers[i].active; r; r = r->next)
+            if (r->id == id) atomic_store(&r->cancel, true);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {
+    pthread_mutex_lock(&e->mu);
+    *st = e->stats;
+    st->queue_depth = e->queue_len;
+    pthread_mutex_unlock(&e->mu);
+}
+
+const csd_model_config *csd_engine_model(const csd_engine *e) { return &e->cfg; }
+int64_t csd_engine_max_ctx(const csd_engine *e) { return e->max_ctx; }
+bool csd_engine_ready(csd_engine *e) { return e != NULL; }

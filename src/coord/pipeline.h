@@ -1,0 +1,60 @@
+/* pipeline: what the generation loop drives: something that keeps a KV cache per request and turns
+ * token ids into next-token logits. One implementation runs the whole model in this process
+ * (local_pipeline.c); the fleet one chains remote stages over the wire. The loop above cannot
+ * tell them apart, which is how N-stage output is proven equal to 1-stage output. */
+#ifndef CSD_PIPELINE_H
+#define CSD_PIPELINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "format/model_config.h"
+
+typedef struct csd_pipeline csd_pipeline;
+
+/* One request's part of a batched step: n tokens appended to request req. */
+typedef struct csd_step_entry {
+    uint32_t req;
+    const int32_t *ids;  /* borrowed until the step ends */
+    int64_t n;
+    bool want_logits;    /* next-token logits after the last of these tokens */
+} csd_step_entry;
+
+/* Most entries one step may carry. */
+#define CSD_STEP_MAX_ENTRIES 256
+
+typedef struct csd_pipeline_ops {
+    /* Creates request req's state (KV caches in every stage) for up to max_ctx positions. */
+    int (*open)(csd_pipeline *p, uint32_t req, int64_t max_ctx, csd_err *err);
+    /* Feeds n tokens of req; writes the next-token logits after the last one (vocab floats). */
+    int (*forward)(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_t n, float *logits,
+                   csd_err *err);
+    /* Starts a batched step over several requests (one forward per stage for all of them).
+     * Logits of the entries with want_logits are written to logits, packed in entry order, by
+     * the time the matching step_end returns; entries and logits must stay valid until then.
+     * Up to max_in_flight steps may be begun before the oldest is ended: while stage 1 computes
+     * step A, stage 0 computes step B. Steps end in the order they began. */
+    int (*step_begin)(csd_pipeline *p, const csd_step_entry *entries, int n_entries, float *logits,
+                      csd_err *err);
+    int (*step_end)(csd_pipeline *p, csd_err *err);
+    /* Forgets positions >= pos of req. */
+    int (*truncate)(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *err);
+    /* Frees req's state everywhere. */
+    void (*close)(csd_pipeline *p, uint32_t req);
+    void (*destroy)(csd_pipeline *p);
+} csd_pipeline_ops;
+
+struct csd_pipeline {
+    const csd_pipeline_ops *ops;
+    csd_model_config cfg; /* the model being served */
+    int64_t max_ctx;      /* longest request it accepts */
+    int max_in_flight;    /* steps that may overlap: 1 in-process, the stage count for a fleet */
+    int64_t max_step_tokens; /* tokens one step may carry in all */
+};
+
+/* In-process pipeline over a model directory (every layer here). */
+typedef struct csd_model csd_model;
+int csd_local_pipeline_create(csd_pipeline **out, csd_model *model, int max_requests, csd_err *err);
+
+#endif

@@ -1,0 +1,35 @@
+/* alloc: aligned, zeroed, counted allocation (see alloc.h). */
+#include "alloc.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_uint_fast64_t alloc_count;
+
+void *csd_alloc(size_t n) {
+    size_t rounded = (n + 63) & ~(size_t)63;
+    if (rounded < n) return NULL; /* overflow */
+    if (rounded == 0) rounded = 64;
+    void *p = aligned_alloc(64, rounded);
+    if (!p) return NULL;
+    memset(p, 0, rounded);
+    atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
+    return p;
+}
+
+void *csd_alloc_array(size_t n, size_t size) {
+    if (size != 0 && n > SIZE_MAX / size) return NULL;
+    return csd_alloc(n * size);
+}
+
+void csd_free(void *p) { free(p); }
+
+char *csd_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = csd_alloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+uint64_t csd_alloc_count(void) { return atomic_load_explicit(&alloc_count, memory_order_relaxed); }

@@ -1,0 +1,153 @@
+/* dispatch: detects CPU features once, picks the best kernel table (CSD_KERN=ref|avx2|avx512
+ * forces one), fills the table's gaps from ref and logs the choice. Also the public entry points
+ * of the vector helpers. The chosen table is one of the two allowed globals, set once. */
+#include "kern_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+enum { TABLE_REF, TABLE_AVX2, TABLE_AVX512, TABLE_COUNT };
+
+static const char *const table_names[TABLE_COUNT] = {"ref", "avx2", "avx512"};
+
+static csd_kern_ops tables[TABLE_COUNT];  /* gap-filled copies, written once under init_once */
+static bool table_ok[TABLE_COUNT];        /* compiled in and supported by this CPU */
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static _Atomic(const csd_kern_ops *) chosen; /* the table every public entry point uses */
+
+typedef struct cpu_features {
+    bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avxvnni, avx512bf16;
+} cpu_features;
+
+static cpu_features detect(void) {
+    cpu_features f = {0};
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    bool osxsave = (c >> 27) & 1, avx = (c >> 28) & 1;
+    f.fma = (c >> 12) & 1;
+    f.f16c = (c >> 29) & 1;
+    if (!osxsave || !avx) return f;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0)); /* which register state the OS saves */
+    (void)xhi;
+    bool os_ymm = (xlo & 0x6) == 0x6, os_zmm = (xlo & 0xe6) == 0xe6;
+    if (!os_ymm) return f;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d)) {
+        f.avx2 = (b >> 5) & 1;
+        f.avx512f = os_zmm && ((b >> 16) & 1);
+        f.avx512dq = os_zmm && ((b >> 17) & 1);
+        f.avx512bw = os_zmm && ((b >> 30) & 1);
+        f.avx512vl = os_zmm && ((b >> 31) & 1);
+        f.avx512vnni = os_zmm && ((c >> 11) & 1);
+    }
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d)) {
+        f.avxvnni = (a >> 4) & 1;
+        f.avx512bf16 = os_zmm && ((a >> 5) & 1);
+    }
+#endif
+    return f;
+}
+
+static void fill_gaps(csd_kern_ops *t) {
+    const csd_kern_ops *r = &csd_kern_ops_ref;
+#define FILL(field) \
+    if (!t->field) t->field = r->field
+    FILL(quantize_act_q8);
+    FILL(matmul_q4_q8);
+    FILL(matmul_q8_q8);
+    FILL(matmul_f32_f32);
+    FILL(matmul_f16_f32);
+    FILL(matmul_bf16_f32);
+    FILL(dot_f32);
+    FILL(dot_f32_f16);
+    FILL(axpy_f32);
+    FILL(axpy_f16);
+    FILL(f32_to_f16);
+#undef FILL
+}
+
+static void init_tables(void) {
+    cpu_features f = detect();
+    tables[TABLE_REF] = csd_kern_ops_ref;
+    table_ok[TABLE_REF] = true;
+#if defined(__x86_64__)
+    tables[TABLE_AVX2] = csd_kern_ops_avx2;
+    table_ok[TABLE_AVX2] = f.avx2 && f.fma && f.f16c;
+    tables[TABLE_AVX512] = csd_kern_ops_avx512;
+    table_ok[TABLE_AVX512] = table_ok[TABLE_AVX2] && f.avx512f && f.avx512bw && f.avx512vl &&
+                             f.avx512dq && f.avx512vnni;
+#endif
+    for (int i = 0; i < TABLE_COUNT; i++) fill_gaps(&tables[i]);
+
+    int pick = TABLE_REF;
+    for (int i = TABLE_COUNT - 1; i >= 0; i--) {
+        if (table_ok[i]) {
+            pick = i;
+            break;
+        }
+    }
+    const char *forced = getenv("CSD_KERN");
+    if (forced && *forced) {
+        int want = -1;
+        for (int i = 0; i < TABLE_COUNT; i++)
+            if (strcmp(forced, table_names[i]) == 0) want = i;
+        if (want >= 0 && table_ok[want]) {
+            pick = want;
+        } else {
+            CSD_LOGW("kern: CSD_KERN=%s is unknown or unsupported here, using %s", forced,
+                     table_names[pick]);
+        }
+    }
+    CSD_LOGI("kern: table=%s forced=%s avx2=%d fma=%d f16c=%d avx512f=%d avx512bw=%d avx512vl=%d "
+             "avx512vnni=%d avxvnni=%d avx512bf16=%d",
+             table_names[pick], forced && *forced ? forced : "no", f.avx2, f.fma, f.f16c,
+             f.avx512f, f.avx512bw, f.avx512vl, f.avx512vnni, f.avxvnni, f.avx512bf16);
+    atomic_store_explicit(&chosen, &tables[pick], memory_order_release);
+}
+
+const csd_kern_ops *csd_kern_ops_current(void) {
+    const csd_kern_ops *ops = atomic_load_explicit(&chosen, memory_order_acquire);
+    if (ops) return ops;
+    pthread_once(&init_once, init_tables);
+    return atomic_load_explicit(&chosen, memory_order_acquire);
+}
+
+const char *csd_kern_init(void) { return csd_kern_ops_current()->name; }
+const char *csd_kern_name(void) { return csd_kern_ops_current()->name; }
+
+const csd_kern_ops *csd_kern_table(const char *name) {
+    pthread_once(&init_once, init_tables);
+    for (int i = 0; i < TABLE_COUNT; i++)
+        if (name && strcmp(name, table_names[i]) == 0) return table_ok[i] ? &tables[i] : NULL;
+    return NULL;
+}
+
+float csd_dot_f32(const float *a, const float *b, int64_t n) {
+    return csd_kern_ops_current()->dot_f32(a, b, n);
+}
+
+float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
+    return csd_kern_ops_current()->dot_f32_f16(a, b, n);
+}
+
+void csd_axpy_f32(float *y, float a, const float *x, int64_t n) {
+    csd_kern_ops_current()->axpy_f32(y, a, x, n);
+}
+
+void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
+    csd_kern_ops_current()->axpy_f16(y, a, x, n);
+}
+
+void csd_f32_to_f16_vec(uint16_t *out, const float *in, int64_t n) {
+    csd_kern_ops_current()->f32_to_f16(out, in, n);
+}

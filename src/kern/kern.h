@@ -1,0 +1,60 @@
+/* kern: the numeric kernels the forward pass calls, behind one dispatch table chosen at start-up
+ * (AVX-512/VNNI, AVX2/FMA, portable scalar; CSD_KERN=ref|avx2|avx512 forces one). No model
+ * knowledge here. Weight matrices are [rows = outputs, cols = inputs], row-major, in any csd_dtype;
+ * quantized layouts are defined in kern/quant.h. Nothing here allocates. */
+#ifndef CSD_KERN_H
+#define CSD_KERN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "core/pool.h"
+
+/* A weight matrix in memory. data layout depends on dtype (see quant.h); for F32/F16/BF16 it is plain
+ * row-major. Borrowed: the owner (model weights or a mapped shard) keeps it alive. */
+typedef struct csd_qmat {
+    int dtype;     /* enum csd_dtype */
+    int64_t rows;  /* output features */
+    int64_t cols;  /* input features */
+    const void *data;
+    size_t nbytes;
+} csd_qmat;
+
+/* Selects the kernel table once (thread-safe, idempotent). Returns its name. */
+const char *csd_kern_init(void);
+const char *csd_kern_name(void);
+
+/* Bytes needed to store a rows x cols matrix in dtype. */
+size_t csd_qmat_bytes(int dtype, int64_t rows, int64_t cols);
+/* Converts rows x cols f32 into dtype (deterministic: same input, same bytes). For Q4/Q8 the scale
+ * of each group is chosen to minimise reconstruction error, not plain absmax. */
+int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, void *dst,
+                      csd_err *err);
+/* Expands one row back to f32 (embedding lookup, tests). */
+void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out);
+
+/* Scratch the matmul needs for n_tok activations of `cols` inputs (quantized activations). */
+size_t csd_matmul_scratch_bytes(int64_t cols, int64_t n_tok);
+/* y[t*rows + r] = sum_c W[r, c] * x[t*cols + c] for t in [0, n_tok). Runs on all pool threads.
+ * scratch has csd_matmul_scratch_bytes(W->cols, n_tok) bytes. Results for one token do not depend
+ * on n_tok (batch-invariant: a user's answer never depends on who else is in the batch). */
+void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
+                void *scratch);
+
+/* Vector helpers for attention (F16 or F32 KV cache), dispatched like the matmul. Each table sums in
+ * its own fixed order (the result depends only on the inputs and n, never on threads or batch);
+ * tables differ from each other only by float rounding. */
+/* Returns sum_i a[i] * b[i]. */
+float csd_dot_f32(const float *a, const float *b, int64_t n);
+/* Returns sum_i a[i] * f32(b[i]), b in IEEE half. */
+float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n);
+/* y[i] += a * x[i] (the multiply-add may be fused). */
+void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
+/* y[i] += a * f32(x[i]), x in IEEE half (the multiply-add may be fused). */
+void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* out[i] = half(in[i]), round to nearest even; bit-identical to csd_f32_to_f16 in every table. */
+void csd_f32_to_f16_vec(uint16_t *out, const float *in, int64_t n);
+
+#endif

@@ -1,0 +1,53 @@
+/* kern_internal: the dispatch table shared by ref.c, the per-ISA files, dispatch.c and the tests.
+ * Every table has the same semantics as ref.c (the spec); ISA tables may differ from it only in
+ * float summation order. Each table is deterministic: one output element is always computed by
+ * the same sequence of operations, whatever n_tok, the row range or the thread count. */
+#ifndef CSD_KERN_INTERNAL_H
+#define CSD_KERN_INTERNAL_H
+
+#include <stdint.h>
+
+#include "kern.h"
+
+/* Integer matmul over quantized activations (quant.h layout, n_tok tokens at
+ * csd_quant_act_stride(w->cols) bytes each): y[t * w->rows + r] for r in [r0, r1) only. */
+typedef void (*csd_kern_matmul_q_fn)(float *y, const csd_qmat *w, const uint8_t *act,
+                                     int64_t n_tok, int64_t r0, int64_t r1);
+/* Float matmul, x is n_tok x w->cols f32: y[t * w->rows + r] for r in [r0, r1) only. */
+typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x, int64_t n_tok,
+                                     int64_t r0, int64_t r1);
+
+typedef struct csd_kern_ops {
+    const char *name;
+    /* One token: x (cols f32) -> act (csd_quant_act_stride(cols) bytes). Bit-identical in all
+     * tables (same float operations, round-to-nearest-even). */
+    void (*quantize_act_q8)(uint8_t *act, const float *x, int64_t cols);
+    csd_kern_matmul_q_fn matmul_q4_q8;
+    csd_kern_matmul_q_fn matmul_q8_q8;
+    csd_kern_matmul_f_fn matmul_f32_f32;
+    csd_kern_matmul_f_fn matmul_f16_f32;
+    csd_kern_matmul_f_fn matmul_bf16_f32;
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    float (*dot_f32_f16)(const float *a, const uint16_t *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
+    void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
+} csd_kern_ops;
+
+/* Per-file tables: NULL entries are filled from ref by dispatch.c. */
+extern const csd_kern_ops csd_kern_ops_ref;
+#if defined(__x86_64__)
+extern const csd_kern_ops csd_kern_ops_avx2;
+extern const csd_kern_ops csd_kern_ops_avx512;
+#endif
+
+/* The complete (gap-filled) table called name ("ref", "avx2", "avx512"), or NULL when unknown or
+ * not supported by this CPU. Lives for the whole process. */
+const csd_kern_ops *csd_kern_table(const char *name);
+/* The table chosen by csd_kern_init (initialises on first use). */
+const csd_kern_ops *csd_kern_ops_current(void);
+/* csd_matmul with an explicit table (tests compare tables through it). */
+void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *w,
+                          const float *x, int64_t n_tok, float *y, void *scratch);
+
+#endif

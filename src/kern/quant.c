@@ -1,0 +1,163 @@
+/* quant: f32 -> weight dtype conversion (with the per-group clipping search for Q4/Q8), sizes and
+ * row dequantization. Portable scalar code: it runs once per model, not per token. The layouts are
+ * in quant.h. Deterministic: the same input always gives the same bytes. */
+#include "kern.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "quant.h"
+
+size_t csd_qmat_bytes(int dtype, int64_t rows, int64_t cols) {
+    return (size_t)rows * csd_quant_row_bytes(dtype, cols);
+}
+
+/* Round half to even for |v| < 2^22 with plain float adds (vectorises without SSE4.1). */
+static inline float round_even_f(float v) {
+    const float magic = 12582912.0f; /* 1.5 * 2^23 */
+    return v >= 0.0f ? (v + magic) - magic : (v - magic) + magic;
+}
+
+static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* Squared reconstruction error of w[0..n) on the grid d * [qmin, qmax]. */
+static float grid_error(const float *w, int n, float d, float qmin, float qmax) {
+    float inv = 1.0f / d, err = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float q = clampf(round_even_f(w[j] * inv), qmin, qmax);
+        float e = w[j] - q * d;
+        err += e * e;
+    }
+    return err;
+}
+
+/* d rounded through f16, the precision it is stored in. */
+static float f16_round(float d) { return csd_f16_to_f32(csd_f32_to_f16(d)); }
+
+/* Chooses the group scale: absmax (the baseline), then clipped scales d = s * amax * c / qspan for a
+ * small fixed grid of c, with s chosen so the largest-magnitude weight lands on the wider side of
+ * the grid, then one least-squares refit of d for the best assignment. Every candidate is judged
+ * after rounding d to f16. Returns the f16 scale (0 for an all-zero group). */
+static uint16_t choose_scale(const float *w, int n, int qmin, int qmax) {
+    float amax = 0.0f, vmax = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (fabsf(w[j]) > amax) {
+            amax = fabsf(w[j]);
+            vmax = w[j];
+        }
+    }
+    if (!(amax > 0.0f) || !isfinite(amax)) return 0;
+    float fmin = (float)qmin, fmax = (float)qmax;
+    /* Baseline: plain symmetric absmax, amax -> qmax. */
+    float best_d = f16_round(amax / fmax);
+    float best = best_d > 0.0f ? grid_error(w, n, best_d, fmin, fmax) : INFINITY;
+    /* The largest weight goes to qmin's side (-8 for Q4 leaves 8 steps, not 7). */
+    float sign = vmax > 0.0f ? -1.0f : 1.0f;
+    static const float clip[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f, 0.7f};
+    int n_clip = (int)(sizeof clip / sizeof clip[0]);
+    if (qmax >= 100) n_clip = 4; /* 8-bit: clipping rarely pays beyond a few percent */
+    for (int k = 0; k < n_clip; k++) {
+        float d = f16_round(sign * amax * clip[k] / (float)-qmin);
+        if (d == 0.0f || !isfinite(d)) continue;
+        float e = grid_error(w, n, d, fmin, fmax);
+        if (e < best) {
+            best = e;
+            best_d = d;
+        }
+    }
+    if (best_d == 0.0f) return 0; /* below f16 range: the group quantizes to zero */
+    /* Least-squares refit: with the assignment q fixed, d = <w, q> / <q, q> minimises the error. */
+    float inv = 1.0f / best_d, wq = 0.0f, qq = 0.0f;
+    for (int j = 0; j < n; j++) {
+        float q = clampf(round_even_f(w[j] * inv), fmin, fmax);
+        wq += w[j] * q;
+        qq += q * q;
+    }
+    if (qq > 0.0f) {
+        float d = f16_round(wq / qq);
+        if (d != 0.0f && isfinite(d)) {
+            float e = grid_error(w, n, d, fmin, fmax);
+            if (e < best) best_d = d;
+        }
+    }
+    return csd_f32_to_f16(best_d);
+}
+
+/* Quantizes one row into the quant.h row layout. */
+static void quantize_row_q(int dtype, const float *src, int64_t cols, uint8_t *dst) {
+    int64_t ng = csd_quant_groups(cols);
+    size_t gbytes = csd_quant_group_bytes(dtype);
+    int qmin = dtype == CSD_DTYPE_Q4 ? -8 : -127, qmax = dtype == CSD_DTYPE_Q4 ? 7 : 127;
+    memset(dst, 0, csd_quant_row_bytes(dtype, cols));
+    uint16_t *scales = (uint16_t *)(void *)(dst + (size_t)ng * gbytes);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * CSD_QUANT_GROUP;
+        int n = (int)(cols - c0 < CSD_QUANT_GROUP ? cols - c0 : CSD_QUANT_GROUP);
+        uint16_t dh = choose_scale(src + c0, n, qmin, qmax);
+        float d = csd_f16_to_f32(dh);
+        float inv = d != 0.0f ? 1.0f / d : 0.0f;
+        int8_t q[CSD_QUANT_GROUP] = {0}; /* missing weights of a short group are 0 */
+        for (int j = 0; j < n; j++)
+            q[j] = (int8_t)clampf(round_even_f(src[c0 + j] * inv), (float)qmin, (float)qmax);
+        scales[g] = dh;
+        uint8_t *out = dst + (size_t)g * gbytes;
+        if (dtype == CSD_DTYPE_Q4) {
+            for (int j = 0; j < 64; j++)
+                out[j] = (uint8_t)((q[j] + 8) | ((q[j + 64] + 8) << 4));
+        } else {
+            memcpy(out, q, CSD_QUANT_GROUP);
+        }
+    }
+}
+
+int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, void *dst,
+                      csd_err *err) {
+    if (rows < 0 || cols < 0)
+        return csd_err_set(err, CSD_EINVAL, "quantize: bad shape %lld x %lld", (long long)rows,
+                           (long long)cols);
+    size_t row_bytes = csd_quant_row_bytes(dtype, cols);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *s = src + r * cols;
+        uint8_t *d = (uint8_t *)dst + (size_t)r * row_bytes;
+        switch (dtype) {
+        case CSD_DTYPE_F32: memcpy(d, s, (size_t)cols * sizeof(float)); break;
+        case CSD_DTYPE_F16: csd_f32_to_f16_row((uint16_t *)(void *)d, s, cols); break;
+        case CSD_DTYPE_BF16:
+            for (int64_t c = 0; c < cols; c++) ((uint16_t *)(void *)d)[c] = csd_f32_to_bf16(s[c]);
+            break;
+        case CSD_DTYPE_Q4:
+        case CSD_DTYPE_Q8: quantize_row_q(dtype, s, cols, d); break;
+        default:
+            return csd_err_set(err, CSD_EUNSUPPORTED, "quantize: dtype %d (%s)", dtype,
+                               csd_dtype_name(dtype));
+        }
+    }
+    return 0;
+}
+
+void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out) {
+    const uint8_t *p = (const uint8_t *)w->data + (size_t)row * csd_quant_row_bytes(w->dtype, w->cols);
+    switch (w->dtype) {
+    case CSD_DTYPE_F32: memcpy(out, p, (size_t)w->cols * sizeof(float)); return;
+    case CSD_DTYPE_F16: csd_f16_to_f32_row(out, (const uint16_t *)(const void *)p, w->cols); return;
+    case CSD_DTYPE_BF16: csd_bf16_to_f32_row(out, (const uint16_t *)(const void *)p, w->cols); return;
+    case CSD_DTYPE_Q4:
+    case CSD_DTYPE_Q8: {
+        const uint16_t *scales = csd_quant_row_scales(w->dtype, p, w->cols);
+        for (int64_t c = 0; c < w->cols; c++) {
+            int64_t g = c / CSD_QUANT_GROUP, j = c % CSD_QUANT_GROUP;
+            int q;
+            if (w->dtype == CSD_DTYPE_Q4) {
+                uint8_t b = p[g * 64 + (j & 63)];
+                q = (j < 64 ? (b & 15) : (b >> 4)) - 8;
+            } else {
+                q = ((const int8_t *)p)[g * CSD_QUANT_GROUP + j];
+            }
+            out[c] = csd_f16_to_f32(scales[g]) * (float)q;
+        }
+        return;
+    }
+    default: return;
+    }
+}

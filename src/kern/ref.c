@@ -1,0 +1,127 @@
+/* ref: the portable scalar kernels. They ARE the spec: every ISA table must compute the same
+ * values up to float summation order. Plain C, no intrinsics; built on every architecture. */
+#include "kern_internal.h"
+
+#include <math.h>
+
+#include "core/dtype.h"
+#include "quant.h"
+
+/* Round to nearest, ties to even, like cvtps2dq under the default MXCSR. */
+static inline int32_t round_even(float v) { return (int32_t)nearbyintf(v); }
+
+static void ref_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
+    int64_t ng = csd_quant_groups(cols);
+    int8_t *xq = (int8_t *)act;
+    float *dx = (float *)(void *)(act + ng * CSD_QUANT_GROUP);
+    int32_t *sums = (int32_t *)(void *)(dx + ng);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * CSD_QUANT_GROUP;
+        int64_t n = cols - c0 < CSD_QUANT_GROUP ? cols - c0 : CSD_QUANT_GROUP;
+        float amax = 0.0f;
+        for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[c0 + j]));
+        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int64_t j = 0; j < CSD_QUANT_GROUP; j++) {
+            int32_t q = j < n ? round_even(x[c0 + j] * inv) : 0;
+            q = q > 127 ? 127 : q < -127 ? -127 : q;
+            xq[c0 + j] = (int8_t)q;
+            sum += q;
+        }
+        dx[g] = amax / 127.0f;
+        sums[g] = sum;
+    }
+}
+
+/* y = sum over groups of (dw * dx) * (integer dot of the group), groups in order. */
+static void ref_matmul_q(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
+                         int64_t r0, int64_t r1) {
+    int64_t ng = csd_quant_groups(w->cols);
+    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    size_t stride = csd_quant_act_stride(w->cols);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const int8_t *xq = (const int8_t *)(act + (size_t)t * stride);
+        const float *dx = (const float *)(const void *)(act + (size_t)t * stride + ng * 128);
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            const uint16_t *dw = csd_quant_row_scales(w->dtype, row, w->cols);
+            float acc = 0.0f;
+            for (int64_t g = 0; g < ng; g++) {
+                const int8_t *xg = xq + g * CSD_QUANT_GROUP;
+                int32_t isum = 0;
+                if (w->dtype == CSD_DTYPE_Q4) {
+                    const uint8_t *qs = row + g * sizeof(csd_q4_group);
+                    for (int j = 0; j < 64; j++) {
+                        isum += ((int32_t)(qs[j] & 15) - 8) * xg[j];
+                        isum += ((int32_t)(qs[j] >> 4) - 8) * xg[j + 64];
+                    }
+                } else {
+                    const int8_t *qs = (const int8_t *)row + g * sizeof(csd_q8_group);
+                    for (int j = 0; j < CSD_QUANT_GROUP; j++) isum += (int32_t)qs[j] * xg[j];
+                }
+                acc += (csd_f16_to_f32(dw[g]) * dx[g]) * (float)isum;
+            }
+            y[t * w->rows + r] = acc;
+        }
+    }
+}
+
+static float load_elem(int dtype, const void *row, int64_t c) {
+    if (dtype == CSD_DTYPE_F32) return ((const float *)row)[c];
+    if (dtype == CSD_DTYPE_F16) return csd_f16_to_f32(((const uint16_t *)row)[c]);
+    return csd_bf16_to_f32(((const uint16_t *)row)[c]);
+}
+
+/* y = sum over c in order of W[r, c] * x[c], in f32. */
+static void ref_matmul_f(float *y, const csd_qmat *w, const float *x, int64_t n_tok, int64_t r0,
+                         int64_t r1) {
+    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const float *xt = x + t * w->cols;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < w->cols; c++) acc += load_elem(w->dtype, row, c) * xt[c];
+            y[t * w->rows + r] = acc;
+        }
+    }
+}
+
+static float ref_dot_f32(const float *a, const float *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * b[i];
+    return acc;
+}
+
+static float ref_dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < n; i++) acc += a[i] * csd_f16_to_f32(b[i]);
+    return acc;
+}
+
+static void ref_axpy_f32(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void ref_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * csd_f16_to_f32(x[i]);
+}
+
+static void ref_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
+    csd_f32_to_f16_row(out, in, n);
+}
+
+const csd_kern_ops csd_kern_ops_ref = {
+    .name = "ref",
+    .quantize_act_q8 = ref_quantize_act_q8,
+    .matmul_q4_q8 = ref_matmul_q,
+    .matmul_q8_q8 = ref_matmul_q,
+    .matmul_f32_f32 = ref_matmul_f,
+    .matmul_f16_f32 = ref_matmul_f,
+    .matmul_bf16_f32 = ref_matmul_f,
+    .dot_f32 = ref_dot_f32,
+    .dot_f32_f16 = ref_dot_f32_f16,
+    .axpy_f32 = ref_axpy_f32,
+    .axpy_f16 = ref_axpy_f16,
+    .f32_to_f16 = ref_f32_to_f16,
+};

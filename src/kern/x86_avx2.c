@@ -1,0 +1,283 @@
+/* x86_avx2: AVX2 + FMA + F16C kernels for x86 CPUs without AVX-512 (built with their own -m flags,
+ * called only when dispatch.c has checked the CPU). Q4: vpmaddubsw of unsigned nibbles (q + 8) by
+ * signed activations, offset removed through the activation group sum; Q8: vpmaddubsw of |w| by
+ * sign(w) * x. Same fixed per-element operation order in every tile (batch invariance). */
+#include "kern_internal.h"
+
+#include <immintrin.h>
+
+#include "core/dtype.h"
+#include "quant.h"
+
+#define AI static inline __attribute__((always_inline))
+
+/* 16 ymm registers: 2 rows x 2 tokens keeps accumulators and unpacked weights in registers. */
+#define TILE_R 2
+#define TILE_T 2
+#define TOK_CHUNK 64
+
+AI float hsum8(__m256 v) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+    return _mm_cvtss_f32(s4);
+}
+
+AI int32_t hsum8i(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Mask of the first `left` (0..8) lanes for maskload/maskstore. */
+AI __m256i lane_mask(int64_t left) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left)), idx);
+}
+
+static void avx2_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
+    int64_t ng = csd_quant_groups(cols);
+    int8_t *xq = (int8_t *)act;
+    float *dx = (float *)(void *)(act + ng * CSD_QUANT_GROUP);
+    int32_t *sums = (int32_t *)(void *)(dx + ng);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t c0 = g * CSD_QUANT_GROUP;
+        __m256 v[16];
+        __m256 mx = _mm256_setzero_ps();
+        for (int k = 0; k < 16; k++) {
+            int64_t left = cols - c0 - 8 * k;
+            v[k] = left >= 8  ? _mm256_loadu_ps(x + c0 + 8 * k)
+                   : left > 0 ? _mm256_maskload_ps(x + c0 + 8 * k, lane_mask(left))
+                              : _mm256_setzero_ps();
+            mx = _mm256_max_ps(mx, _mm256_and_ps(v[k], absmask));
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i sum = _mm256_setzero_si256();
+        const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+        for (int k = 0; k < 16; k += 4) {
+            __m256i q[4];
+            for (int j = 0; j < 4; j++) {
+                q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k + j], inv)); /* nearest even */
+                q[j] = _mm256_max_epi32(_mm256_min_epi32(q[j], lim), nlim);
+                sum = _mm256_add_epi32(sum, q[j]);
+            }
+            /* packs interleave 128-bit lanes; the permute restores element order */
+            __m256i p16a = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+            __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+            p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256((__m256i *)(void *)(xq + c0 + 8 * k), p8);
+        }
+        dx[g] = amax / 127.0f;
+        sums[g] = hsum8i(sum);
+    }
+}
+
+/* Integer dot of one 128-element group as 8 int32 lanes. */
+AI __m256i group_dot(const int q4, const __m256i w[4], const int8_t *xg) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (q4) { /* nibbles <= 15: four vpmaddubsw results fit in int16 (4 * 2 * 15 * 127) */
+        __m256i p = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256((const __m256i *)(const void *)xg));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[1], _mm256_loadu_si256((const __m256i *)(const void *)(xg + 32))));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[2], _mm256_loadu_si256((const __m256i *)(const void *)(xg + 64))));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[3], _mm256_loadu_si256((const __m256i *)(const void *)(xg + 96))));
+        return _mm256_madd_epi16(p, ones);
+    }
+    __m256i s = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) { /* |w| * sign(w) x: 2 * 127 * 127 fits int16, one at a time */
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xg + 32 * k));
+        __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(xv, w[k]));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+    }
+    return s;
+}
+
+AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
+               const uint8_t *row0, size_t row_bytes, const uint8_t *act, size_t stride,
+               int64_t ng) {
+    const size_t gbytes = q4 ? sizeof(csd_q4_group) : sizeof(csd_q8_group);
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[TILE_R][TILE_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        __m256i wv[TILE_R][4];
+        float dw[TILE_R];
+        for (int r = 0; r < R; r++) {
+            const uint8_t *p = row0 + (size_t)r * row_bytes + (size_t)g * gbytes;
+            if (q4) {
+                __m256i b0 = _mm256_loadu_si256((const __m256i *)(const void *)p);
+                __m256i b1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32));
+                wv[r][0] = _mm256_and_si256(b0, low4); /* elements 0..31 */
+                wv[r][1] = _mm256_and_si256(b1, low4); /* 32..63 */
+                wv[r][2] = _mm256_and_si256(_mm256_srli_epi16(b0, 4), low4); /* 64..95 */
+                wv[r][3] = _mm256_and_si256(_mm256_srli_epi16(b1, 4), low4); /* 96..127 */
+            } else {
+                for (int k = 0; k < 4; k++)
+                    wv[r][k] = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * k));
+            }
+            const uint16_t *dws = (const uint16_t *)(const void *)(row0 + (size_t)r * row_bytes +
+                                                                   ng * gbytes);
+            dw[r] = _cvtsh_ss(dws[g]);
+        }
+        for (int t = 0; t < T; t++) {
+            const uint8_t *at = act + (size_t)t * stride;
+            const int8_t *xg = (const int8_t *)at + g * CSD_QUANT_GROUP;
+            const float dx = ((const float *)(const void *)(at + ng * CSD_QUANT_GROUP))[g];
+            const int32_t sum = ((const int32_t *)(const void *)(at + ng * CSD_QUANT_GROUP +
+                                                                 ng * sizeof(float)))[g];
+            __m256i init = _mm256_setr_epi32(q4 ? -8 * sum : 0, 0, 0, 0, 0, 0, 0, 0);
+            for (int r = 0; r < R; r++) {
+                __m256i i = _mm256_add_epi32(init, group_dot(q4, wv[r], xg));
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw[r] * dx),
+                                            acc[r][t]);
+            }
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
+}
+
+typedef void (*q_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
+                          const uint8_t *act, size_t stride, int64_t ng);
+
+#define DEF_Q_TILE(name, q4, R, T)                                                          \
+    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
+                                 const uint8_t *act, size_t stride, int64_t ng) {          \
+        q_tile(R, T, q4, y, ldy, row0, row_bytes, act, stride, ng);                        \
+    }
+#define DEF_Q_TILES(name, q4)                                                               \
+    DEF_Q_TILE(name, q4, 1, 1) DEF_Q_TILE(name, q4, 1, 2) DEF_Q_TILE(name, q4, 2, 1)         \
+    DEF_Q_TILE(name, q4, 2, 2)                                                              \
+    static const q_tile_fn name[2][TILE_T] = {{name##_1_1, name##_1_2}, {name##_2_1, name##_2_2}};
+
+DEF_Q_TILES(tiles_q4, 1)
+DEF_Q_TILES(tiles_q8, 0)
+
+static void matmul_q(const q_tile_fn tiles[2][TILE_T], float *y, const csd_qmat *w,
+                     const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1) {
+    int64_t ng = csd_quant_groups(w->cols);
+    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    size_t stride = csd_quant_act_stride(w->cols);
+    const uint8_t *base = w->data;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_CHUNK) {
+        int64_t t1 = t0 + TOK_CHUNK < n_tok ? t0 + TOK_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1;) {
+            int big = r1 - r >= TILE_R;
+            for (int64_t t = t0; t < t1; t += TILE_T) {
+                int nt = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
+                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
+                                   row_bytes, act + (size_t)t * stride, stride, ng);
+            }
+            r += big ? TILE_R : 1;
+        }
+    }
+}
+
+static void avx2_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
+                              int64_t r0, int64_t r1) {
+    matmul_q(tiles_q4, y, w, act, n_tok, r0, r1);
+}
+
+static void avx2_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
+                              int64_t r0, int64_t r1) {
+    matmul_q(tiles_q8, y, w, act, n_tok, r0, r1);
+}
+
+/* F16 weights: 8 columns at a time; the tail goes through a zero-padded copy. */
+AI __m256 load_f16x8(const uint16_t *p, int64_t left) {
+    if (left >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+    uint16_t tmp[8] = {0};
+    for (int64_t i = 0; i < left; i++) tmp[i] = p[i];
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)tmp));
+}
+
+AI __m256 load_f32x8(const float *p, int64_t left) {
+    return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
+}
+
+static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t n_tok,
+                            int64_t r0, int64_t r1) {
+    const int64_t cols = w->cols;
+    const uint16_t *base = w->data;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 4) {
+        int64_t nt = n_tok - t0 < 4 ? n_tok - t0 : 4;
+        for (int64_t r = r0; r < r1; r++) {
+            const uint16_t *row = base + r * cols;
+            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                             _mm256_setzero_ps()};
+            for (int64_t c = 0; c < cols; c += 8) {
+                __m256 wv = load_f16x8(row + c, cols - c);
+                for (int64_t t = 0; t < nt; t++)
+                    acc[t] = _mm256_fmadd_ps(wv, load_f32x8(x + (t0 + t) * cols + c, cols - c),
+                                             acc[t]);
+            }
+            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * w->rows + r] = hsum8(acc[t]);
+        }
+    }
+}
+
+AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 b0 = f16 ? load_f16x8((const uint16_t *)b + i, 8) : _mm256_loadu_ps((const float *)b + i);
+        __m256 b1 = f16 ? load_f16x8((const uint16_t *)b + i + 8, 8)
+                        : _mm256_loadu_ps((const float *)b + i + 8);
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
+    }
+    for (; i < n; i += 8) {
+        __m256 bv = f16 ? load_f16x8((const uint16_t *)b + i, n - i) : load_f32x8((const float *)b + i, n - i);
+        acc0 = _mm256_fmadd_ps(load_f32x8(a + i, n - i), bv, acc0);
+    }
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static float avx2_dot_f32(const float *a, const float *b, int64_t n) { return dot_any(0, a, b, n); }
+
+static float avx2_dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
+    return dot_any(1, a, b, n);
+}
+
+static void avx2_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
+    __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, load_f16x8(x + i, 8), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = __builtin_fmaf(a, _cvtsh_ss(x[i]), y[i]);
+}
+
+static void avx2_axpy_f32(float *y, float a, const float *x, int64_t n) {
+    __m256 av = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]);
+}
+
+static void avx2_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(void *)(out + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) out[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT);
+}
+
+const csd_kern_ops csd_kern_ops_avx2 = {
+    .name = "avx2",
+    .quantize_act_q8 = avx2_quantize_act_q8,
+    .matmul_q4_q8 = avx2_matmul_q4_q8,
+    .matmul_q8_q8 = avx2_matmul_q8_q8,
+    .matmul_f16_f32 = avx2_matmul_f16,
+    .dot_f32 = avx2_dot_f32,
+    .dot_f32_f16 = avx2_dot_f32_f16,
+    .axpy_f32 = avx2_axpy_f32,
+    .axpy_f16 = avx2_axpy_f16,
+    .f32_to_f16 = avx2_f32_to_f16,
+};

@@ -1,0 +1,267 @@
+/* forward: the transformer forward pass over a stage's layer range, for a batch of tokens that may
+ * belong to several sequences. Reads like the maths (HF names in comments); allocates nothing.
+ *   x = embed(ids)                                  (stage 0) or hidden_in
+ *   for each layer: x += o_proj(attn(rope(q(n(x))), rope(k(n(x))), v(n(x))))
+ *                   x += down(silu(gate(n(x))) * up(n(x)))
+ *   logits = lm_head(norm(x))                       (last stage) or hidden out */
+#include <math.h>
+#include <string.h>
+
+#include "core/dtype.h"
+#include "model_internal.h"
+
+/* out = x * rsqrt(mean(x^2) + eps) * w  (LlamaRMSNorm), accumulated in double for exactness. */
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+static void add_bias(float *y, const float *b, int64_t n_tok, int64_t dim) {
+    if (!b) return;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t i = 0; i < dim; i++) y[t * dim + i] += b[i];
+}
+
+/* Rotate-half RoPE on every head of one token: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin). */
+static void rope_apply(float *vec, int64_t n_heads, int64_t hd, const float *cos_t,
+                       const float *sin_t) {
+    int64_t half = hd / 2;
+    for (int64_t h = 0; h < n_heads; h++) {
+        float *v = vec + h * hd;
+        for (int64_t i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cos_t[i] - b * sin_t[i];
+            v[i + half] = b * cos_t[i] + a * sin_t[i];
+        }
+    }
+}
+
+static void kv_store(csd_kv *kv, int64_t layer, int64_t pos, const float *k, const float *v) {
+    int64_t off = (layer * kv->cap + pos) * kv->kv_dim;
+    if (kv->dtype == CSD_DTYPE_F32) {
+        memcpy((float *)kv->k + off, k, (size_t)kv->kv_dim * sizeof(float));
+        memcpy((float *)kv->v + off, v, (size_t)kv->kv_dim * sizeof(float));
+    } else {
+        csd_f32_to_f16_row((uint16_t *)kv->k + off, k, kv->kv_dim);
+        csd_f32_to_f16_row((uint16_t *)kv->v + off, v, kv->kv_dim);
+    }
+}
+
+static float dot_kv(const float *q, const void *base, int dtype, int64_t off, int64_t n) {
+    float acc = 0.0f;
+    if (dtype == CSD_DTYPE_F32) {
+        const float *k = (const float *)base + off;
+        for (int64_t i = 0; i < n; i++) acc += q[i] * k[i];
+    } else {
+        const uint16_t *k = (const uint16_t *)base + off;
+        for (int64_t i = 0; i < n; i++) acc += q[i] * csd_f16_to_f32(k[i]);
+    }
+    return acc;
+}
+
+static void axpy_kv(float *y, float a, const void *base, int dtype, int64_t off, int64_t n) {
+    if (dtype == CSD_DTYPE_F32) {
+        const float *v = (const float *)base + off;
+        for (int64_t i = 0; i < n; i++) y[i] += a * v[i];
+    } else {
+        const uint16_t *v = (const uint16_t *)base + off;
+        for (int64_t i = 0; i < n; i++) y[i] += a * csd_f16_to_f32(v[i]);
+    }
+}
+
+typedef struct attn_job {
+    csd_model *m;
+    const csd_batch *batch;
+    int64_t layer;      /* index within the stage */
+} attn_job;
+
+/* One (token, head): softmax(q . K^T / sqrt(hd)) V over the token's own sequence up to its
+ * position (causal), limited to the sliding window when the model has one. */
+static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int64_t h, float *att) {
+    const csd_model_config *c = &m->cfg;
+    int64_t hd = c->head_dim, pos = m->pos[tok];
+    int64_t kvh = h / (c->n_heads / c->n_kv_heads);
+    int64_t first = 0;
+    if (c->sliding_window > 0 && pos + 1 > c->sliding_window) first = pos + 1 - c->sliding_window;
+    const float *q = m->q + tok * m->q_dim + h * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int64_t base = layer * kv->cap * kv->kv_dim + kvh * hd;
+    float max = -INFINITY;
+    for (int64_t t = first; t <= pos; t++) {
+        float s = dot_kv(q, kv->k, kv->dtype, base + t * kv->kv_dim, hd) * scale;
+        att[t] = s;
+        if (s > max) max = s;
+    }
+    double sum = 0.0;
+    for (int64_t t = first; t <= pos; t++) {
+        att[t] = expf(att[t] - max);
+        sum += att[t];
+    }
+    float inv = (float)(1.0 / sum);
+    float *out = m->xb + tok * m->q_dim + h * hd;
+    memset(out, 0, (size_t)hd * sizeof(float));
+    for (int64_t t = first; t <= pos; t++)
+        axpy_kv(out, att[t] * inv, kv->v, kv->dtype, base + t * kv->kv_dim, hd);
+}
+
+static void attention_worker(void *ctx, int ith, int nth) {
+    attn_job *job = ctx;
+    csd_model *m = job->m;
+    int64_t n_heads = m->cfg.n_heads;
+    int64_t begin, end;
+    csd_split_range(job->batch->n * n_heads, ith, nth, &begin, &end);
+    float *att = m->att + (int64_t)ith * m->max_ctx;
+    for (int64_t task = begin; task < end; task++) {
+        int64_t tok = task / n_heads, h = task % n_heads;
+        attend_one(m, job->batch->kv[tok], job->layer, tok, h, att);
+    }
+}
+
+static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
+    const csd_model_config *c = &m->cfg;
+    const csd_layer_weights *lw = &m->w.layers[li];
+    int64_t n = b->n, dim = c->dim, hd = c->head_dim;
+    for (int64_t t = 0; t < n; t++)  /* input_layernorm */
+        rmsnorm(m->xb + t * dim, m->x + t * dim, lw->attn_norm, dim, c->norm_eps);
+    /* q_proj, k_proj, v_proj (+ biases for Qwen2) */
+    csd_matmul(m->pool, &lw->wq, m->xb, n, m->q, m->mm_scratch);
+    csd_matmul(m->pool, &lw->wk, m->xb, n, m->k, m->mm_scratch);
+    csd_matmul(m->pool, &lw->wv, m->xb, n, m->v, m->mm_scratch);
+    add_bias(m->q, lw->bq, n, m->q_dim);
+    add_bias(m->k, lw->bk, n, m->kv_dim);
+    add_bias(m->v, lw->bv, n, m->kv_dim);
+    for (int64_t t = 0; t < n; t++) {
+        float *q = m->q + t * m->q_dim, *k = m->k + t * m->kv_dim;
+        if (lw->q_norm) { /* Qwen3: per-head RMSNorm on q and k before RoPE */
+            for (int64_t h = 0; h < c->n_heads; h++) rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->norm_eps);
+            for (int64_t h = 0; h < c->n_kv_heads; h++) rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->norm_eps);
+        }
+        const float *cos_t = m->rope_cos + t * (hd / 2), *sin_t = m->rope_sin + t * (hd / 2);
+        rope_apply(q, c->n_heads, hd, cos_t, sin_t);
+        rope_apply(k, c->n_kv_heads, hd, cos_t, sin_t);
+        kv_store(b->kv[t], li, m->pos[t], k, m->v + t * m->kv_dim);
+    }
+    attn_job job = {m, b, li};
+    csd_pool_run(m->pool, attention_worker, &job);
+    csd_matmul(m->pool, &lw->wo, m->xb, n, m->tmp, m->mm_scratch); /* o_proj */
+    for (int64_t i = 0; i < n * dim; i++) m->x[i] += m->tmp[i];
+}
+
+static void ffn_block(csd_model *m, int64_t n, int64_t li) {
+    const csd_model_config *c = &m->cfg;
+    const csd_layer_weights *lw = &m->w.layers[li];
+    int64_t dim = c->dim, hid = c->hidden_dim;
+    for (int64_t t = 0; t < n; t++)  /* post_attention_layernorm */
+        rmsnorm(m->xb + t * dim, m->x + t * dim, lw->ffn_norm, dim, c->norm_eps);
+    csd_matmul(m->pool, &lw->gate, m->xb, n, m->hb, m->mm_scratch);
+    csd_matmul(m->pool, &lw->up, m->xb, n, m->hb2, m->mm_scratch);
+    for (int64_t i = 0; i < n * hid; i++) { /* act_fn(gate) * up, act_fn = SiLU */
+        float g = m->hb[i];
+        m->hb[i] = g / (1.0f + expf(-g)) * m->hb2[i];
+    }
+    csd_matmul(m->pool, &lw->down, m->hb, n, m->tmp, m->mm_scratch); /* down_proj */
+    for (int64_t i = 0; i < n * dim; i++) m->x[i] += m->tmp[i];
+}
+
+/* Assigns each token its position and checks capacities before anything is written. */
+static int plan_positions(csd_model *m, const csd_batch *b, csd_err *err) {
+    for (int64_t i = 0; i < b->n; i++) {
+        csd_kv *kv = b->kv[i];
+        if (!kv) return csd_err_set(err, CSD_EINVAL, "batch token %lld has no sequence", (long long)i);
+        int64_t rank = 0;
+        for (int64_t j = 0; j < i; j++) rank += b->kv[j] == kv;
+        m->pos[i] = kv->len + rank;
+        if (m->pos[i] >= kv->cap)
+            return csd_err_set(err, CSD_EFULL, "sequence is full: position %lld, context %lld",
+                               (long long)m->pos[i], (long long)kv->cap);
+    }
+    int64_t half = m->cfg.head_dim / 2;
+    for (int64_t i = 0; i < b->n; i++) {
+        float p = (float)m->pos[i];
+        for (int64_t j = 0; j < half; j++) {
+            float angle = p * m->inv_freq[j]; /* float32 product, as torch.outer */
+            m->rope_cos[i * half + j] = (float)cos((double)angle);
+            m->rope_sin[i * half + j] = (float)sin((double)angle);
+        }
+    }
+    return 0;
+}
+
+static int load_input(csd_model *m, const csd_batch *b, csd_err *err) {
+    int64_t dim = m->cfg.dim;
+    if (m->w.has_embed) {
+        if (!b->ids) return csd_err_set(err, CSD_EINVAL, "stage 0 needs token ids");
+        for (int64_t i = 0; i < b->n; i++) {
+            if (b->ids[i] < 0 || b->ids[i] >= m->cfg.vocab_size)
+                return csd_err_set(err, CSD_ERANGE, "token id %d outside vocabulary of %lld",
+                                   b->ids[i], (long long)m->cfg.vocab_size);
+            csd_qmat_dequant_row(&m->w.embed, b->ids[i], m->x + i * dim);
+        }
+    } else {
+        if (!b->hidden_in) return csd_err_set(err, CSD_EINVAL, "stage needs hidden states");
+        memcpy(m->x, b->hidden_in, (size_t)(b->n * dim) * sizeof(float));
+    }
+    return 0;
+}
+
+static void write_output(csd_model *m, const csd_batch *b, float *out) {
+    const csd_model_config *c = &m->cfg;
+    int64_t dim = c->dim;
+    if (!m->w.has_head) {
+        memcpy(out, m->x, (size_t)(b->n * dim) * sizeof(float));
+        return;
+    }
+    int64_t rows = 0;
+    for (int64_t i = 0; i < b->n; i++) { /* model.norm on the tokens that want logits */
+        if (b->want_logits && !b->want_logits[i]) continue;
+        rmsnorm(m->xb + rows * dim, m->x + i * dim, m->w.final_norm, dim, c->norm_eps);
+        rows++;
+    }
+    if (rows) csd_matmul(m->pool, &m->w.head, m->xb, rows, out, m->mm_scratch); /* lm_head */
+}
+
+int csd_model_forward(csd_model *m, const csd_batch *b, float *out, csd_err *err) {
+    if (b->n <= 0 || b->n > m->max_batch)
+        return csd_err_set(err, CSD_ERANGE, "batch of %lld tokens, limit %lld", (long long)b->n,
+                           (long long)m->max_batch);
+    int rc = plan_positions(m, b, err);
+    if (rc == 0) rc = load_input(m, b, err);
+    if (rc) return rc;
+    int64_t n_layers = m->w.layer_end - m->w.layer_begin;
+    for (int64_t li = 0; li < n_layers; li++) {
+        attention_block(m, b, li);
+        ffn_block(m, b->n, li);
+    }
+    for (int64_t i = 0; i < b->n; i++) b->kv[i]->len = m->pos[i] + 1 > b->kv[i]->len ? m->pos[i] + 1 : b->kv[i]->len;
+    write_output(m, b, out);
+    return 0;
+}
+
+int csd_model_forward_seq(csd_model *m, csd_kv *kv, const int32_t *ids, const float *hidden_in,
+                          int64_t n, float *out, csd_err *err) {
+    if (n <= 0) return csd_err_set(err, CSD_EINVAL, "no tokens to forward");
+    int64_t done = 0;
+    while (done < n) { /* split long prompts into chunks of max_batch tokens */
+        int64_t chunk = n - done < m->max_batch ? n - done : m->max_batch;
+        csd_kv *kvs[CSD_MODEL_DEFAULT_MAX_BATCH];
+        bool want[CSD_MODEL_DEFAULT_MAX_BATCH];
+        if (chunk > CSD_MODEL_DEFAULT_MAX_BATCH) chunk = CSD_MODEL_DEFAULT_MAX_BATCH;
+        for (int64_t i = 0; i < chunk; i++) {
+            kvs[i] = kv;
+            want[i] = done + i == n - 1;
+        }
+        csd_batch b = {chunk, ids ? ids + done : NULL,
+                       hidden_in ? hidden_in + done * m->cfg.dim : NULL, kvs, want};
+        bool last = done + chunk == n;
+        float *dst = m->w.has_head ? out : out + done * m->cfg.dim;
+        if (m->w.has_head && !last) { /* intermediate chunks produce no logits */
+            for (int64_t i = 0; i < chunk; i++) want[i] = false;
+        }
+        int rc = csd_model_forward(m, &b, dst, err);
+        if (rc) return rc;
+        done += chunk;
+    }
+    return 0;
+}

@@ -1,0 +1,63 @@
+/* kv_cache: one sequence's keys and values for the layers of a stage. Allocated once at the
+ * capacity asked for; truncate and prefix copy make speculative decoding and prefix reuse cheap. */
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "model_internal.h"
+
+int csd_kv_create(csd_kv **out, const csd_model *m, int64_t max_ctx, csd_err *err) {
+    *out = NULL;
+    if (max_ctx <= 0) max_ctx = m->max_ctx;
+    if (max_ctx > m->max_ctx)
+        return csd_err_set(err, CSD_ERANGE, "context %lld exceeds the model's %lld",
+                           (long long)max_ctx, (long long)m->max_ctx);
+    csd_kv *kv = csd_alloc(sizeof *kv);
+    if (!kv) return csd_err_set(err, CSD_ENOMEM, "kv cache");
+    kv->dtype = m->kv_dtype;
+    kv->n_layers = m->w.layer_end - m->w.layer_begin;
+    kv->kv_dim = m->kv_dim;
+    kv->cap = max_ctx;
+    size_t elem = kv->dtype == CSD_DTYPE_F32 ? 4 : 2;
+    size_t n = (size_t)(kv->n_layers * kv->cap * kv->kv_dim);
+    kv->k = csd_alloc_array(n ? n : 1, elem);
+    kv->v = csd_alloc_array(n ? n : 1, elem);
+    if (!kv->k || !kv->v) {
+        csd_kv_destroy(kv);
+        return csd_err_set(err, CSD_ENOMEM, "kv cache of %zu bytes", 2 * n * elem);
+    }
+    *out = kv;
+    return 0;
+}
+
+void csd_kv_destroy(csd_kv *kv) {
+    if (!kv) return;
+    csd_free(kv->k);
+    csd_free(kv->v);
+    csd_free(kv);
+}
+
+int64_t csd_kv_len(const csd_kv *kv) { return kv->len; }
+int64_t csd_kv_capacity(const csd_kv *kv) { return kv->cap; }
+
+int csd_kv_truncate(csd_kv *kv, int64_t pos) {
+    if (pos < 0 || pos > kv->len) return CSD_ERANGE;
+    kv->len = pos;
+    return 0;
+}
+
+int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err) {
+    if (dst->dtype != src->dtype || dst->n_layers != src->n_layers || dst->kv_dim != src->kv_dim)
+        return csd_err_set(err, CSD_EMISMATCH, "kv caches of different shapes");
+    if (n < 0 || n > src->len || n > dst->cap)
+        return csd_err_set(err, CSD_ERANGE, "prefix of %lld positions does not fit", (long long)n);
+    size_t elem = src->dtype == CSD_DTYPE_F32 ? 4 : 2;
+    size_t row = (size_t)src->kv_dim * elem;
+    for (int64_t l = 0; l < src->n_layers; l++) {
+        size_t so = (size_t)(l * src->cap) * row, d_o = (size_t)(l * dst->cap) * row;
+        memcpy((uint8_t *)dst->k + d_o, (const uint8_t *)src->k + so, (size_t)n * row);
+        memcpy((uint8_t *)dst->v + d_o, (const uint8_t *)src->v + so, (size_t)n * row);
+    }
+    dst->len = n;
+    return 0;
+}

@@ -1,0 +1,52 @@
+/* model_internal: the model struct shared by the files of src/model/ (load, forward, kv).
+ * Not for other layers: they use model.h. */
+#ifndef CSD_MODEL_INTERNAL_H
+#define CSD_MODEL_INTERNAL_H
+
+#include "model.h"
+
+struct csd_model {
+    csd_model_config cfg;
+    csd_weights w;
+    void **owned;        /* buffers this model frees (converted weights); NULL when borrowed */
+    int n_owned, cap_owned;
+    int precision;       /* CSD_DTYPE_* of layer matrices */
+    int kv_dtype;        /* CSD_DTYPE_F32 or _F16 */
+    int64_t max_batch;
+    int64_t max_ctx;
+    int64_t q_dim;       /* n_heads * head_dim */
+    int64_t kv_dim;      /* n_kv_heads * head_dim */
+    csd_pool *pool;
+    /* Scratch, sized once at creation; forward only indexes into it. */
+    float *x;            /* (max_batch, dim) residual stream */
+    float *xb;           /* (max_batch, max(dim, q_dim)) normed input, then attention output */
+    float *tmp;          /* (max_batch, dim) projection output before the residual add */
+    float *q;            /* (max_batch, q_dim) */
+    float *k;            /* (max_batch, kv_dim) */
+    float *v;            /* (max_batch, kv_dim) */
+    float *hb;           /* (max_batch, hidden_dim) gate, then silu(gate) * up */
+    float *hb2;          /* (max_batch, hidden_dim) up */
+    float *att;          /* (n_threads, max_ctx) attention scores, one row per thread */
+    float *rope_cos;     /* (max_batch, head_dim / 2) */
+    float *rope_sin;     /* (max_batch, head_dim / 2) */
+    float *inv_freq;     /* (head_dim / 2) RoPE frequencies after scaling */
+    int64_t *pos;        /* (max_batch) position of each batch token */
+    void *mm_scratch;    /* csd_matmul scratch for max_batch tokens */
+};
+
+struct csd_kv {
+    int dtype;           /* CSD_DTYPE_F32 or _F16 */
+    int64_t n_layers;    /* layers of the owning stage */
+    int64_t kv_dim;
+    int64_t cap;         /* positions allocated */
+    int64_t len;         /* positions filled */
+    void *k;             /* (n_layers, cap, kv_dim) */
+    void *v;             /* (n_layers, cap, kv_dim) */
+};
+
+/* Fills inv_freq from the config (RoPE theta and scaling). */
+void csd_rope_init_freqs(const csd_model_config *cfg, float *inv_freq);
+/* Sizes and allocates the scratch and the pool; weights must already be in place. */
+int csd_model_init_runtime(csd_model *model, const csd_model_opts *opts, csd_err *err);
+
+#endif

@@ -1,0 +1,263 @@
+/* sampler: next-token selection (see sampler.h). Top-p uses growing quickselect rounds instead of
+ * sorting the whole vocabulary, so a 150K vocabulary costs O(V) per token, not O(V log V). */
+#include "sampler.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+typedef struct cand {
+    int32_t id;
+    float logit;
+} cand;
+
+struct csd_sampler {
+    csd_sampler_params p;
+    int32_t vocab;
+    uint64_t rng[4];   /* xoshiro256** state */
+    int32_t *recent;   /* ring of the last penalty_last_n tokens */
+    int32_t n_recent, head;
+    int32_t *counts;   /* (vocab) occurrences inside the ring */
+    cand *cands;       /* (vocab) working set */
+};
+
+void csd_sampler_params_default(csd_sampler_params *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.8f;
+    p->top_k = 40;
+    p->top_p = 0.95f;
+    p->min_p = 0.05f;
+    p->repetition_penalty = 1.0f;
+    p->penalty_last_n = 64;
+    p->seed = 0x5eed;
+}
+
+int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err) {
+    if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))
+        return csd_err_set(err, CSD_ERANGE, "temperature must be in [0, 100]");
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return csd_err_set(err, CSD_ERANGE, "top_p must be in (0, 1]");
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return csd_err_set(err, CSD_ERANGE, "min_p must be in [0, 1]");
+    if (p->top_k < 0) return csd_err_set(err, CSD_ERANGE, "top_k must be >= 0");
+    if (!(p->repetition_penalty > 0.0f && p->repetition_penalty <= 10.0f))
+        return csd_err_set(err, CSD_ERANGE, "repetition_penalty must be in (0, 10]");
+    if (!(p->presence_penalty >= -2.0f && p->presence_penalty <= 2.0f))
+        return csd_err_set(err, CSD_ERANGE, "presence_penalty must be in [-2, 2]");
+    if (!(p->frequency_penalty >= -2.0f && p->frequency_penalty <= 2.0f))
+        return csd_err_set(err, CSD_ERANGE, "frequency_penalty must be in [-2, 2]");
+    if (p->penalty_last_n < 0 || p->penalty_last_n > 1 << 20)
+        return csd_err_set(err, CSD_ERANGE, "penalty_last_n must be in [0, 2^20]");
+    return 0;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t next_u64(uint64_t s[4]) {
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+/* Uniform in [0, 1) with 53 bits. */
+static double next_unit(uint64_t s[4]) { return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t vocab, csd_err *err) {
+    *out = NULL;
+    int rc = csd_sampler_params_check(p, err);
+    if (rc) return rc;
+    if (vocab <= 0) return csd_err_set(err, CSD_EINVAL, "vocabulary size %d", vocab);
+    csd_sampler *s = csd_alloc(sizeof *s);
+    if (!s) return csd_err_set(err, CSD_ENOMEM, "sampler");
+    s->p = *p;
+    s->vocab = vocab;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
+    s->recent = csd_alloc_array((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1), sizeof(int32_t));
+    s->counts = csd_alloc_array((size_t)vocab, sizeof(int32_t));
+    s->cands = csd_alloc_array((size_t)vocab, sizeof(cand));
+    if (!s->recent || !s->counts || !s->cands) {
+        csd_sampler_destroy(s);
+        return csd_err_set(err, CSD_ENOMEM, "sampler buffers");
+    }
+    *out = s;
+    return 0;
+}
+
+void csd_sampler_destroy(csd_sampler *s) {
+    if (!s) return;
+    csd_free(s->recent);
+    csd_free(s->counts);
+    csd_free(s->cands);
+    csd_free(s);
+}
+
+void csd_sampler_accept(csd_sampler *s, int32_t id) {
+    if (s->p.penalty_last_n <= 0 || id < 0 || id >= s->vocab) return;
+    if (s->n_recent == s->p.penalty_last_n) { /* evict the oldest */
+        s->counts[s->recent[s->head]]--;
+    } else {
+        s->n_recent++;
+    }
+    s->recent[s->head] = id;
+    s->counts[id]++;
+    s->head = (s->head + 1) % s->p.penalty_last_n;
+}
+
+static void apply_penalties(csd_sampler *s, float *logits) {
+    const csd_sampler_params *p = &s->p;
+    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    for (int32_t i = 0; i < s->n_recent; i++) {
+        int32_t id = s->recent[i];
+        int32_t c = s->counts[id];
+        if (c <= 0) continue;
+        float l = logits[id];
+        if (p->repetition_penalty != 1.0f) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+        l -= (float)c * p->frequency_penalty + p->presence_penalty;
+        logits[id] = l;
+        s->counts[id] = -c; /* mark as done for duplicates in the ring; restored below */
+    }
+    for (int32_t i = 0; i < s->n_recent; i++)
+        if (s->counts[s->recent[i]] < 0) s->counts[s->recent[i]] = -s->counts[s->recent[i]];
+}
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Higher logit first; lower id first on ties, so results never depend on memory order. */
+static inline bool before(const cand *a, const cand *b) {
+    return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
+}
+
+/* Moves the k best candidates of c[0..n) to the front (unordered). */
+static void select_top(cand *c, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        cand pivot = c[lo + (hi - lo) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (before(&c[i], &pivot)) i++;
+            while (before(&pivot, &c[j])) j--;
+            if (i <= j) {
+                cand t = c[i];
+                c[i++] = c[j];
+                c[j--] = t;
+            }
+        }
+        if (k - 1 <= j) hi = j;
+        else if (k - 1 >= i) lo = i;
+        else break;
+    }
+}
+
+static void sort_desc(cand *c, int32_t n) { /* insertion sort: n is small after selection */
+    for (int32_t i = 1; i < n; i++) {
+        cand x = c[i];
+        int32_t j = i - 1;
+        while (j >= 0 && before(&x, &c[j])) {
+            c[j + 1] = c[j];
+            j--;
+        }
+        c[j + 1] = x;
+    }
+}
+
+int32_t csd_sampler_sample(csd_sampler *s, float *logits) {
+    const csd_sampler_params *p = &s->p;
+    apply_penalties(s, logits);
+    if (p->temperature <= 0.0f) return argmax(logits, s->vocab);
+    int32_t n = s->vocab;
+    for (int32_t i = 0; i < n; i++) s->cands[i] = (cand){i, logits[i]};
+    if (p->top_k > 0 && p->top_k < n) {
+        select_top(s->cands, n, p->top_k);
+        n = p->top_k;
+    }
+    /* softmax with temperature over the survivors */
+    float max = -INFINITY;
+    for (int32_t i = 0; i < n; i++) max = s->cands[i].logit > max ? s->cands[i].logit : max;
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        s->cands[i].logit = expf((s->cands[i].logit - max) / p->temperature); /* now a weight */
+        total += s->cands[i].logit;
+    }
+    /* Top-p: grow a sorted prefix until it holds top_p of the mass. */
+    int32_t kept = n;
+    if (p->top_p < 1.0f || p->min_p > 0.0f) {
+        int32_t m = n < 64 ? n : 64;
+        for (;;) {
+            select_top(s->cands, n, m);
+            sort_desc(s->cands, m);
+            double cum = 0.0;
+            int32_t cut = m;
+            for (int32_t i = 0; i < m; i++) {
+                cum += s->cands[i].logit;
+                if (p->top_p < 1.0f && cum >= p->top_p * total) {
+                    cut = i + 1;
+                    break;
+                }
+            }
+            if (cut < m || m == n) {
+                kept = cut;
+                break;
+            }
+            m = m * 4 < n ? m * 4 : n;
+        }
+        if (p->min_p > 0.0f) { /* weights are sorted: drop those under min_p * the best */
+            float floor = p->min_p * s->cands[0].logit;
+            int32_t i = 1;
+            while (i < kept && s->cands[i].logit >= floor) i++;
+            kept = i;
+        }
+        total = 0.0;
+        for (int32_t i = 0; i < kept; i++) total += s->cands[i].logit;
+    }
+    double r = next_unit(s->rng) * total, acc = 0.0;
+    for (int32_t i = 0; i < kept; i++) {
+        acc += s->cands[i].logit;
+        if (r < acc) return s->cands[i].id;
+    }
+    return s->cands[kept - 1].id;
+}
+
+float csd_logprob_of(const float *logits, int32_t vocab, int32_t id) {
+    float max = -INFINITY;
+    for (int32_t i = 0; i < vocab; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - max);
+    return (float)((double)logits[id] - max - log(sum));
+}
+
+int csd_top_logprobs(const float *logits, int32_t vocab, int n, int32_t *ids, float *logprobs) {
+    if (n < 0 || n > 20) return CSD_ERANGE;
+    float max = -INFINITY;
+    for (int32_t i = 0; i < vocab; i++) max = logits[i] > max ? logits[i] : max;
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - max);
+    double lse = max + log(sum);
+    for (int k = 0; k < n; k++) { /* n <= 20 passes: simple and allocation-free */
+        int32_t best = -1;
+        for (int32_t i = 0; i < vocab; i++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++) taken |= ids[j] == i;
+            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
+        }
+        ids[k] = best;
+        logprobs[k] = (float)((double)logits[best] - lse);
+    }
+    return 0;
+}

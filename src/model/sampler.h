@@ -1,0 +1,42 @@
+/* sampler: turns a logits row into the next token. Greedy, temperature, top-k, top-p, min-p,
+ * repetition/presence/frequency penalties over the last penalty_last_n tokens (prompt included, as
+ * llama.cpp does), and a seeded generator so a seed reproduces a run exactly. Per sequence; all
+ * memory is allocated at creation. Order: penalties, top-k, temperature, top-p, min-p, draw. */
+#ifndef CSD_SAMPLER_H
+#define CSD_SAMPLER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/err.h"
+
+typedef struct csd_sampler_params {
+    float temperature;        /* <= 0: greedy (argmax after penalties) */
+    int32_t top_k;            /* <= 0: off */
+    float top_p;              /* >= 1: off */
+    float min_p;              /* <= 0: off */
+    float repetition_penalty; /* 1: off; > 1 discourages repeats (CTRL-style divide/multiply) */
+    float presence_penalty;   /* 0: off; subtracted once from tokens seen */
+    float frequency_penalty;  /* 0: off; subtracted per occurrence */
+    int32_t penalty_last_n;   /* window of recent tokens the penalties look at */
+    uint64_t seed;
+} csd_sampler_params;
+
+void csd_sampler_params_default(csd_sampler_params *p);
+/* Checks ranges; the message names the field. */
+int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err);
+
+typedef struct csd_sampler csd_sampler;
+
+int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t vocab, csd_err *err);
+void csd_sampler_destroy(csd_sampler *s);
+/* Records a token (prompt or generated) for the penalties. */
+void csd_sampler_accept(csd_sampler *s, int32_t id);
+/* Picks the next token. logits (vocab floats) are modified in place. */
+int32_t csd_sampler_sample(csd_sampler *s, float *logits);
+
+/* log-softmax of logits at id, and the top n (ids, logprobs) in descending order (n <= 20). */
+float csd_logprob_of(const float *logits, int32_t vocab, int32_t id);
+int csd_top_logprobs(const float *logits, int32_t vocab, int n, int32_t *ids, float *logprobs);
+
+#endif

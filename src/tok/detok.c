@@ -1,0 +1,191 @@
+/* detok: ids -> text. Whole-sequence decoding is the streaming detokenizer run over every id, so the
+ * two can never disagree. Bytes (byte-level pieces, <0xXX> fallback pieces) go through the WHATWG
+ * UTF-8 decoder: an unfinished character is held back, an invalid one becomes U+FFFD exactly where
+ * the reference's TextDecoder puts it. Writes only into the caller's buffer: no allocation per token. */
+#include "tok/tokenizer.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "tok/tok_internal.h"
+
+typedef struct sink {
+    char *p;
+    size_t len, cap;
+    tok_buf *grow; /* when set, text goes here instead of p */
+    int rc;
+} sink;
+
+static void put(sink *s, const char *data, size_t n) {
+    if (s->rc || n == 0) return;
+    if (s->grow) {
+        s->rc = tok_buf_put(s->grow, data, n);
+        return;
+    }
+    if (s->len + n + 1 > s->cap) {
+        s->rc = CSD_EFULL;
+        return;
+    }
+    memcpy(s->p + s->len, data, n);
+    s->len += n;
+}
+
+/* Text after decoding: the decoder's Strip removes a leading space of the whole output. */
+static void emit(csd_detok *d, sink *s, const char *t, size_t n) {
+    if (n == 0) return;
+    if (d->at_start) {
+        if (d->tok->dec_strip_start && t[0] == ' ') {
+            t++;
+            n--;
+        }
+        d->at_start = false;
+    }
+    put(s, t, n);
+}
+
+static void flush_pending(csd_detok *d, sink *s) {
+    if (d->n_pending == 0) return;
+    d->n_pending = 0;
+    emit(d, s, "\xEF\xBF\xBD", 3); /* an unfinished character at the end of a byte run */
+}
+
+static void feed_byte(csd_detok *d, sink *s, uint8_t b) {
+    tok_u8dec dec;
+    tok_u8dec_init(&dec);
+    char tmp[16];
+    for (size_t i = 0; i < d->n_pending; i++) tok_u8dec_feed(&dec, d->pending[i], tmp);
+    size_t n = tok_u8dec_feed(&dec, b, tmp);
+    if (dec.needed) {
+        /* the unfinished character is its lead byte and the continuation bytes seen so far */
+        uint8_t all[CSD_DETOK_MAX_PENDING + 1];
+        memcpy(all, d->pending, d->n_pending);
+        all[d->n_pending] = b;
+        size_t keep = (size_t)dec.seen + 1;
+        memmove(d->pending, all + d->n_pending + 1 - keep, keep);
+        d->n_pending = keep;
+    } else {
+        d->n_pending = 0;
+    }
+    emit(d, s, tmp, n);
+}
+
+static void emit_replaced(csd_detok *d, sink *s, const char *t) {
+    const char *from = d->tok->dec_from, *to = d->tok->dec_to;
+    size_t fl = from ? strlen(from) : 0, tl = to ? strlen(to) : 0;
+    if (!fl) {
+        emit(d, s, t, strlen(t));
+        return;
+    }
+    for (;;) {
+        const char *hit = strstr(t, from);
+        if (!hit) break;
+        emit(d, s, t, (size_t)(hit - t));
+        emit(d, s, to, tl);
+        t = hit + fl;
+    }
+    emit(d, s, t, strlen(t));
+}
+
+static int step(csd_detok *d, int32_t id, sink *s) {
+    const csd_tok *tok = d->tok;
+    if (id < 0 || id >= tok->n_ids || tok->id_sym[id] < 0) return CSD_ERANGE;
+    uint8_t flags = tok->id_flags[id];
+    if (d->skip_special && (flags & TOK_ID_SPECIAL)) return 0;
+    const char *piece = tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
+    size_t plen = tok->syms.slen[tok->id_sym[id]];
+    switch (tok->dec_kind) {
+    case TOK_DEC_BYTELEVEL:
+        if (flags & TOK_ID_ADDED) { /* added tokens are written as they are */
+            flush_pending(d, s);
+            emit(d, s, piece, plen);
+            break;
+        }
+        for (size_t i = 0; i < plen;) {
+            uint32_t cp;
+            i += tok_utf8_next(piece + i, plen - i, &cp);
+            int b = tok_bytelevel_byte(cp);
+            feed_byte(d, s, (uint8_t)(b < 0 ? 0 : b)); /* the reference reads unknown chars as 0 */
+        }
+        break;
+    case TOK_DEC_SP:
+        if (tok->dec_byte_fallback && (flags & TOK_ID_BYTE)) {
+            feed_byte(d, s, tok->id_byte[id]);
+            break;
+        }
+        flush_pending(d, s);
+        emit_replaced(d, s, piece);
+        break;
+    default: /* no decoder: pieces joined by spaces */
+        if (!d->at_start) put(s, " ", 1);
+        d->at_start = false;
+        put(s, piece, plen);
+        break;
+    }
+    return s->rc;
+}
+
+void csd_detok_init(csd_detok *d, const csd_tok *tok, bool skip_special) {
+    memset(d, 0, sizeof *d);
+    d->tok = tok;
+    d->skip_special = skip_special;
+    d->at_start = true;
+}
+
+int csd_detok_push(csd_detok *d, int32_t id, char *out, size_t cap, size_t *out_len) {
+    *out_len = 0;
+    if (cap == 0) return CSD_EFULL;
+    csd_detok saved = *d;
+    sink s = {.p = out, .cap = cap};
+    int rc = step(d, id, &s);
+    if (rc) {
+        *d = saved; /* nothing consumed: the caller may retry with more room */
+        out[0] = '\0';
+        return rc;
+    }
+    out[s.len] = '\0';
+    *out_len = s.len;
+    return 0;
+}
+
+int csd_detok_flush(csd_detok *d, char *out, size_t cap, size_t *out_len) {
+    *out_len = 0;
+    if (cap == 0) return CSD_EFULL;
+    csd_detok saved = *d;
+    sink s = {.p = out, .cap = cap};
+    flush_pending(d, &s);
+    if (s.rc) {
+        *d = saved;
+        out[0] = '\0';
+        return s.rc;
+    }
+    out[s.len] = '\0';
+    *out_len = s.len;
+    return 0;
+}
+
+int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special, char **text,
+                   csd_err *err) {
+    *text = NULL;
+    csd_detok d;
+    csd_detok_init(&d, tok, skip_special);
+    tok_buf b = {0};
+    sink s = {.grow = &b};
+    for (size_t i = 0; i < n; i++) {
+        int rc = step(&d, ids[i], &s);
+        if (rc) {
+            tok_buf_free(&b);
+            return rc == CSD_ERANGE ? csd_err_set(err, rc, "token id %d at position %zu is out of range "
+                                                  "(vocabulary %d)", ids[i], i, tok->n_ids)
+                                    : csd_err_set(err, rc, "out of memory decoding");
+        }
+    }
+    flush_pending(&d, &s);
+    if (!s.rc && !b.p) s.rc = tok_buf_reserve(&b, 0);
+    if (s.rc) {
+        tok_buf_free(&b);
+        return csd_err_set(err, s.rc, "out of memory decoding");
+    }
+    b.p[b.len] = '\0';
+    *text = b.p;
+    return 0;
+}

@@ -1,0 +1,263 @@
+/* encode: text -> ids, in the reference's order: replace invalid UTF-8 with U+FFFD, split out added
+ * tokens (leftmost-longest, lstrip/rstrip), normalize each remaining section, split out normalized
+ * added tokens, pre-tokenize, BPE each piece, then add the BOS/EOS template when asked.
+ * Allocates scratch per call, so one csd_tok can encode from several threads at once. */
+#include "tok/tokenizer.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "tok/tok_internal.h"
+
+typedef struct section {
+    size_t off, len;
+    int32_t id; /* added token id, -1 for text */
+} section;
+
+typedef struct sections {
+    section *p;
+    size_t n, cap;
+} sections;
+
+typedef struct enc_ctx {
+    const csd_tok *tok;
+    bool parse_special;
+    tok_ids *out;
+    tok_pieces pieces, tmp;
+    tok_bpe_scratch bpe;
+    csd_err *err;
+} enc_ctx;
+
+static int sec_push(sections *s, size_t off, size_t len, int32_t id) {
+    if (s->n == s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 16;
+        section *p = csd_alloc_array(cap, sizeof *p);
+        if (!p) return CSD_ENOMEM;
+        if (s->n) memcpy(p, s->p, s->n * sizeof *p);
+        csd_free(s->p);
+        s->p = p;
+        s->cap = cap;
+    }
+    s->p[s->n++] = (section){off, len, id};
+    return 0;
+}
+
+static bool usable(const tok_added *a, bool parse_special) {
+    return parse_special || !a->special;
+}
+
+/* The string matched for a in the raw (normalized == false) or the normalized splitter. */
+static bool added_string(const csd_tok *tok, const tok_added *a, bool normalized, const char **s,
+                         size_t *n) {
+    bool in_norm = a->norm_sym >= 0;
+    if (in_norm != normalized) return false;
+    uint32_t sym = in_norm ? (uint32_t)a->norm_sym : a->sym;
+    *s = tok_strtab_get(&tok->syms, sym);
+    *n = tok->syms.slen[sym];
+    return true;
+}
+
+/* Id of an added token whose content (or normalized content) is exactly s, else -1. */
+static int32_t added_exact(const csd_tok *tok, const char *s, size_t n, bool parse_special) {
+    int64_t sym = tok_strtab_find(&tok->syms, s, n);
+    if (sym < 0) return -1;
+    for (size_t i = 0; i < tok->n_added; i++) {
+        const tok_added *a = &tok->added[i];
+        if ((a->sym == sym || a->norm_sym == sym) && usable(a, parse_special)) {
+            /* the map keeps the last token registered under a string */
+            int32_t id = a->id;
+            for (size_t j = i + 1; j < tok->n_added; j++)
+                if ((tok->added[j].sym == sym || tok->added[j].norm_sym == sym) &&
+                    usable(&tok->added[j], parse_special))
+                    id = tok->added[j].id;
+            return id;
+        }
+    }
+    return -1;
+}
+
+static size_t trim_end(const char *s, size_t n) {
+    while (n > 0) {
+        size_t k = n - 1;
+        while (k > 0 && ((uint8_t)s[k] & 0xC0) == 0x80) k--;
+        uint32_t cp;
+        tok_utf8_next(s + k, n - k, &cp);
+        if (!tok_is_js_space(cp)) break;
+        n = k;
+    }
+    return n;
+}
+
+static size_t trim_start(const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint32_t cp;
+        size_t l = tok_utf8_next(s + i, n - i, &cp);
+        if (!tok_is_js_space(cp)) break;
+        i += l;
+    }
+    return i;
+}
+
+/* Splits s into text and added-token sections (leftmost, then longest match), then applies the
+ * lstrip/rstrip of each matched token to its neighbours. */
+static int split_added(const csd_tok *tok, const char *s, size_t n, bool normalized, bool parse_special,
+                       sections *out) {
+    out->n = 0;
+    bool first[256] = {false};
+    bool any = false;
+    for (size_t k = 0; k < tok->n_added; k++) {
+        const char *c;
+        size_t cl;
+        if (usable(&tok->added[k], parse_special) &&
+            added_string(tok, &tok->added[k], normalized, &c, &cl) && cl > 0) {
+            first[(uint8_t)c[0]] = true;
+            any = true;
+        }
+    }
+    size_t start = 0, i = 0;
+    while (any && i < n) {
+        if (!first[(uint8_t)s[i]]) {
+            i++;
+            continue;
+        }
+        size_t best_len = 0;
+        int32_t best_id = -1;
+        for (size_t k = 0; k < tok->n_added; k++) {
+            const char *c;
+            size_t cl;
+            if (!usable(&tok->added[k], parse_special) ||
+                !added_string(tok, &tok->added[k], normalized, &c, &cl))
+                continue;
+            if (cl > best_len && cl <= n - i && memcmp(s + i, c, cl) == 0) {
+                best_len = cl;
+                best_id = tok->added[k].id;
+            }
+        }
+        if (best_len == 0) {
+            i++;
+            continue;
+        }
+        /* the id a matched string maps to is the last one registered for it */
+        int32_t exact = added_exact(tok, s + i, best_len, parse_special);
+        if (exact >= 0) best_id = exact;
+        if (i > start && sec_push(out, start, i - start, -1)) return CSD_ENOMEM;
+        if (sec_push(out, i, best_len, best_id)) return CSD_ENOMEM;
+        i += best_len;
+        start = i;
+    }
+    if (start < n && sec_push(out, start, n - start, -1)) return CSD_ENOMEM;
+    for (size_t k = 0; k < out->n; k++) {
+        int32_t id = out->p[k].id;
+        if (id < 0) continue;
+        const tok_added *a = NULL;
+        for (size_t j = 0; j < tok->n_added; j++)
+            if (tok->added[j].id == id) a = &tok->added[j];
+        if (!a) continue;
+        if (a->lstrip && k > 0) out->p[k - 1].len = trim_end(s + out->p[k - 1].off, out->p[k - 1].len);
+        if (a->rstrip && k + 1 < out->n) {
+            size_t cut = trim_start(s + out->p[k + 1].off, out->p[k + 1].len);
+            out->p[k + 1].off += cut;
+            out->p[k + 1].len -= cut;
+        }
+    }
+    return 0;
+}
+
+/* Pre-tokenizes and BPE-encodes one section that holds no added token. */
+static int encode_model(enc_ctx *c, const char *s, size_t n) {
+    const csd_tok *tok = c->tok;
+    int rc = tok_pretokenize(tok, s, n, &c->pieces, &c->tmp, c->err);
+    if (rc) return rc;
+    size_t first = c->out->len;
+    for (size_t i = 0; i < c->pieces.n; i++) {
+        rc = tok_bpe_word(tok, c->pieces.text.p + c->pieces.off[i], c->pieces.len[i], &c->bpe, c->out);
+        if (rc) return csd_err_set(c->err, rc, "BPE failed on a piece of %zu bytes", c->pieces.len[i]);
+    }
+    if (tok->fuse_unk && tok->unk_id >= 0) { /* runs of unk become one unk */
+        size_t w = first;
+        for (size_t r = first; r < c->out->len; r++) {
+            if (c->out->p[r] == tok->unk_id && w > first && c->out->p[w - 1] == tok->unk_id) continue;
+            c->out->p[w++] = c->out->p[r];
+        }
+        c->out->len = w;
+    }
+    return 0;
+}
+
+static int encode_text_section(enc_ctx *c, const char *s, size_t n) {
+    const csd_tok *tok = c->tok;
+    tok_buf norm = {0};
+    sections subs = {0};
+    int rc = 0;
+    if (tok->n_norm) {
+        rc = tok_normalize(tok, s, n, &norm);
+        if (rc) {
+            rc = csd_err_set(c->err, rc, "normalizing %zu bytes failed", n);
+            goto done;
+        }
+        s = norm.p ? norm.p : "";
+        n = norm.len;
+    }
+    if (n == 0) goto done;
+    if (!tok->any_normalized_added) {
+        rc = encode_model(c, s, n);
+        goto done;
+    }
+    rc = split_added(tok, s, n, true, c->parse_special, &subs);
+    for (size_t i = 0; i < subs.n && !rc; i++) {
+        const section *q = &subs.p[i];
+        if (q->len == 0) continue;
+        int32_t id = q->id >= 0 ? q->id : added_exact(tok, s + q->off, q->len, c->parse_special);
+        rc = id >= 0 ? tok_ids_push(c->out, id) : encode_model(c, s + q->off, q->len);
+    }
+done:
+    tok_buf_free(&norm);
+    csd_free(subs.p);
+    return rc;
+}
+
+int csd_tok_encode(const csd_tok *tok, const char *text, size_t len, bool add_special,
+                   bool parse_special, int32_t **ids, size_t *n_ids, csd_err *err) {
+    *ids = NULL;
+    *n_ids = 0;
+    if (len > TOK_MAX_INPUT) return csd_err_set(err, CSD_ERANGE, "text of %zu bytes is too long", len);
+    if (!text && len) return csd_err_set(err, CSD_EINVAL, "NULL text");
+    char *clean = NULL;
+    if (len && !tok_utf8_valid(text, len)) {
+        /* invalid UTF-8 is read as TextDecoder reads it: each maximal invalid subpart -> U+FFFD */
+        clean = csd_alloc(len * 3 + 1);
+        if (!clean) return csd_err_set(err, CSD_ENOMEM, "out of memory");
+        len = tok_utf8_sanitize(text, len, clean);
+        text = clean;
+    }
+    tok_ids out = {0};
+    sections secs = {0};
+    enc_ctx c = {.tok = tok, .parse_special = parse_special, .out = &out, .err = err};
+    int rc = 0;
+    for (size_t i = 0; add_special && i < tok->n_prefix && !rc; i++) rc = tok_ids_push(&out, tok->prefix[i]);
+    if (!rc && len) rc = split_added(tok, text, len, false, parse_special, &secs);
+    for (size_t i = 0; i < secs.n && !rc; i++) {
+        const section *q = &secs.p[i];
+        if (q->len == 0) continue;
+        int32_t id = q->id >= 0 ? q->id : added_exact(tok, text + q->off, q->len, parse_special);
+        rc = id >= 0 ? tok_ids_push(&out, id) : encode_text_section(&c, text + q->off, q->len);
+    }
+    for (size_t i = 0; add_special && i < tok->n_suffix && !rc; i++) rc = tok_ids_push(&out, tok->suffix[i]);
+    tok_pieces_free(&c.pieces);
+    tok_pieces_free(&c.tmp);
+    tok_bpe_scratch_free(&c.bpe);
+    csd_free(secs.p);
+    csd_free(clean);
+    if (rc) {
+        tok_ids_free(&out);
+        return err && err->code ? rc : csd_err_set(err, rc, "encoding failed");
+    }
+    if (!out.p) {
+        out.p = csd_alloc(sizeof(int32_t));
+        if (!out.p) return csd_err_set(err, CSD_ENOMEM, "out of memory");
+    }
+    *ids = out.p;
+    *n_ids = out.len;
+    return 0;
+}

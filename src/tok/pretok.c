@@ -1,0 +1,300 @@
+/* pretok: the pre-tokenizers (Split by a regex or a literal string, ByteLevel) turning one normalized
+ * text section into the pieces BPE sees. Regexes are written for Oniguruma and run by the reference
+ * as translated JavaScript; we translate them for PCRE2 (UTF + UCP, JIT when available) so the few
+ * constructs where the engines disagree (\s, (?i:...)) behave as in the reference. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "tok/tok_internal.h"
+
+#include <pcre2.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+/* Unicode White_Space (what the reference uses for \s in tokenizer.json patterns). */
+#define WS_CLASS_BODY "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+/* JavaScript's own \s (used by the ByteLevel pre-tokenizer's built-in GPT-2 regex). */
+#define JS_WS_CLASS_BODY "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
+#define GPT2_PATTERN                                                                    \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" JS_WS_CLASS_BODY "\\p{L}\\p{N}]+|[" \
+    JS_WS_CLASS_BODY "]+(?![^" JS_WS_CLASS_BODY "])|[" JS_WS_CLASS_BODY "]+"
+
+static bool is_ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+static char other_case(char c) { return (char)(c >= 'a' && c <= 'z' ? c - 32 : c + 32); }
+
+/* Rewrites an Oniguruma pattern for PCRE2: \s and \S become explicit White_Space classes, and
+ * (?i:...) folds ASCII letters only (as the reference does) instead of full Unicode folding. */
+static int translate(const char *p, size_t n, tok_buf *out, csd_err *err) {
+    bool fold_stack[64];
+    size_t depth = 0;
+    bool fold = false, in_class = false;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc;) {
+        char c = p[i];
+        if (c == '\\' && i + 1 < n) {
+            char e = p[i + 1];
+            if (e == 's' || e == 'S') {
+                if (in_class && e == 'S')
+                    return csd_err_set(err, CSD_EUNSUPPORTED, "pre-tokenizer regex: \\S inside a class");
+                if (in_class) rc = tok_buf_put(out, WS_CLASS_BODY, strlen(WS_CLASS_BODY));
+                else if (e == 's') rc = tok_buf_put(out, "[" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 2);
+                else rc = tok_buf_put(out, "[^" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 3);
+                i += 2;
+            } else {
+                uint32_t cp;
+                size_t cl = 1 + tok_utf8_next(p + i + 1, n - i - 1, &cp);
+                rc = tok_buf_put(out, p + i, cl);
+                i += cl;
+            }
+            continue;
+        }
+        if (in_class) {
+            if (c == ']') in_class = false;
+            if (fold && is_ascii_letter(c)) {
+                if (i + 1 < n && p[i + 1] == '-')
+                    return csd_err_set(err, CSD_EUNSUPPORTED,
+                                       "pre-tokenizer regex: a range inside (?i:...)");
+                char two[2] = {c, other_case(c)};
+                rc = tok_buf_put(out, two, 2);
+            } else {
+                rc = tok_buf_put(out, &c, 1);
+            }
+            i++;
+            continue;
+        }
+        if (c == '[') {
+            in_class = true;
+            rc = tok_buf_put(out, "[", 1);
+            i++;
+            if (i < n && p[i] == '^') {
+                rc = rc ? rc : tok_buf_put(out, "^", 1);
+                i++;
+            }
+            if (i < n && p[i] == ']') { /* a leading ] is literal */
+                rc = rc ? rc : tok_buf_put(out, "\\]", 2);
+                i++;
+            }
+            continue;
+        }
+        if (c == '(') {
+            if (depth == sizeof fold_stack / sizeof fold_stack[0])
+                return csd_err_set(err, CSD_EUNSUPPORTED, "pre-tokenizer regex nests too deeply");
+            fold_stack[depth++] = fold;
+            if (n - i >= 4 && memcmp(p + i, "(?i:", 4) == 0) {
+                fold = true;
+                rc = tok_buf_put(out, "(?:", 3);
+                i += 4;
+                continue;
+            }
+        } else if (c == ')' && depth > 0) {
+            fold = fold_stack[--depth];
+        }
+        if (fold && is_ascii_letter(c)) {
+            char cls[4] = {'[', c, other_case(c), ']'};
+            rc = tok_buf_put(out, cls, 4);
+        } else {
+            rc = tok_buf_put(out, &c, 1);
+        }
+        i++;
+    }
+    return rc;
+}
+
+int tok_regex_compile(csd_tok *tok, const char *pattern, size_t len, bool is_regex, void **code,
+                      csd_err *err) {
+    if (len > TOK_MAX_PATTERN)
+        return csd_err_set(err, CSD_EFORMAT, "pre-tokenizer pattern too long (%zu bytes)", len);
+    tok_buf t = {0};
+    int rc;
+    uint32_t opts = PCRE2_UTF | PCRE2_UCP;
+    if (is_regex) {
+        rc = translate(pattern, len, &t, err);
+        if (rc) {
+            tok_buf_free(&t);
+            return err && err->code ? rc : csd_err_set(err, rc, "translating pre-tokenizer regex");
+        }
+    } else {
+        rc = tok_buf_put(&t, pattern, len);
+        opts |= PCRE2_LITERAL;
+        if (rc) return rc;
+    }
+    pcre2_compile_context *cc = pcre2_compile_context_create(tok->gctx);
+    if (!cc) {
+        tok_buf_free(&t);
+        return csd_err_set(err, CSD_ENOMEM, "pcre2 context");
+    }
+    pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
+    int ecode = 0;
+    PCRE2_SIZE eoff = 0;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(t.p ? t.p : ""), t.len, opts, &ecode, &eoff, cc);
+    pcre2_compile_context_free(cc);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(ecode, msg, sizeof msg);
+        tok_buf_free(&t);
+        return csd_err_set(err, CSD_EFORMAT, "pre-tokenizer regex does not compile at %zu: %s",
+                           (size_t)eoff, (const char *)msg);
+    }
+    tok_buf_free(&t);
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is the fallback */
+    *code = re;
+    return 0;
+}
+
+int tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
+int tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err) {
+    /* Already in PCRE2 syntax: compile without translation. */
+    pcre2_compile_context *cc = pcre2_compile_context_create(tok->gctx);
+    if (!cc) return csd_err_set(err, CSD_ENOMEM, "pcre2 context");
+    int ecode = 0;
+    PCRE2_SIZE eoff = 0;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP, &ecode, &eoff, cc);
+    pcre2_compile_context_free(cc);
+    if (!re) return csd_err_set(err, CSD_EFORMAT, "internal GPT-2 regex does not compile");
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
+    *code = re;
+    return 0;
+}
+
+void tok_regex_free(void *code) { pcre2_code_free((pcre2_code *)code); }
+
+int tok_pieces_add(tok_pieces *p, const char *s, size_t n) {
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        size_t *off = csd_alloc_array(cap, sizeof *off), *len = csd_alloc_array(cap, sizeof *len);
+        if (!off || !len) {
+            csd_free(off);
+            csd_free(len);
+            return CSD_ENOMEM;
+        }
+        if (p->n) {
+            memcpy(off, p->off, p->n * sizeof *off);
+            memcpy(len, p->len, p->n * sizeof *len);
+        }
+        csd_free(p->off);
+        csd_free(p->len);
+        p->off = off;
+        p->len = len;
+        p->cap = cap;
+    }
+    p->off[p->n] = p->text.len;
+    p->len[p->n] = n;
+    p->n++;
+    return tok_buf_put(&p->text, s, n);
+}
+
+void tok_pieces_reset(tok_pieces *p) {
+    p->n = 0;
+    p->text.len = 0;
+}
+
+void tok_pieces_free(tok_pieces *p) {
+    tok_buf_free(&p->text);
+    csd_free(p->off);
+    csd_free(p->len);
+    memset(p, 0, sizeof *p);
+}
+
+/* Splits s by code: gaps and matches are kept or dropped as the step says. */
+static int split_piece(const tok_pre_step *st, const char *s, size_t n, pcre2_match_data *md,
+                       tok_pieces *out, csd_err *err) {
+    bool keep_gaps = !st->invert, keep_matches = !st->removed;
+    size_t prev = 0, pos = 0;
+    while (pos <= n) {
+        int rc = pcre2_match((const pcre2_code *)st->code, (PCRE2_SPTR)s, n, pos,
+                             PCRE2_NO_UTF_CHECK, md, NULL);
+        if (rc == PCRE2_ERROR_NOMATCH) break;
+        if (rc < 0) {
+            PCRE2_UCHAR msg[160];
+            pcre2_get_error_message(rc, msg, sizeof msg);
+            return csd_err_set(err, CSD_ERANGE, "pre-tokenizer regex failed: %s",
+                               (const char *)msg);
+        }
+        PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
+        size_t ms = ov[0], me = ov[1];
+        int r = 0;
+        if (ms > prev && keep_gaps) r = tok_pieces_add(out, s + prev, ms - prev);
+        if (!r && me > ms && keep_matches) r = tok_pieces_add(out, s + ms, me - ms);
+        if (r) return csd_err_set(err, r, "out of memory splitting text");
+        prev = me > prev ? me : prev;
+        if (me == ms) {
+            if (me >= n) break;
+            uint32_t cp;
+            pos = me + tok_utf8_next(s + me, n - me, &cp);
+        } else {
+            pos = me;
+        }
+    }
+    if (prev < n && keep_gaps) {
+        int r = tok_pieces_add(out, s + prev, n - prev);
+        if (r) return csd_err_set(err, r, "out of memory splitting text");
+    }
+    return 0;
+}
+
+static int bytelevel_piece(const char *s, size_t n, tok_pieces *out) {
+    char tmp[1024];
+    size_t o = 0;
+    tok_buf big = {0};
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        o += tok_utf8_put(tok_bytelevel_char((uint8_t)s[i]), tmp + o);
+        if (o > sizeof tmp - 4) {
+            rc = tok_buf_put(&big, tmp, o);
+            o = 0;
+        }
+    }
+    if (!rc && big.len) rc = tok_buf_put(&big, tmp, o);
+    if (!rc) rc = big.len ? tok_pieces_add(out, big.p, big.len) : tok_pieces_add(out, tmp, o);
+    tok_buf_free(&big);
+    return rc;
+}
+
+int tok_pretokenize(const csd_tok *tok, const char *s, size_t n, tok_pieces *out, tok_pieces *tmp,
+                    csd_err *err) {
+    tok_pieces_reset(out);
+    int rc = tok_pieces_add(out, s, n);
+    if (rc) return csd_err_set(err, rc, "out of memory pre-tokenizing");
+    pcre2_match_data *md = NULL;
+    for (size_t k = 0; k < tok->n_pre && !rc; k++) {
+        const tok_pre_step *st = &tok->pre[k];
+        tok_pieces_reset(tmp);
+        if (st->code && !md) {
+            md = pcre2_match_data_create(4, (pcre2_general_context *)tok->gctx);
+            if (!md) return csd_err_set(err, CSD_ENOMEM, "pcre2 match data");
+        }
+        for (size_t i = 0; i < out->n && !rc; i++) {
+            const char *ps = out->text.p + out->off[i];
+            size_t pn = out->len[i];
+            if (st->kind == TOK_PRE_SPLIT) {
+                rc = split_piece(st, ps, pn, md, tmp, err);
+                continue;
+            }
+            /* ByteLevel: optional prefix space, optional GPT-2 split (matches only), byte map */
+            tok_buf pre = {0};
+            if (st->add_prefix_space && (pn == 0 || ps[0] != ' ')) {
+                rc = tok_buf_put(&pre, " ", 1);
+                if (!rc) rc = tok_buf_put(&pre, ps, pn);
+                ps = pre.p;
+                pn = pre.len;
+            }
+            if (!rc && st->code) {
+                tok_pieces parts = {0};
+                rc = split_piece(st, ps, pn, md, &parts, err);
+                for (size_t j = 0; j < parts.n && !rc; j++)
+                    rc = bytelevel_piece(parts.text.p + parts.off[j], parts.len[j], tmp);
+                tok_pieces_free(&parts);
+            } else if (!rc) {
+                rc = bytelevel_piece(ps, pn, tmp);
+            }
+            tok_buf_free(&pre);
+            if (rc && !(err && err->code)) csd_err_set(err, rc, "out of memory in ByteLevel");
+        }
+        tok_pieces swap = *out;
+        *out = *tmp;
+        *tmp = swap;
+    }
+    pcre2_match_data_free(md);
+    return rc;
+}

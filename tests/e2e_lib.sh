@@ -1,0 +1,18 @@
+# Shared by tests/e2e_*.sh: environment checks that skip with a reason (exit 77), temp dirs.
+# CTest sets CASCADIA, CSD_SHARED_DIR, CSD_SOURCE_DIR and CSD_BUILD_DIR.
+set -euo pipefail
+
+: "${CASCADIA:?set by ctest}"
+: "${CSD_SOURCE_DIR:?set by ctest}"
+: "${CSD_SHARED_DIR:=$CSD_SOURCE_DIR/../shared}"
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+
+need_shared() { [ -e "$CSD_SHARED_DIR/$1" ] || skip "$CSD_SHARED_DIR/$1 not found (../shared is absent)"; }
+need_torch() {
+    /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || skip "Debian python3-torch/python3-numpy not installed"
+}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/cascadia-e2e.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT

@@ -1,0 +1,247 @@
+/* The serving engine: concurrent requests give exactly the tokens they give alone (continuous
+ * batching is invisible to a user), max_tokens and EOS end requests, cancel frees a request, a
+ * full engine refuses with CSD_EFULL, and prompts beyond the context are refused. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "coord/engine.h"
+#include "core/alloc.h"
+#include "model/model.h"
+#include "model/synth.h"
+
+typedef struct collected {
+    int32_t ids[256];
+    int n;
+    int end;
+    int64_t completion_tokens;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool done;
+    int stop_after; /* on_token asks to stop after this many (0: never) */
+} collected;
+
+static bool on_token(void *ctx, const csd_token_event *ev) {
+    collected *c = ctx;
+    if (c->n < 256) c->ids[c->n++] = ev->id;
+    return c->stop_after && c->n >= c->stop_after;
+}
+
+static void on_done(void *ctx, const csd_req_result *res) {
+    collected *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    c->end = res->end;
+    c->completion_tokens = res->completion_tokens;
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void wait_done(collected *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void collected_init(collected *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+}
+
+typedef struct fixture {
+    char dir[64];
+    csd_model *model;
+    csd_pipeline *pipe;
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/csd-engine-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    csd_err err = {0};
+    csd_model_config cfg;
+    assert_int_equal(csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err), 0);
+    assert_int_equal(csd_synth_write(&cfg, 0 /* f32 */, 11, f->dir, &err), 0);
+    csd_model_opts opts;
+    csd_model_opts_default(&opts);
+    opts.n_threads = 2;
+    opts.max_ctx = 128;
+    assert_int_equal(csd_model_load_hf(&f->model, f->dir, &opts, &err), 0);
+    assert_int_equal(csd_local_pipeline_create(&f->pipe, f->model, 8, &err), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    f->pipe->ops->destroy(f->pipe);
+    csd_model_destroy(f->model);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    assert_int_equal(system(cmd), 0);
+    free(f);
+    return 0;
+}
+
+static csd_req_params params_for(int i, int64_t max_tokens) {
+    csd_req_params p;
+    memset(&p, 0, sizeof p);
+    csd_sampler_params_default(&p.sampling);
+    p.sampling.temperature = i % 2 ? 0.9f : 0.0f; /* half greedy, half seeded sampling */
+    p.sampling.seed = 100 + (uint64_t)i;
+    p.max_tokens = max_tokens;
+    p.ignore_eos = true;
+    return p;
+}
+
+static void prompt_for(int i, int32_t *prompt, int *n) {
+    *n = 3 + i * 5; /* different lengths: requests are at different phases in every step */
+    for (int k = 0; k < *n; k++) prompt[k] = (int32_t)(1 + (k * 7 + i * 13) % 290);
+}
+
+static void run_alone(csd_pipeline *pipe, int i, collected *c) {
+    csd_engine *e = NULL;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 1;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    int32_t prompt[64];
+    int n;
+    prompt_for(i, prompt, &n);
+    csd_req_params p = params_for(i, 12);
+    csd_req_callbacks cb = {on_token, on_done};
+    collected_init(c);
+    assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, c, NULL, &err), 0);
+    wait_done(c);
+    csd_engine_destroy(e);
+}
+
+static void test_concurrent_equals_alone(void **state) {
+    fixture *f = *state;
+    enum { N = 6 };
+    collected alone[N], together[N];
+    for (int i = 0; i < N; i++) run_alone(f->pipe, i, &alone[i]);
+    csd_engine *e = NULL;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 4;        /* 6 requests on 4 slots: two wait in the queue */
+    o.prefill_chunk = 8;   /* prompts prefill over several steps while others decode */
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    csd_req_callbacks cb = {on_token, on_done};
+    for (int i = 0; i < N; i++) {
+        int32_t prompt[64];
+        int n;
+        prompt_for(i, prompt, &n);
+        csd_req_params p = params_for(i, 12);
+        collected_init(&together[i]);
+        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &together[i], NULL, &err), 0);
+    }
+    for (int i = 0; i < N; i++) {
+        wait_done(&together[i]);
+        assert_int_equal(together[i].end, CSD_REQ_END_LENGTH);
+        assert_int_equal(together[i].n, 12);
+        assert_int_equal(alone[i].n, 12);
+        assert_memory_equal(together[i].ids, alone[i].ids, 12 * sizeof(int32_t));
+    }
+    csd_engine_stats st;
+    csd_engine_get_stats(e, &st);
+    assert_int_equal(st.requests_total, N);
+    assert_int_equal(st.completion_tokens_total, N * 12);
+    assert_true(st.step_count < N * 12); /* batched: fewer steps than tokens */
+    csd_engine_destroy(e);
+}
+
+static void test_stop_eog_and_cancel(void **state) {
+    fixture *f = *state;
+    csd_engine *e = NULL;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    csd_err err = {0};
+    int32_t prompt[8] = {1, 5, 9, 14};
+    /* first learn the greedy continuation, then declare its 3rd token end-of-generation */
+    collected probe;
+    run_alone(f->pipe, 0, &probe);
+    int32_t eog = probe.ids[2];
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, &eog, 1, &o, &err), 0);
+    csd_req_callbacks cb = {on_token, on_done};
+    int32_t p0[64];
+    int n0;
+    prompt_for(0, p0, &n0);
+    csd_req_params p = params_for(0, 50);
+    p.ignore_eos = false;
+    collected c;
+    collected_init(&c);
+    assert_int_equal(csd_engine_submit(e, p0, n0, &p, &cb, &c, NULL, &err), 0);
+    wait_done(&c);
+    assert_int_equal(c.end, CSD_REQ_END_STOP);
+    assert_true(c.n <= 3 && c.ids[c.n - 1] == eog);
+    /* on_token asking to stop (a stop string) */
+    collected s;
+    collected_init(&s);
+    s.stop_after = 4;
+    p = params_for(1, 50);
+    assert_int_equal(csd_engine_submit(e, prompt, 4, &p, &cb, &s, NULL, &err), 0);
+    wait_done(&s);
+    assert_int_equal(s.end, CSD_REQ_END_STOP);
+    assert_int_equal(s.n, 4);
+    /* cancel a long request */
+    collected k;
+    collected_init(&k);
+    uint64_t id = 0;
+    p = params_for(1, 100000);
+    p.max_tokens = 100; /* context is 128: a long run */
+    assert_int_equal(csd_engine_submit(e, prompt, 4, &p, &cb, &k, &id, &err), 0);
+    csd_engine_cancel(e, id);
+    wait_done(&k);
+    assert_true(k.end == CSD_REQ_END_CANCELLED || k.n < 100);
+    csd_engine_destroy(e);
+}
+
+static void test_refusals(void **state) {
+    fixture *f = *state;
+    csd_engine *e = NULL;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 1;
+    o.queue_max = 1;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    csd_req_callbacks cb = {on_token, on_done};
+    int32_t prompt[200];
+    for (int i = 0; i < 200; i++) prompt[i] = 5;
+    csd_req_params p = params_for(0, 100);
+    collected c[3];
+    for (int i = 0; i < 3; i++) collected_init(&c[i]);
+    assert_int_equal(csd_engine_submit(e, prompt, 200, &p, &cb, &c[0], NULL, &err), CSD_ERANGE);
+    assert_int_equal(csd_engine_submit(e, prompt, 4, &p, &cb, &c[0], NULL, &err), 0);
+    assert_int_equal(csd_engine_submit(e, prompt, 4, &p, &cb, &c[1], NULL, &err), 0);
+    int rc = csd_engine_submit(e, prompt, 4, &p, &cb, &c[2], NULL, &err);
+    int accepted = 2 + (rc == 0);
+    if (rc) assert_int_equal(rc, CSD_EFULL); /* one slot + one queued: the third is refused */
+    int32_t bad = 999999;
+    collected x;
+    collected_init(&x);
+    assert_int_equal(csd_engine_submit(e, &bad, 1, &p, &cb, &x, NULL, &err), CSD_ERANGE);
+    for (int i = 0; i < accepted; i++) wait_done(&c[i]);
+    csd_engine_destroy(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_concurrent_equals_alone),
+        cmocka_unit_test(test_stop_eog_and_cancel),
+        cmocka_unit_test(test_refusals),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

@@ -1,0 +1,327 @@
+/* test_kern_matmul: every kernel table this CPU supports against ref.c (the spec), for every dtype,
+ * odd shapes and batch sizes; ref against plain f32 maths on the dequantized weights; batch and
+ * thread invariance (bit-identical); no allocation inside csd_matmul; the vector helpers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/pool.h"
+#include "kern/kern.h"
+#include "kern/kern_internal.h"
+#include "kern/quant.h"
+
+static const char *const table_names[] = {"ref", "avx2", "avx512"};
+#define N_TABLES (int)(sizeof table_names / sizeof table_names[0])
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+
+/* Uniform in (-1, 1). */
+static float rng_sym(rng *r) { return (float)((int64_t)(rng_next(r) >> 40) - 8388608) / 8388608.0f; }
+
+/* Seeded, checked non-constant data (mean of |x| well away from 0 and not all equal). */
+static float *make_data(int64_t n, uint64_t seed) {
+    rng r = {seed * 0x9e3779b97f4a7c15ull + 1};
+    float *x = csd_alloc_array((size_t)(n > 0 ? n : 1), sizeof *x);
+    assert_non_null(x);
+    double sa = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = rng_sym(&r) * (i % 37 == 3 ? 4.0f : 1.0f);
+        sa += fabs(x[i]);
+    }
+    if (n >= 8) {
+        assert_true(sa / n > 0.2);
+        assert_true(x[0] != x[1] || x[1] != x[2]);
+    }
+    return x;
+}
+
+typedef struct mat {
+    csd_qmat w;
+    void *buf;
+    float *deq; /* rows x cols, the dequantized weights */
+} mat;
+
+static mat make_mat(int dtype, int64_t rows, int64_t cols, uint64_t seed) {
+    mat m;
+    float *src = make_data(rows * cols, seed);
+    size_t nb = csd_qmat_bytes(dtype, rows, cols);
+    m.buf = csd_alloc(nb);
+    assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, m.buf, NULL), 0);
+    m.w = (csd_qmat){dtype, rows, cols, m.buf, nb};
+    m.deq = csd_alloc_array((size_t)(rows * cols > 0 ? rows * cols : 1), sizeof(float));
+    for (int64_t r = 0; r < rows; r++) csd_qmat_dequant_row(&m.w, r, m.deq + r * cols);
+    csd_free(src);
+    return m;
+}
+
+static void free_mat(mat *m) {
+    csd_free(m->buf);
+    csd_free(m->deq);
+}
+
+static void run(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *w, const float *x,
+                int64_t n_tok, float *y) {
+    void *scratch = csd_alloc(csd_matmul_scratch_bytes(w->cols, n_tok));
+    csd_kern_matmul_with(ops, pool, w, x, n_tok, y, scratch);
+    csd_free(scratch);
+}
+
+/* sum_c |W[r,c] x[c]|: the scale of rounding differences of one output. */
+static double abs_scale(const mat *m, const float *x, int64_t t, int64_t r) {
+    double s = 0;
+    for (int64_t c = 0; c < m->w.cols; c++)
+        s += fabs((double)m->deq[r * m->w.cols + c] * x[t * m->w.cols + c]);
+    return s;
+}
+
+static const int64_t shapes[][2] = {{3, 130}, {1, 1}, {5, 128}, {17, 257}, {33, 300}, {8, 2048},
+                                    {6, 64}};
+static const int64_t ntoks[] = {1, 2, 3, 7, 8, 33, 64};
+
+static void test_tables_vs_ref(void **state) {
+    (void)state;
+    const csd_kern_ops *ref = csd_kern_table("ref");
+    assert_non_null(ref);
+    int compared = 0;
+    for (int ti = 1; ti < N_TABLES; ti++) {
+        const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+        if (!ops) {
+            printf("table %s not supported here\n", table_names[ti]);
+            continue;
+        }
+        for (int dtype = 0; dtype < CSD_DTYPE_COUNT; dtype++) {
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                int64_t rows = shapes[si][0], cols = shapes[si][1];
+                mat m = make_mat(dtype, rows, cols, 11 + si);
+                for (size_t ni = 0; ni < sizeof ntoks / sizeof ntoks[0]; ni++) {
+                    int64_t n_tok = ntoks[ni];
+                    float *x = make_data(n_tok * cols, 1000 + ni);
+                    float *ya = csd_alloc_array((size_t)(n_tok * rows), sizeof(float));
+                    float *yb = csd_alloc_array((size_t)(n_tok * rows), sizeof(float));
+                    run(ref, NULL, &m.w, x, n_tok, ya);
+                    run(ops, NULL, &m.w, x, n_tok, yb);
+                    for (int64_t t = 0; t < n_tok; t++) {
+                        for (int64_t r = 0; r < rows; r++) {
+                            double s = abs_scale(&m, x, t, r);
+                            double d = fabs((double)ya[t * rows + r] - yb[t * rows + r]);
+                            if (d > 2e-6 * s + 1e-30) {
+                                printf("%s %s %lldx%lld n_tok=%lld t=%lld r=%lld ref=%g got=%g\n",
+                                       ops->name, csd_dtype_name(dtype), (long long)rows,
+                                       (long long)cols, (long long)n_tok, (long long)t,
+                                       (long long)r, ya[t * rows + r], yb[t * rows + r]);
+                                fail();
+                            }
+                        }
+                    }
+                    compared++;
+                    csd_free(x);
+                    csd_free(ya);
+                    csd_free(yb);
+                }
+                free_mat(&m);
+            }
+        }
+    }
+    printf("compared %d (table, dtype, shape, n_tok) cases\n", compared);
+}
+
+/* The spec itself: ref against f64 maths on the dequantized weights. Q4/Q8 also quantize the
+ * activations to int8 per group, an error of at most half a step (absmax / 254) per element. */
+static void test_ref_vs_f64(void **state) {
+    (void)state;
+    const csd_kern_ops *ref = csd_kern_table("ref");
+    for (int dtype = 0; dtype < CSD_DTYPE_COUNT; dtype++) {
+        int64_t rows = 9, cols = 300, n_tok = 3;
+        mat m = make_mat(dtype, rows, cols, 5);
+        float *x = make_data(n_tok * cols, 6);
+        float y[27];
+        run(ref, NULL, &m.w, x, n_tok, y);
+        int q = dtype == CSD_DTYPE_Q4 || dtype == CSD_DTYPE_Q8;
+        for (int64_t t = 0; t < n_tok; t++) {
+            for (int64_t r = 0; r < rows; r++) {
+                double exact = 0, bound = 0;
+                for (int64_t c = 0; c < cols; c++) {
+                    exact += (double)m.deq[r * cols + c] * x[t * cols + c];
+                    bound += fabs(m.deq[r * cols + c]) * (q ? 4.0 / 254.0 : 1e-6); /* |x|<=4 */
+                }
+                assert_true(fabs(y[t * rows + r] - exact) <= bound + 1e-5);
+            }
+        }
+        csd_free(x);
+        free_mat(&m);
+    }
+}
+
+static void test_batch_and_thread_invariance(void **state) {
+    (void)state;
+    csd_pool *pool2 = NULL;
+    assert_int_equal(csd_pool_create(&pool2, 2, NULL), 0);
+    for (int ti = 0; ti < N_TABLES; ti++) {
+        const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+        if (!ops) continue;
+        for (int dtype = 0; dtype < CSD_DTYPE_COUNT; dtype++) {
+            int64_t rows = 45, cols = 300, n_tok = 37;
+            mat m = make_mat(dtype, rows, cols, 77);
+            float *x = make_data(n_tok * cols, 78);
+            float *yb = csd_alloc_array((size_t)(n_tok * rows), sizeof(float));
+            float *y1 = csd_alloc_array((size_t)(n_tok * rows), sizeof(float));
+            float *ys = csd_alloc_array((size_t)rows, sizeof(float));
+            run(ops, pool2, &m.w, x, n_tok, yb);
+            run(ops, NULL, &m.w, x, n_tok, y1);
+            assert_memory_equal(yb, y1, (size_t)(n_tok * rows) * sizeof(float));
+            for (int64_t t = 0; t < n_tok; t++) { /* each token alone, 1 and 2 threads */
+                run(ops, NULL, &m.w, x + t * cols, 1, ys);
+                assert_memory_equal(ys, yb + t * rows, (size_t)rows * sizeof(float));
+                run(ops, pool2, &m.w, x + t * cols, 1, ys);
+                assert_memory_equal(ys, yb + t * rows, (size_t)rows * sizeof(float));
+            }
+            /* a token inside sub-batches of other sizes */
+            for (int64_t nb = 2; nb <= 9; nb += 7) {
+                run(ops, pool2, &m.w, x + 5 * cols, nb, y1);
+                assert_memory_equal(y1, yb + 5 * rows, (size_t)(nb * rows) * sizeof(float));
+            }
+            csd_free(x);
+            csd_free(yb);
+            csd_free(y1);
+            csd_free(ys);
+            free_mat(&m);
+        }
+    }
+    csd_pool_destroy(pool2);
+}
+
+static void test_activation_quant_identical(void **state) {
+    (void)state;
+    const csd_kern_ops *ref = csd_kern_table("ref");
+    static const int64_t cols_list[] = {1, 15, 128, 130, 300, 2048};
+    for (size_t k = 0; k < sizeof cols_list / sizeof cols_list[0]; k++) {
+        int64_t cols = cols_list[k];
+        size_t stride = csd_quant_act_stride(cols);
+        float *x = make_data(cols, 300 + k);
+        if (cols > 20) x[cols - 1] = 0.0f; /* exact zeros and ties */
+        uint8_t *a = csd_alloc(stride), *b = csd_alloc(stride);
+        ref->quantize_act_q8(a, x, cols);
+        for (int ti = 1; ti < N_TABLES; ti++) {
+            const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+            if (!ops) continue;
+            memset(b, 0x5a, stride);
+            ops->quantize_act_q8(b, x, cols);
+            size_t used = (size_t)csd_quant_groups(cols) * (CSD_QUANT_GROUP + 8);
+            assert_memory_equal(a, b, used);
+        }
+        csd_free(a);
+        csd_free(b);
+        csd_free(x);
+    }
+}
+
+static void test_no_alloc(void **state) {
+    (void)state;
+    csd_pool *pool = NULL;
+    assert_int_equal(csd_pool_create(&pool, 2, NULL), 0);
+    mat m = make_mat(CSD_DTYPE_Q4, 64, 256, 3);
+    float *x = make_data(8 * 256, 4);
+    float *y = csd_alloc_array(8 * 64, sizeof(float));
+    void *scratch = csd_alloc(csd_matmul_scratch_bytes(256, 8));
+    csd_kern_init();
+    uint64_t before = csd_alloc_count();
+    csd_matmul(pool, &m.w, x, 8, y, scratch);
+    csd_matmul(pool, &m.w, x, 1, y, scratch);
+    assert_int_equal(csd_alloc_count(), before);
+    csd_free(scratch);
+    csd_free(y);
+    csd_free(x);
+    free_mat(&m);
+    csd_pool_destroy(pool);
+}
+
+static void test_vector_helpers(void **state) {
+    (void)state;
+    const csd_kern_ops *ref = csd_kern_table("ref");
+    static const int64_t ns[] = {0, 1, 7, 16, 31, 63, 64, 65, 128, 130, 1000};
+    for (int ti = 0; ti < N_TABLES; ti++) {
+        const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+        if (!ops) continue;
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            int64_t n = ns[k];
+            float *a = make_data(n, 10 + k), *b = make_data(n, 20 + k);
+            uint16_t *h = csd_alloc_array((size_t)n + 1, 2), *h2 = csd_alloc_array((size_t)n + 1, 2);
+            float *y1 = make_data(n, 30 + k), *y2 = make_data(n, 30 + k);
+            ref->f32_to_f16(h, b, n);
+            h[n] = 0x1234;
+            h2[n] = 0x1234; /* nothing past n is written */
+            ops->f32_to_f16(h2, b, n);
+            assert_memory_equal(h, h2, (size_t)(n + 1) * 2);
+            double s = 0;
+            for (int64_t i = 0; i < n; i++) s += fabs(a[i] * b[i]);
+            assert_true(fabs(ref->dot_f32(a, b, n) - ops->dot_f32(a, b, n)) <= 1e-6 * s + 1e-30);
+            assert_true(fabs(ref->dot_f32_f16(a, h, n) - ops->dot_f32_f16(a, h, n)) <=
+                        1e-6 * s + 1e-30);
+            ref->axpy_f32(y1, 0.37f, a, n);
+            ops->axpy_f32(y2, 0.37f, a, n);
+            for (int64_t i = 0; i < n; i++) assert_true(fabsf(y1[i] - y2[i]) <= 1e-6f);
+            ref->axpy_f16(y1, -1.25f, h, n);
+            ops->axpy_f16(y2, -1.25f, h, n);
+            for (int64_t i = 0; i < n; i++) assert_true(fabsf(y1[i] - y2[i]) <= 4e-6f);
+            csd_free(a);
+            csd_free(b);
+            csd_free(h);
+            csd_free(h2);
+            csd_free(y1);
+            csd_free(y2);
+        }
+        /* f16 edge cases: subnormals, ties, overflow, infinities */
+        float edge[] = {0.0f, -0.0f, 6e-8f, 3e-5f, -6.1e-5f, 65504.0f, 65520.0f, 1e9f, -1e9f,
+                        1.0f + 1.0f / 2048.0f, 1.0f + 3.0f / 2048.0f, 2.98e-8f, INFINITY};
+        int n = (int)(sizeof edge / sizeof edge[0]);
+        uint16_t e1[16], e2[16];
+        ref->f32_to_f16(e1, edge, n);
+        ops->f32_to_f16(e2, edge, n);
+        assert_memory_equal(e1, e2, (size_t)n * 2);
+        /* the public wrappers dispatch */
+        float a2[3] = {1, 2, 3}, b2[3] = {4, 5, 6};
+        assert_true(csd_dot_f32(a2, b2, 3) == 32.0f);
+    }
+}
+
+static void test_tables_and_names(void **state) {
+    (void)state;
+    const char *name = csd_kern_init();
+    assert_non_null(name);
+    assert_string_equal(name, csd_kern_name());
+    assert_non_null(csd_kern_table(name));
+    assert_null(csd_kern_table("bogus"));
+    const csd_kern_ops *ops = csd_kern_ops_current();
+    assert_non_null(ops->matmul_q4_q8); /* gaps are filled */
+    assert_non_null(ops->matmul_bf16_f32);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_tables_and_names),
+        cmocka_unit_test(test_activation_quant_identical),
+        cmocka_unit_test(test_ref_vs_f64),
+        cmocka_unit_test(test_tables_vs_ref),
+        cmocka_unit_test(test_batch_and_thread_invariance),
+        cmocka_unit_test(test_no_alloc),
+        cmocka_unit_test(test_vector_helpers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,238 @@
+/* test_kern_quant: Q4/Q8/F16/BF16 quantization: sizes, error bounds, determinism, rows whose length
+ * is not a multiple of 128, and the clipping search against plain absmax. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "kern/kern.h"
+#include "kern/quant.h"
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static uint64_t rng_next(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+
+static float rng_uniform(rng *r) { return (float)((rng_next(r) >> 40) + 1) / 16777217.0f; }
+
+static float rng_gauss(rng *r) {
+    float u = rng_uniform(r), v = rng_uniform(r);
+    return sqrtf(-2.0f * logf(u)) * cosf(6.2831853f * v);
+}
+
+/* Gaussian data, with every 61st value an outlier 6x larger when outliers is set. Checked to be
+ * non-constant (a broken generator would make every test pass trivially). */
+static float *make_data(int64_t n, uint64_t seed, int outliers) {
+    rng r = {seed * 2654435761u + 1};
+    float *x = csd_alloc_array((size_t)n, sizeof *x);
+    assert_non_null(x);
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = rng_gauss(&r) * (outliers && i % 61 == 7 ? 6.0f : 1.0f);
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
+    if (n > 16) assert_true(s2 / n - (s / n) * (s / n) > 0.1);
+    return x;
+}
+
+static void test_sizes(void **state) {
+    (void)state;
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_F32, 3, 10), 120);
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_F16, 3, 10), 60);
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_BF16, 3, 10), 60);
+    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q4, 2048), 16 * 64 + 32);
+    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q8, 2048), 16 * 128 + 32);
+    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q4, 130), 160); /* 2*64 + 2*2 -> 32-aligned */
+    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q8, 1), 160);
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_Q4, 7, 5632), 7 * (44 * 64 + 96));
+}
+
+/* Max and RMS error of quantize + dequantize, relative to the group absmax and the data RMS. */
+static void roundtrip(int dtype, int64_t rows, int64_t cols, const float *src, double *max_rel_group,
+                      double *rms_rel) {
+    size_t nb = csd_qmat_bytes(dtype, rows, cols);
+    void *buf = csd_alloc(nb);
+    float *out = csd_alloc_array((size_t)cols, sizeof *out);
+    assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, buf, NULL), 0);
+    csd_qmat w = {dtype, rows, cols, buf, nb};
+    double se = 0, ss = 0, worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        csd_qmat_dequant_row(&w, r, out);
+        for (int64_t g0 = 0; g0 < cols; g0 += 128) {
+            int64_t g1 = g0 + 128 < cols ? g0 + 128 : cols;
+            double amax = 0;
+            for (int64_t c = g0; c < g1; c++) amax = fmax(amax, fabs(src[r * cols + c]));
+            for (int64_t c = g0; c < g1; c++) {
+                double e = fabs((double)out[c] - src[r * cols + c]);
+                se += e * e;
+                ss += (double)src[r * cols + c] * src[r * cols + c];
+                if (amax > 0) worst = fmax(worst, e / amax);
+            }
+        }
+    }
+    *max_rel_group = worst;
+    *rms_rel = sqrt(se / (ss > 0 ? ss : 1));
+    csd_free(out);
+    csd_free(buf);
+}
+
+static void test_error_bounds(void **state) {
+    (void)state;
+    static const int64_t cols_list[] = {1, 5, 127, 128, 129, 130, 300, 2048};
+    for (size_t k = 0; k < sizeof cols_list / sizeof cols_list[0]; k++) {
+        int64_t rows = 6, cols = cols_list[k];
+        float *src = make_data(rows * cols, 100 + k, 0);
+        double worst, rms;
+        roundtrip(CSD_DTYPE_Q8, rows, cols, src, &worst, &rms);
+        assert_true(worst <= 0.2);
+        if (cols >= 128) assert_true(rms < 0.01);
+        roundtrip(CSD_DTYPE_Q4, rows, cols, src, &worst, &rms);
+        assert_true(worst <= 0.45);
+        if (cols >= 128) assert_true(rms < 0.13);
+        roundtrip(CSD_DTYPE_F16, rows, cols, src, &worst, &rms);
+        assert_true(rms < 1e-3);
+        roundtrip(CSD_DTYPE_BF16, rows, cols, src, &worst, &rms);
+        assert_true(rms < 5e-3);
+        roundtrip(CSD_DTYPE_F32, rows, cols, src, &worst, &rms);
+        assert_true(rms == 0.0);
+        csd_free(src);
+    }
+}
+
+static void test_zero_and_exact(void **state) {
+    (void)state;
+    /* All-zero rows give zero scales; values already on the grid come back exactly. */
+    float src[2 * 130];
+    for (int i = 0; i < 130; i++) src[i] = 0.0f;
+    for (int dtype = CSD_DTYPE_Q8; dtype <= CSD_DTYPE_Q4; dtype++) {
+        for (int i = 0; i < 130; i++) /* on the grid: q * 1/4 (Q4) or q * 1/64 (Q8) */
+            src[130 + i] = dtype == CSD_DTYPE_Q4 ? (float)((i % 128 % 15) - 7) * 0.25f
+                                                 : (float)(i % 128 - 127) / 64.0f;
+        size_t nb = csd_qmat_bytes(dtype, 2, 130);
+        void *buf = csd_alloc(nb);
+        assert_int_equal(csd_qmat_quantize(dtype, src, 2, 130, buf, NULL), 0);
+        csd_qmat w = {dtype, 2, 130, buf, nb};
+        float out[130];
+        csd_qmat_dequant_row(&w, 0, out);
+        for (int i = 0; i < 130; i++) assert_true(out[i] == 0.0f);
+        csd_qmat_dequant_row(&w, 1, out);
+        for (int i = 0; i < 130; i++) assert_true(fabsf(out[i] - src[130 + i]) < 1e-6f);
+        csd_free(buf);
+    }
+}
+
+static void test_deterministic_and_padding(void **state) {
+    (void)state;
+    int64_t rows = 5, cols = 300; /* 3 groups, the last one 44 long */
+    float *src = make_data(rows * cols, 7, 1);
+    for (int dtype = 0; dtype < CSD_DTYPE_COUNT; dtype++) {
+        size_t nb = csd_qmat_bytes(dtype, rows, cols);
+        uint8_t *a = csd_alloc(nb), *b = csd_alloc(nb);
+        memset(a, 0x00, nb);
+        memset(b, 0xa5, nb); /* every byte must be written, padding included */
+        assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, a, NULL), 0);
+        assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, b, NULL), 0);
+        assert_memory_equal(a, b, nb);
+        if (dtype == CSD_DTYPE_Q4 || dtype == CSD_DTYPE_Q8) {
+            size_t rb = csd_quant_row_bytes(dtype, cols);
+            for (int64_t r = 0; r < rows; r++) {
+                const uint8_t *row = a + r * rb;
+                for (int j = 44; j < 128; j++) { /* missing weights of the short group are q = 0 */
+                    if (dtype == CSD_DTYPE_Q8) {
+                        assert_int_equal(row[2 * 128 + j], 0);
+                    } else {
+                        uint8_t byte = row[2 * 64 + (j & 63)];
+                        assert_int_equal(j < 64 ? (byte & 15) : (byte >> 4), 8);
+                    }
+                }
+            }
+        }
+        csd_free(a);
+        csd_free(b);
+    }
+    csd_free(src);
+}
+
+/* Plain absmax reference: d = amax / qmax on a symmetric grid, d rounded to f16 like ours. */
+static double absmax_sse(const float *x, int n, int qmax) {
+    float amax = 0;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    float d = csd_f16_to_f32(csd_f32_to_f16(amax / (float)qmax));
+    double se = 0;
+    for (int i = 0; i < n; i++) {
+        float q = d > 0 ? nearbyintf(x[i] / d) : 0;
+        q = fminf(fmaxf(q, (float)-qmax), (float)qmax);
+        se += ((double)x[i] - q * d) * ((double)x[i] - q * d);
+    }
+    return se;
+}
+
+static void test_clipping_beats_absmax(void **state) {
+    (void)state;
+    int64_t rows = 64, cols = 1024;
+    float *src = make_data(rows * cols, 42, 1);
+    float *out = csd_alloc_array((size_t)cols, sizeof *out);
+    for (int dtype = CSD_DTYPE_Q8; dtype <= CSD_DTYPE_Q4; dtype++) {
+        int qmax = dtype == CSD_DTYPE_Q4 ? 7 : 127;
+        size_t nb = csd_qmat_bytes(dtype, rows, cols);
+        void *buf = csd_alloc(nb);
+        assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, buf, NULL), 0);
+        csd_qmat w = {dtype, rows, cols, buf, nb};
+        double ours = 0, base = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            csd_qmat_dequant_row(&w, r, out);
+            for (int64_t g = 0; g < cols; g += 128) {
+                double og = 0;
+                for (int j = 0; j < 128; j++) {
+                    double e = (double)out[g + j] - src[r * cols + g + j];
+                    og += e * e;
+                }
+                double bg = absmax_sse(src + r * cols + g, 128, qmax);
+                assert_true(og <= bg * (1 + 1e-6)); /* absmax is one of the candidates */
+                ours += og;
+                base += bg;
+            }
+        }
+        printf("%s: sse ours/absmax = %.3f\n", csd_dtype_name(dtype), ours / base);
+        assert_true(ours < (dtype == CSD_DTYPE_Q4 ? 0.85 : 0.999) * base);
+        csd_free(buf);
+    }
+    csd_free(out);
+    csd_free(src);
+}
+
+static void test_bad_dtype(void **state) {
+    (void)state;
+    float x[4] = {1, 2, 3, 4};
+    uint8_t buf[64];
+    csd_err err = {0};
+    assert_int_equal(csd_qmat_quantize(99, x, 1, 4, buf, &err), CSD_EUNSUPPORTED);
+    assert_int_equal(err.code, CSD_EUNSUPPORTED);
+    assert_int_equal(csd_qmat_quantize(CSD_DTYPE_Q4, x, -1, 4, buf, &err), CSD_EINVAL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_error_bounds),
+        cmocka_unit_test(test_zero_and_exact),
+        cmocka_unit_test(test_deterministic_and_padding),
+        cmocka_unit_test(test_clipping_beats_absmax),
+        cmocka_unit_test(test_bad_dtype),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
