@@ -75,6 +75,14 @@ static void payload(int type, const uint8_t *p, size_t n) {
         }
         break;
     }
+    case CSD_WIRE_ROUTE: {
+        char addr[CSD_WIRE_MAX_ROUTE + 1];
+        if (csd_wire_decode_route(p, n, addr, sizeof addr, NULL) == 0) {
+            check(csd_wire_encode_route(out, sizeof out, addr, &len, NULL) == 0);
+            check(len == n && memcmp(out, p, n) == 0);
+        }
+        break;
+    }
     case CSD_WIRE_PING:
     case CSD_WIRE_PONG: {
         uint64_t t;

@@ -175,6 +175,12 @@ static void test_round_trip(void **state) {
     assert_int_equal(hlen % 8, 0);
     char *hdr = csd_alloc(hlen + 1);
     assert_int_equal(fread(hdr, 1, hlen, f), hlen);
+    /* No gap and no trailing bytes: the file ends where the last tensor does (the reference
+     * implementation insists on that). */
+    size_t total = 0;
+    for (int i = 0; i < N_ROUND; i++) total += desc_bytes(&round_descs[i]);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    assert_int_equal((size_t)ftell(f), 8 + hlen + total);
     fclose(f);
     size_t last = hlen;
     while (last > 0 && hdr[last - 1] == ' ') last--;

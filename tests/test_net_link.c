@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -227,6 +228,22 @@ static void test_handshake_wildcard_expectations(void **state) {
     send_close(c);
     server_join(&s);
     assert_int_equal(s.hs_rc, 0);
+    csd_conn_destroy(c);
+    /* half wildcard: "the next stage starts at layer 8, ends anywhere" */
+    server_start(&s, &key_a, false, hello_stage(2, 8, 16, 0x11));
+    want = hello_stage(2, 8, CSD_WIRE_ANY, 0x11);
+    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err), 0);
+    send_close(c);
+    server_join(&s);
+    assert_int_equal(s.hs_rc, 0);
+    csd_conn_destroy(c);
+    server_start(&s, &key_a, false, hello_stage(2, 8, 16, 0x11));
+    want = hello_stage(2, 9, CSD_WIRE_ANY, 0x11);
+    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err),
+                     CSD_EMISMATCH);
+    server_join(&s);
+    assert_non_null(strstr(err.msg, "[9,*)"));
+    assert_non_null(strstr(err.msg, "[8,16)"));
     csd_conn_destroy(c);
 }
 
@@ -643,6 +660,149 @@ static void test_concurrent_send_recv(void **state) {
     csd_conn_destroy(c);
 }
 
+/* A thread blocked in recv (waiting forever) is woken by csd_conn_shutdown from another thread:
+ * how a worker stops a connection thread. */
+typedef struct blocked_ctx {
+    csd_conn *c;
+    int rc;
+} blocked_ctx;
+
+static void *blocked_main(void *arg) {
+    blocked_ctx *b = arg;
+    csd_netbuf buf = {0};
+    csd_wire_hdr h;
+    b->rc = csd_conn_recv(b->c, &h, &buf, -1, NULL);
+    csd_netbuf_fini(&buf);
+    return NULL;
+}
+
+static void test_shutdown_wakes_blocked_recv(void **state) {
+    (void)state;
+    server_ctx s;
+    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
+    csd_conn *c = NULL;
+    csd_err err = {0};
+    csd_wire_hello want = hello_coord(0, 0, 12, 0xAB);
+    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err), 0);
+    blocked_ctx b = {.c = c, .rc = 1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, blocked_main, &b), 0);
+    usleep(50 * 1000);
+    csd_conn_shutdown(c);
+    pthread_join(th, NULL);
+    assert_int_equal(b.rc, CSD_ECLOSED);
+    assert_true(csd_conn_is_closed(c));
+    server_join(&s); /* the server saw EOF between frames */
+    assert_int_equal(s.loop_rc, CSD_ECLOSED);
+    csd_conn_destroy(c);
+}
+
+/* A client that connects and says nothing is dropped after the handshake timeout; one whose first
+ * frame is not HELLO is refused with ERROR. */
+static void test_server_handshake_timeout_and_wrong_first_frame(void **state) {
+    (void)state;
+    server_ctx s;
+    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
+    csd_conn *c = NULL;
+    csd_err err = {0};
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)csd_listener_port(s.l));
+    /* wrong first frame: a PING in plain framing */
+    assert_int_equal(csd_conn_connect(&c, addr, TIMEOUT_MS, &err), 0);
+    uint8_t p[8] = {0};
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_PING, 0, 0, 0, 8);
+    assert_int_equal(csd_conn_send(c, &h, p, 8, &err), 0);
+    csd_netbuf rb = {0};
+    assert_int_equal(csd_conn_recv(c, &h, &rb, TIMEOUT_MS, &err), 0);
+    assert_int_equal(h.type, CSD_WIRE_ERROR);
+    csd_wire_error e;
+    assert_int_equal(csd_wire_decode_error(rb.data, h.payload_len, &e, NULL), 0);
+    assert_non_null(strstr(e.text, "expected HELLO"));
+    server_join(&s);
+    assert_int_equal(s.hs_rc, CSD_EPROTO);
+    csd_conn_destroy(c);
+    csd_netbuf_fini(&rb);
+
+    /* silent client: the server gives up after its timeout */
+    memset(&s, 0, sizeof s);
+    assert_int_equal(csd_listener_open(&s.l, "127.0.0.1:0", &err), 0);
+    s.cfg = (csd_link_cfg){.key = &key_a, .timeout_ms = 200};
+    s.self = hello_stage(0, 0, 12, 0xAB);
+    assert_int_equal(pthread_create(&s.th, NULL, server_main, &s), 0);
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)csd_listener_port(s.l));
+    assert_int_equal(csd_conn_connect(&c, addr, TIMEOUT_MS, &err), 0);
+    uint64_t t0 = csd_now_ns();
+    server_join(&s);
+    assert_int_equal(s.hs_rc, CSD_ETIMEOUT);
+    assert_true(csd_now_ns() - t0 < 3000000000ull);
+    csd_conn_destroy(c);
+}
+
+/* Bad addresses and refused connections are errors with messages, not crashes. */
+static void test_connect_errors(void **state) {
+    (void)state;
+    csd_conn *c = NULL;
+    csd_listener *l = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_conn_connect(&c, "127.0.0.1", 100, &err), CSD_EINVAL);
+    assert_int_equal(csd_conn_connect(&c, "127.0.0.1:http", 100, &err), CSD_EINVAL);
+    assert_int_equal(csd_conn_connect(&c, "[127.0.0.1:80", 100, &err), CSD_EINVAL);
+    assert_int_equal(csd_listener_open(&l, ":0", &err), CSD_EINVAL);
+    /* a port nobody listens on: open and close a listener to find one */
+    assert_int_equal(csd_listener_open(&l, "127.0.0.1:0", &err), 0);
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", (unsigned)csd_listener_port(l));
+    csd_listener_destroy(l);
+    assert_int_equal(csd_conn_connect(&c, addr, 1000, &err), CSD_EIO);
+    assert_non_null(strstr(err.msg, "refused"));
+    assert_null(c);
+    /* accept with nothing pending times out */
+    assert_int_equal(csd_listener_open(&l, "127.0.0.1:0", &err), 0);
+    assert_int_equal(csd_listener_accept(l, &c, 20, &err), CSD_ETIMEOUT);
+    csd_listener_destroy(l);
+    /* a handshake without key and without insecure is a caller error */
+    csd_link_cfg cfg = {0};
+    assert_int_equal(csd_conn_handshake_client(NULL, &cfg, NULL, NULL, &err), CSD_EINVAL);
+}
+
+/* The cipher alone (what secure framing adds per frame on each side): seal and open of 4 KiB and
+ * 16 KiB payloads with a 20-byte header as associated data, as conn.c does. Prints numbers. */
+static void test_aead_cost_report(void **state) {
+    (void)state;
+    assert_true(sodium_init() >= 0);
+    const size_t sizes[2] = {4096, 16384};
+    uint8_t key[32], nonce[24] = {0}, ad[20] = {0}, tag[16];
+    randombytes_buf(key, sizeof key);
+    uint8_t *buf = csd_alloc(16384);
+    for (int si = 0; si < 2; si++) {
+        const int n = 5000;
+        uint64_t t0 = csd_now_ns();
+        for (int i = 0; i < n; i++) {
+            csd_wire_put_u64(nonce, (uint64_t)i);
+            unsigned long long ml;
+            crypto_aead_xchacha20poly1305_ietf_encrypt_detached(buf, tag, &ml, buf, sizes[si], ad,
+                                                                20, NULL, nonce, key);
+        }
+        double seal = (double)(csd_now_ns() - t0) * 1e-9;
+        t0 = csd_now_ns();
+        for (int i = 0; i < n; i++) {
+            csd_wire_put_u64(nonce, (uint64_t)i);
+            unsigned long long ml;
+            crypto_aead_xchacha20poly1305_ietf_encrypt_detached(buf, tag, &ml, buf, sizes[si], ad,
+                                                                20, NULL, nonce, key);
+            assert_int_equal(crypto_aead_xchacha20poly1305_ietf_decrypt_detached(
+                                 buf, NULL, buf, sizes[si], tag, ad, 20, nonce, key),
+                             0);
+        }
+        double open = (double)(csd_now_ns() - t0) * 1e-9 - seal;
+        printf("BENCH aead xchacha20poly1305 payload=%5zu B: seal %7.0f frames/s %6.0f MB/s "
+               "(%.1f us), open %7.0f frames/s %6.0f MB/s (%.1f us), one core\n",
+               sizes[si], n / seal, n * (double)sizes[si] / seal / 1e6, seal / n * 1e6, n / open,
+               n * (double)sizes[si] / open / 1e6, open / n * 1e6);
+    }
+    csd_free(buf);
+}
+
 /* Measures one-way link throughput (client streams FORWARD frames, the server receives and drops
  * them, a final PING/PONG waits for the last one) and prints it; asserts only that it ran. */
 static void test_throughput_report(void **state) {
@@ -714,6 +874,10 @@ int main(void) {
         cmocka_unit_test(test_large_hidden_frame),
         cmocka_unit_test(test_recv_idle_timeout_keeps_link),
         cmocka_unit_test(test_concurrent_send_recv),
+        cmocka_unit_test(test_shutdown_wakes_blocked_recv),
+        cmocka_unit_test(test_server_handshake_timeout_and_wrong_first_frame),
+        cmocka_unit_test(test_connect_errors),
+        cmocka_unit_test(test_aead_cost_report),
         cmocka_unit_test(test_throughput_report),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

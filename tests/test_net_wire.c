@@ -31,7 +31,7 @@ static void test_hdr_roundtrip_every_type(void **state) {
         [CSD_WIRE_RESULT] = 12 + 8,              [CSD_WIRE_TRUNCATE] = 4,
         [CSD_WIRE_CLOSE] = 0,                    [CSD_WIRE_STATS] = 0,
         [CSD_WIRE_STATS_REPLY] = CSD_WIRE_STATS_SIZE, [CSD_WIRE_PING] = 8,
-        [CSD_WIRE_PONG] = 8};
+        [CSD_WIRE_PONG] = 8,                     [CSD_WIRE_ROUTE] = 2 + 14};
     for (int t = 1; t < CSD_WIRE_TYPE_COUNT; t++) {
         uint16_t flags = (t == CSD_WIRE_FORWARD || t == CSD_WIRE_RESULT)
                              ? (CSD_WIRE_FLAG_OUT_LOGITS | CSD_WIRE_FLAG_ALL_TOKENS)
@@ -192,8 +192,11 @@ static void test_hello_roundtrip_and_refusals(void **state) {
     csd_wire_put_u32(c + 12, 5);
     csd_wire_put_u32(c + 16, 5);
     assert_int_equal(csd_wire_decode_hello(c, len, &d, NULL), CSD_EPROTO);
+    /* a half wildcard is an expectation like "starts at 5, ends anywhere" */
     csd_wire_put_u32(c + 16, CSD_WIRE_ANY);
-    assert_int_equal(csd_wire_decode_hello(c, len, &d, NULL), CSD_EPROTO);
+    assert_int_equal(csd_wire_decode_hello(c, len, &d, NULL), 0);
+    assert_int_equal(d.layer_begin, 5);
+    assert_int_equal(d.layer_end, CSD_WIRE_ANY);
     assert_int_equal(csd_wire_encode_hello(b, 10, &h, &len, NULL), CSD_EINVAL);
 }
 
@@ -310,6 +313,43 @@ static void test_small_messages_roundtrip(void **state) {
     check_len_strict(dec_stats, b, len, &d);
     csd_wire_put_u64(b + 8 + 8 * 4, 100); /* used > total */
     assert_int_equal(csd_wire_decode_stats(b, len, &d, NULL), CSD_EPROTO);
+}
+
+static int dec_route(const uint8_t *in, size_t len, void *out, csd_err *err) {
+    return csd_wire_decode_route(in, len, out, CSD_WIRE_MAX_ROUTE + 1, err);
+}
+
+static void test_route_roundtrip(void **state) {
+    (void)state;
+    uint8_t b[CSD_WIRE_ROUTE_HDR_SIZE + CSD_WIRE_MAX_ROUTE];
+    char addr[CSD_WIRE_MAX_ROUTE + 1];
+    size_t len;
+    const char *good[3] = {"127.0.0.1:7001", "[::1]:9", "node-01.lan:65535"};
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(csd_wire_encode_route(b, sizeof b, good[i], &len, NULL), 0);
+        assert_int_equal(len, 2 + strlen(good[i]));
+        assert_int_equal(csd_wire_decode_route(b, len, addr, sizeof addr, NULL), 0);
+        assert_string_equal(addr, good[i]);
+    }
+    check_len_strict(dec_route, b, len, addr);
+    /* too small an output buffer is the caller's error, not the peer's */
+    assert_int_equal(csd_wire_decode_route(b, len, addr, 5, NULL), CSD_EINVAL);
+    /* refused addresses */
+    const char *bad[4] = {"", "no-port", "has space:1", "tab\t:1"};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(csd_wire_encode_route(b, sizeof b, bad[i], &len, NULL), CSD_EINVAL);
+    char longaddr[CSD_WIRE_MAX_ROUTE + 2];
+    memset(longaddr, 'a', sizeof longaddr - 1);
+    longaddr[0] = ':';
+    longaddr[sizeof longaddr - 1] = 0;
+    assert_int_equal(csd_wire_encode_route(b, sizeof b, longaddr, &len, NULL), CSD_EINVAL);
+    csd_wire_put_u16(b, 3);
+    memcpy(b + 2, "a\0:", 3); /* NUL inside */
+    assert_int_equal(csd_wire_decode_route(b, 5, addr, sizeof addr, NULL), CSD_EPROTO);
+    csd_wire_put_u16(b, CSD_WIRE_MAX_ROUTE + 1);
+    assert_int_equal(csd_wire_decode_route(b, sizeof b, addr, sizeof addr, NULL), CSD_EPROTO);
+    csd_wire_put_u16(b, 0);
+    assert_int_equal(csd_wire_decode_route(b, 2, addr, sizeof addr, NULL), CSD_EPROTO);
 }
 
 static void test_act_ids_roundtrip(void **state) {
@@ -450,7 +490,9 @@ static void test_act_flags(void **state) {
     assert_int_equal(
         csd_wire_check_act_flags(CSD_WIRE_FLAG_OUT_LOGITS | CSD_WIRE_FLAG_OUT_SAMPLE, NULL),
         CSD_EPROTO);
-    assert_int_equal(csd_wire_check_act_flags(CSD_WIRE_FLAG_OUT_LOGITS | 0x10, NULL), CSD_EPROTO);
+    assert_int_equal(
+        csd_wire_check_act_flags(CSD_WIRE_FLAG_OUT_LOGITS | CSD_WIRE_FLAG_BATCH_MORE, NULL), 0);
+    assert_int_equal(csd_wire_check_act_flags(CSD_WIRE_FLAG_OUT_LOGITS | 0x20, NULL), CSD_EPROTO);
 }
 
 /* Random bytes and random bit flips through every decoder: must return, never crash (ASan). */
@@ -471,6 +513,8 @@ static void test_corrupt_inputs_never_crash(void **state) {
         csd_wire_act a;
         uint32_t k;
         uint64_t t;
+        char addr[CSD_WIRE_MAX_ROUTE + 1];
+        accepted += csd_wire_decode_route(b, n, addr, sizeof addr, NULL) == 0;
         accepted += csd_wire_decode_hdr(b, n, &h, NULL) == 0;
         accepted += csd_wire_decode_hello(b, n, &he, NULL) == 0;
         accepted += csd_wire_decode_error(b, n, &e, NULL) == 0;
@@ -494,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_error_roundtrip),
         cmocka_unit_test(test_open_roundtrip),
         cmocka_unit_test(test_small_messages_roundtrip),
+        cmocka_unit_test(test_route_roundtrip),
         cmocka_unit_test(test_act_ids_roundtrip),
         cmocka_unit_test(test_act_rows_roundtrip),
         cmocka_unit_test(test_act_limits),

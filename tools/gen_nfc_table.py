@@ -61,16 +61,16 @@ def main():
       " * (sorted by code point) and primary composites (sorted by pair). Hangul is algorithmic. */\n"
       % ud.unidata_version)
     w('#include "tok/nfc_table.h"\n\n')
-    w("const char tok_nfc_unicode_version[] = \"%s\";\n\n" % ud.unidata_version)
-    w("const tok_ccc_range tok_ccc_ranges[] = {\n")
+    w("const char csd_tok_nfc_unicode_version[] = \"%s\";\n\n" % ud.unidata_version)
+    w("const csd_tok_ccc_range csd_tok_ccc_ranges[] = {\n")
     rows(w, ["{0x%X, 0x%X, %d}," % tuple(r) for r in ranges])
-    w("};\nconst size_t tok_n_ccc_ranges = %d;\n\n" % len(ranges))
-    w("const tok_decomp tok_decomps[] = {\n")
+    w("};\nconst size_t csd_tok_n_ccc_ranges = %d;\n\n" % len(ranges))
+    w("const csd_tok_decomp csd_tok_decomps[] = {\n")
     rows(w, ["{0x%X, 0x%X, 0x%X}," % d for d in decomp])
-    w("};\nconst size_t tok_n_decomps = %d;\n\n" % len(decomp))
-    w("const tok_comp tok_comps[] = {\n")
+    w("};\nconst size_t csd_tok_n_decomps = %d;\n\n" % len(decomp))
+    w("const csd_tok_comp csd_tok_comps[] = {\n")
     rows(w, ["{0x%X, 0x%X, 0x%X}," % c for c in comp])
-    w("};\nconst size_t tok_n_comps = %d;\n" % len(comp))
+    w("};\nconst size_t csd_tok_n_comps = %d;\n" % len(comp))
 
 
 if __name__ == "__main__":

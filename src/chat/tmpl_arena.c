@@ -9,8 +9,9 @@
 
 #include "core/alloc.h"
 
-/* Default chunk payload; bigger requests get a chunk of their own. */
-#define ARENA_CHUNK (64 * 1024)
+/* Chunk payload: small while the arena is small (most renders need a few KB), then larger. */
+#define ARENA_CHUNK_MIN (4 * 1024)
+#define ARENA_CHUNK_MAX (64 * 1024)
 
 struct csd_chat_chunk {
     csd_chat_chunk *next;
@@ -65,7 +66,8 @@ void *csd_chat_arena_alloc(csd_chat_arena *a, size_t n) {
     if (n == 0) n = 16;
     csd_chat_chunk *c = a->head;
     if (!c || c->cap - c->used < n) {
-        size_t cap = n > ARENA_CHUNK ? n : ARENA_CHUNK;
+        size_t chunk = a->total >= 16 * ARENA_CHUNK_MAX ? ARENA_CHUNK_MAX : ARENA_CHUNK_MIN;
+        size_t cap = n > chunk ? n : chunk;
         if (cap > a->limit || a->total > a->limit - cap)
             csd_chat_raise(a->fail, CSD_EFULL, CSD_CHAT_NOPOS,
                            "memory limit of %zu bytes exceeded", a->limit);
@@ -74,7 +76,7 @@ void *csd_chat_arena_alloc(csd_chat_arena *a, size_t n) {
         a->total += cap;
         c->cap = cap;
         c->used = 0;
-        if (a->head && n > ARENA_CHUNK) {
+        if (a->head && n > chunk) {
             /* keep filling the current chunk: put the big one behind it */
             c->next = a->head->next;
             a->head->next = c;
@@ -83,9 +85,8 @@ void *csd_chat_arena_alloc(csd_chat_arena *a, size_t n) {
             a->head = c;
         }
     }
-    void *p = c->data + c->used;
+    void *p = c->data + c->used; /* chunks come zeroed from csd_alloc and are never reused */
     c->used += n;
-    memset(p, 0, n);
     return p;
 }
 

@@ -59,7 +59,7 @@ static csd_chat_val str_builtin(csd_chat_rt *rt, csd_chat_val str, const char *s
 }
 
 /* JS Array.prototype.at / String.prototype.at (strings by code point). */
-static csd_chat_val index_at(csd_chat_rt *rt, csd_chat_val obj, double x) {
+static csd_chat_val index_at(csd_chat_val obj, double x) {
     if (isnan(x)) x = 0;
     x = trunc(x);
     if (obj.type == CSD_CHAT_V_ARR) {
@@ -84,7 +84,6 @@ static csd_chat_val index_at(csd_chat_rt *rt, csd_chat_val obj, double x) {
         if (i == want) return csd_chat_v_str(p, k);
         p += k;
     }
-    (void)rt;
 }
 
 csd_chat_val csd_chat_member(csd_chat_rt *rt, csd_chat_val obj, csd_chat_val prop, uint32_t pos) {
@@ -96,7 +95,7 @@ csd_chat_val csd_chat_member(csd_chat_rt *rt, csd_chat_val obj, csd_chat_val pro
         return obj.type == CSD_CHAT_V_OBJ ? obj_builtin(rt, obj, prop.u.s.p, prop.u.s.n) : csd_chat_v_undef();
     }
     if (obj.type == CSD_CHAT_V_ARR || obj.type == CSD_CHAT_V_STR) {
-        if (prop.type == CSD_CHAT_V_INT) return index_at(rt, obj, prop.u.num);
+        if (prop.type == CSD_CHAT_V_INT) return index_at(obj, prop.u.num);
         if (prop.type == CSD_CHAT_V_STR) {
             if (obj.type == CSD_CHAT_V_STR) return str_builtin(rt, obj, prop.u.s.p, prop.u.s.n);
             if (name_is(prop.u.s.p, prop.u.s.n, "length")) return csd_chat_v_int((double)obj.u.arr->n);
@@ -503,24 +502,34 @@ static csd_chat_val fn_namespace(csd_chat_rt *rt, const csd_chat_args *a, uint32
     return ns;
 }
 
+/* JS ToNumber for range() arguments (the reference passes raw JS values to its range()). */
+static double range_num(csd_chat_rt *rt, csd_chat_val v, uint32_t pos) {
+    switch (v.type) {
+    case CSD_CHAT_V_UNDEF: return NAN;
+    case CSD_CHAT_V_NULL: return NAN; /* none holds undefined in the reference */
+    case CSD_CHAT_V_BOOL: return v.u.b ? 1 : 0;
+    case CSD_CHAT_V_INT:
+    case CSD_CHAT_V_FLOAT: return v.u.num;
+    case CSD_CHAT_V_OBJ: return NAN;
+    default: RAISE(rt, pos, "range() arguments must be numbers");
+    }
+}
+
 static csd_chat_val fn_range(csd_chat_rt *rt, const csd_chat_args *a, uint32_t pos) {
-    if (a->npos < 1 || a->npos > 3 || a->kw.u.obj->n)
-        RAISE(rt, pos, "range() takes 1 to 3 positional arguments");
-    for (size_t i = 0; i < a->npos; i++)
-        if (a->pos[i].type != CSD_CHAT_V_INT && a->pos[i].type != CSD_CHAT_V_FLOAT)
-            RAISE(rt, pos, "range() arguments must be numbers");
-    double start = 0, stop, step = 1;
-    if (a->npos == 1) {
-        stop = a->pos[0].u.num;
-    } else {
-        start = a->pos[0].u.num;
-        stop = a->pos[1].u.num;
-        if (a->npos == 3) step = a->pos[2].u.num;
+    /* range(start, stop?, step = 1) over the positional values plus the keyword bag, like JS */
+    csd_chat_val argv[3] = {csd_chat_v_undef(), csd_chat_v_undef(), csd_chat_v_undef()};
+    size_t n = 0;
+    for (size_t i = 0; i < a->npos && n < 3; i++) argv[n++] = a->pos[i];
+    if (n < 3 && a->kw.u.obj->n) argv[n++] = a->kw;
+    bool have_stop = argv[1].type != CSD_CHAT_V_UNDEF;
+    double start = range_num(rt, argv[0], pos);
+    double stop = have_stop ? range_num(rt, argv[1], pos) : 0;
+    double step = argv[2].type == CSD_CHAT_V_UNDEF ? 1 : range_num(rt, argv[2], pos);
+    if (!have_stop) {
+        stop = start;
+        start = 0;
     }
     if (step == 0) RAISE(rt, pos, "range() step must not be zero");
-    double count = step > 0 ? ceil((stop - start) / step) : ceil((start - stop) / -step);
-    if (!(count > 0)) count = 0;
-    if (isnan(step) || count > MAX_RANGE) RAISE(rt, pos, "range() of more than %d elements", MAX_RANGE);
     csd_chat_val out = csd_chat_v_arr(rt->arena, 0);
     size_t cap = 0;
     for (double i = start; step > 0 ? i < stop : i > stop; i += step) {

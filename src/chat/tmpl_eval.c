@@ -44,7 +44,7 @@ static csd_chat_scope *child(csd_chat_rt *rt, csd_chat_scope *parent) {
 }
 
 csd_chat_val csd_chat_new_str(csd_chat_rt *rt, const csd_chat_buf *b) {
-    (void)rt;
+    (void)rt; /* strings live in rt's arena already; kept for symmetry with other constructors */
     return csd_chat_v_str(b->p ? b->p : "", b->len);
 }
 
@@ -230,8 +230,8 @@ static csd_chat_val eval_binary(csd_chat_rt *rt, const csd_chat_node *n, csd_cha
         double a = num_of(l), b = num_of(r);
         if (a == 0 && b < 0) RAISE(rt, n->pos, "0.0 cannot be raised to a negative power");
         double res = pow(a, b);
-        if (a == 1 || (b == 0 && !isnan(a))) res = 1; /* JS: 1 ** NaN is NaN; pow says 1 */
-        if (a == 1 && isnan(b)) res = NAN;
+        /* JS differs from C pow only where the base is +-1 and the exponent is not finite */
+        if ((a == 1 || a == -1) && !isfinite(b)) res = NAN;
         if (!isfinite(res)) RAISE(rt, n->pos, "exponentiation result is not a finite real number");
         bool isf = l.type == CSD_CHAT_V_FLOAT || r.type == CSD_CHAT_V_FLOAT || b < 0;
         return isf ? csd_chat_v_float(res) : csd_chat_v_int(res);
@@ -511,6 +511,7 @@ static void exec_for(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *ou
     }
     bool none = true;
     for (size_t i = 0; i < count; i++) {
+        csd_chat_step(rt, n->pos); /* an empty body still costs a step per iteration */
         csd_chat_val loop = csd_chat_v_obj(rt->arena, CSD_CHAT_V_OBJ);
         csd_chat_obj *lo = loop.u.obj;
         csd_chat_arena *a = rt->arena;

@@ -218,7 +218,7 @@ static void lex_string(lexer *L) {
         if (c == q) break;
         if (c == '\\') {
             L->i++;
-            if (L->i >= L->t.len) lex_fail(L, L->i, "unexpected end of input", NULL);
+            if (L->i >= L->t.len) lex_fail(L, start, "unterminated string literal", NULL);
             char e = L->t.s[L->i++];
             if (e == 'x' || e == 'u') {
                 int len = e == 'x' ? 2 : 4;
@@ -243,7 +243,7 @@ static void lex_string(lexer *L) {
         }
         csd_chat_buf_putc(&b, c);
         L->i++;
-        if (L->i >= L->t.len) lex_fail(L, L->i, "unexpected end of input", NULL);
+        if (L->i >= L->t.len) lex_fail(L, start, "unterminated string literal", NULL);
     }
     L->i++; /* closing quote */
     push(L, CSD_CHAT_T_STR, b.p ? b.p : "", b.len, start);

@@ -4,6 +4,8 @@
  * CSD_CHAT_MAX_PARSE_DEPTH; every error names the line and column of the offending token. */
 #include "chat/tmpl_internal.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,6 +113,15 @@ static csd_chat_node *parse_logical_or(parser *P);
 static void parse_body(parser *P, nvec *v, const char *const *until, const char *what) {
     while (!is_statement(P, until)) {
         if (P->cur >= P->n) perr(P, "missing ", what);
+        if (P->cur + 1 < P->n && P->t[P->cur].type == CSD_CHAT_T_OPEN_STMT &&
+            P->t[P->cur + 1].type == CSD_CHAT_T_IDENT) {
+            const csd_chat_tok *nt = &P->t[P->cur + 1];
+            if ((nt->n > 3 && memcmp(nt->p, "end", 3) == 0) || tok_is_ident(nt, "else") ||
+                tok_is_ident(nt, "elif")) {
+                P->cur++;
+                perr(P, "expected ", what);
+            }
+        }
         nv_push(P, v, parse_any(P));
     }
 }
@@ -196,37 +207,31 @@ static void parse_args(parser *P, nvec *out, bool params) {
 }
 
 static csd_chat_node *parse_member_args(parser *P) {
-    csd_chat_node *sl[4] = {0};
-    size_t n = 0;
+    nvec sl = {0};
     bool is_slice = false;
     uint32_t pos = here(P);
     while (!is(P, CSD_CHAT_T_RBRACKET)) {
         if (P->cur >= P->n) perr(P, "expected ", "']'");
-        if (n >= 3) {
-            if (is_slice) perr(P, "expected 0-3 arguments for slice expression", NULL);
-            perr(P, "expected ", "']'");
-        }
         if (is(P, CSD_CHAT_T_COLON)) {
-            sl[n++] = NULL;
+            nv_push(P, &sl, NULL);
             P->cur++;
             is_slice = true;
         } else {
-            sl[n++] = parse_expression(P);
+            nv_push(P, &sl, parse_expression(P));
             if (is(P, CSD_CHAT_T_COLON)) {
                 P->cur++;
                 is_slice = true;
             }
         }
     }
-    if (n == 0) perr(P, "expected at least one argument for member/slice expression", NULL);
-    if (!is_slice) {
-        if (n != 1) perr(P, "expected ", "']'");
-        return sl[0];
-    }
+    if (sl.n == 0) perr(P, "expected at least one argument for member/slice expression", NULL);
+    /* like the reference, `x[a b]` (no colon) silently uses the first expression */
+    if (!is_slice) return sl.p[0];
+    if (sl.n > 3) csd_chat_raise(P->a->fail, CSD_EFORMAT, pos, "expected 0-3 arguments for slice expression");
     csd_chat_node *x = mk(P, CSD_CHAT_N_SLICE, pos);
-    x->a = sl[0];
-    x->b = sl[1];
-    x->c = sl[2];
+    x->a = sl.p[0];
+    x->b = sl.n > 1 ? sl.p[1] : NULL;
+    x->c = sl.n > 2 ? sl.p[2] : NULL;
     return x;
 }
 
@@ -256,7 +261,7 @@ static csd_chat_node *parse_member(parser *P, csd_chat_node *obj) {
 
 static csd_chat_node *parse_call(parser *P, csd_chat_node *callee) {
     enter(P);
-    csd_chat_node *c = mk(P, CSD_CHAT_N_CALL, here(P));
+    csd_chat_node *c = mk(P, CSD_CHAT_N_CALL, callee->pos);
     c->a = callee;
     nvec v = {0};
     parse_args(P, &v, false);
@@ -467,13 +472,10 @@ static csd_chat_node *parse_primary(parser *P) {
     const csd_chat_tok *tk = &P->t[P->cur++];
     switch (tk->type) {
     case CSD_CHAT_T_NUM: {
-        char buf[64];
-        size_t k = tk->n < sizeof buf - 1 ? tk->n : sizeof buf - 1;
-        memcpy(buf, tk->p, k);
-        buf[k] = '\0';
+        /* JS Number(): any digit count is fine (huge values become 1e+63 or Infinity) */
+        char *buf = csd_chat_arena_strndup(P->a, tk->p, tk->n);
         csd_chat_node *x = mk(P, memchr(tk->p, '.', tk->n) ? CSD_CHAT_N_FLOAT : CSD_CHAT_N_INT, tk->pos);
-        x->num = tk->n < sizeof buf - 1 ? strtod(buf, NULL) : HUGE_VAL;
-        if (tk->n >= sizeof buf - 1 && tk->p[0] == '-') x->num = -HUGE_VAL;
+        x->num = strtod(buf, NULL);
         return x;
     }
     case CSD_CHAT_T_STR: {
@@ -537,7 +539,7 @@ static csd_chat_node *parse_primary(parser *P) {
     }
     default:
         P->cur--;
-        perr(P, "unexpected token", NULL);
+        perr(P, "expected an expression", NULL);
     }
 }
 

@@ -251,7 +251,7 @@ static void fmt_float(csd_chat_buf *b, double x) {
 void csd_chat_to_string(csd_chat_buf *b, csd_chat_val v, uint32_t pos) {
     switch (v.type) {
     case CSD_CHAT_V_UNDEF: csd_chat_buf_puts(b, "undefined"); break;
-    case CSD_CHAT_V_NULL: csd_chat_buf_puts(b, "null"); break;
+    case CSD_CHAT_V_NULL: csd_chat_buf_puts(b, "undefined"); break; /* the reference's none holds undefined */
     case CSD_CHAT_V_BOOL: csd_chat_buf_puts(b, v.u.b ? "true" : "false"); break;
     case CSD_CHAT_V_INT: csd_chat_fmt_number(b, v.u.num); break;
     case CSD_CHAT_V_FLOAT: fmt_float(b, v.u.num); break;
@@ -453,6 +453,10 @@ static const void *ref_of(csd_chat_val v) {
 
 bool csd_chat_strict_eq(csd_chat_val x, csd_chat_val y) {
     if (is_num(x.type) && is_num(y.type)) return x.u.num == y.u.num;
+    /* the reference's none carries JS undefined, so none === undefined */
+    bool xn = x.type == CSD_CHAT_V_UNDEF || x.type == CSD_CHAT_V_NULL;
+    bool yn = y.type == CSD_CHAT_V_UNDEF || y.type == CSD_CHAT_V_NULL;
+    if (xn || yn) return xn && yn;
     if (x.type != y.type) return false;
     switch (x.type) {
     case CSD_CHAT_V_UNDEF:

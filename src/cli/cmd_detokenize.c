@@ -1,6 +1,7 @@
 /* cmd_detokenize: `cascadia detokenize DIR`: token ids on stdin (space, comma or newline separated)
- * -> text on stdout. --batch decodes one line of ids per line and prints base64 of each text (used by
- * tests/e2e_tok_parity.sh). Ids are validated: a non-number or an out-of-range id is an error. */
+ * -> text on stdout. --batch decodes one line of ids per line and prints base64 of each text (used
+ * by tests/e2e_tok_parity.sh). Ids are validated: a non-number or an out-of-range id is an error.
+ */
 #include "cli/commands.h"
 
 #include <stdio.h>
@@ -12,12 +13,14 @@
 #define STDIN_MAX ((size_t)256 << 20) /* refuse more input than this on stdin */
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: cascadia detokenize DIR [--skip-special] [--batch]\n"
-            "  Reads token ids (separated by spaces, commas or newlines) on stdin and prints the text.\n"
-            "  DIR             a model or tokenizer directory (tokenizer.json [+ tokenizer_config.json])\n"
-            "  --skip-special  leave special tokens (BOS, EOS, ...) out of the text\n"
-            "  --batch         one sequence of ids per line; print base64 of each text on its own line\n");
+    fprintf(f, "usage: cascadia detokenize DIR [--skip-special] [--batch]\n"
+               "  Reads token ids (separated by spaces, commas or newlines) on stdin and prints "
+               "the text.\n"
+               "  DIR             a model or tokenizer directory (tokenizer.json [+ "
+               "tokenizer_config.json])\n"
+               "  --skip-special  leave special tokens (BOS, EOS, ...) out of the text\n"
+               "  --batch         one sequence of ids per line; print base64 of each text on its "
+               "own line\n");
 }
 
 static int read_stdin(char **out, size_t *len) {
@@ -92,6 +95,48 @@ static int parse_ids(const char *s, size_t n, int32_t vocab, int32_t *ids, size_
     return 0;
 }
 
+/* Decodes through the streaming detokenizer: exact bytes (a decoded NUL survives), and it is the
+ * same code path a generating server uses. In batch mode the text is collected for base64. */
+static int decode_stream(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special,
+                         bool batch) {
+    csd_detok d;
+    csd_detok_init(&d, tok, skip_special);
+    static char piece[1 << 16];
+    size_t cap = 1 << 16, len = 0;
+    unsigned char *all = batch ? csd_alloc(cap) : NULL;
+    if (batch && !all) return -1;
+    for (size_t i = 0; i <= n; i++) {
+        size_t got = 0;
+        int rc = i < n ? csd_detok_push(&d, ids[i], piece, sizeof piece, &got)
+                       : csd_detok_flush(&d, piece, sizeof piece, &got);
+        if (rc) {
+            fprintf(stderr, "detokenize: id %d: %s\n", i < n ? ids[i] : -1, csd_strerror(rc));
+            csd_free(all);
+            return -1;
+        }
+        if (!batch) {
+            fwrite(piece, 1, got, stdout);
+            continue;
+        }
+        if (len + got > cap) {
+            while (len + got > cap) cap *= 2;
+            unsigned char *nb = csd_alloc(cap);
+            if (!nb) {
+                csd_free(all);
+                return -1;
+            }
+            memcpy(nb, all, len);
+            csd_free(all);
+            all = nb;
+        }
+        memcpy(all + len, piece, got);
+        len += got;
+    }
+    if (batch) print_b64(all, len);
+    csd_free(all);
+    return 0;
+}
+
 int csd_cmd_detokenize(int argc, char **argv) {
     const char *dir = NULL;
     bool skip_special = false, batch = false;
@@ -125,9 +170,11 @@ int csd_cmd_detokenize(int argc, char **argv) {
     char *in = NULL;
     size_t len = 0;
     int rs = read_stdin(&in, &len);
-    int32_t *ids = rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids); /* ids are >= 2 bytes apart */
+    int32_t *ids =
+        rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids); /* ids are >= 2 bytes apart */
     if (rs || !ids) {
-        fprintf(stderr, "detokenize: %s\n", rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
+        fprintf(stderr, "detokenize: %s\n",
+                rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
         csd_free(in);
         csd_tok_destroy(tok);
         return 1;
@@ -144,16 +191,14 @@ int csd_cmd_detokenize(int argc, char **argv) {
             pos = len + 1;
         }
         size_t n_ids = 0;
-        char *text = NULL;
-        if (parse_ids(s, n, csd_tok_vocab_size(tok), ids, &n_ids) ||
-            csd_tok_decode(tok, ids, n_ids, skip_special, &text, &err)) {
-            if (text == NULL && err.code) fprintf(stderr, "detokenize: %s\n", err.msg);
+        if (parse_ids(s, n, csd_tok_vocab_size(tok), ids, &n_ids)) {
             status = 1;
             break;
         }
-        if (batch) print_b64((const unsigned char *)text, strlen(text));
-        else fwrite(text, 1, strlen(text), stdout);
-        csd_free(text);
+        if (decode_stream(tok, ids, n_ids, skip_special, batch)) {
+            status = 1;
+            break;
+        }
     }
     csd_free(ids);
     csd_free(in);

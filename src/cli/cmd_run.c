@@ -7,6 +7,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "fleet_setup.h"
 #include "coord/generate.h"
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -15,6 +16,7 @@
 
 static const char *const run_usage =
     "usage: cascadia run MODEL_DIR -p TEXT [options]\n"
+    "       cascadia run --fleet H:P,... --manifest DIR (--key FILE | --insecure) -p TEXT [options]\n"
     "  -p, --prompt TEXT   the prompt\n"
     "  -n N                tokens to generate (default 128)\n"
     "  --temp T            temperature, 0 = greedy (default 0.8)\n"
@@ -25,7 +27,8 @@ static const char *const run_usage =
     "  --presence-penalty F, --frequency-penalty F   (default 0)\n"
     "  --seed S            sampling seed (default 24301)\n"
     "  --ignore-eos        keep generating past end-of-text\n"
-    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_FLAGS_HELP;
+    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_FLAGS_HELP
+    CSD_CLI_FLEET_FLAGS_HELP;
 
 typedef struct run_args {
     const char *model_dir;
@@ -33,6 +36,7 @@ typedef struct run_args {
     csd_gen_params gen;
     csd_model_opts model;
     bool print_ids;
+    csd_cli_fleet fleet;
 } run_args;
 
 static int parse_sampling_flag(const char *flag, const char *value, csd_sampler_params *sp) {
@@ -72,6 +76,7 @@ static int parse_sampling_flag(const char *flag, const char *value, csd_sampler_
 static int parse_args(int argc, char **argv, run_args *a) {
     memset(a, 0, sizeof *a);
     csd_model_opts_default(&a->model);
+    csd_cli_fleet_init(&a->fleet);
     csd_sampler_params_default(&a->gen.sampling);
     a->gen.max_tokens = 128;
     for (int i = 1; i < argc; i++) {
@@ -93,7 +98,13 @@ static int parse_args(int argc, char **argv, run_args *a) {
             a->gen.max_tokens = v;
             i++;
         } else if (f[0] == '-') {
-            int r = parse_sampling_flag(f, value, &a->gen.sampling);
+            bool takes = true;
+            int r = csd_cli_fleet_flag("run", f, value, &a->fleet, &takes);
+            if (r == 1) {
+                i += takes;
+                continue;
+            }
+            if (r == 0) r = parse_sampling_flag(f, value, &a->gen.sampling);
             if (r == 0) r = csd_cli_model_flag("run", f, value, &a->model);
             if (r < 0) return 2;
             if (r == 0) {
@@ -108,8 +119,14 @@ static int parse_args(int argc, char **argv, run_args *a) {
             return 2;
         }
     }
+    if (!csd_cli_fleet_check("run", &a->fleet)) return 2;
+    if (a->fleet.fleet && a->model_dir) {
+        fprintf(stderr, "cascadia run: give MODEL_DIR or --fleet/--manifest, not both\n");
+        return 2;
+    }
+    if (a->fleet.fleet) a->model_dir = a->fleet.manifest; /* the tokenizer lives there */
     if (!a->model_dir || !a->prompt) {
-        fprintf(stderr, "cascadia run: MODEL_DIR and -p TEXT are required\n%s", run_usage);
+        fprintf(stderr, "cascadia run: MODEL_DIR (or --fleet/--manifest) and -p TEXT are required\n%s", run_usage);
         return 2;
     }
     return 0;
@@ -191,8 +208,13 @@ int csd_cmd_run(int argc, char **argv) {
     csd_kern_init();
     uint64_t t0 = csd_now_ns();
     rc = csd_tok_load(&tok, a.model_dir, &err);
-    if (!rc) rc = csd_model_load_hf(&model, a.model_dir, &a.model, &err);
-    if (!rc) {
+    if (!rc && a.fleet.fleet) {
+        rc = csd_cli_fleet_open(&a.fleet, &a.model, 1, &pipe, &err);
+        if (!rc) fprintf(stderr, "connected to the fleet in %.2f s\n", (double)(csd_now_ns() - t0) * 1e-9);
+    } else if (!rc) {
+        rc = csd_model_load_hf(&model, a.model_dir, &a.model, &err);
+    }
+    if (!rc && !a.fleet.fleet) {
         fprintf(stderr, "loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",
                 a.model_dir, (double)(csd_now_ns() - t0) * 1e-9, csd_model_cfg(model)->model_type,
                 (long long)csd_model_cfg(model)->n_layers, csd_dtype_name(csd_model_precision(model)),
@@ -202,6 +224,7 @@ int csd_cmd_run(int argc, char **argv) {
     if (!rc) rc = generate_text(&a, pipe, tok, &err);
     if (rc) csd_cli_error("run", &err);
     if (pipe) pipe->ops->destroy(pipe);
+    csd_cli_fleet_close(&a.fleet);
     csd_model_destroy(model);
     csd_tok_destroy(tok);
     return rc ? 1 : 0;

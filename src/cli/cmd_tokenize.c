@@ -1,6 +1,7 @@
 /* cmd_tokenize: `cascadia tokenize DIR`: text on stdin -> token ids on stdout. A thin wrapper over
- * tok/tokenizer.h; --batch encodes one base64 string per input line (used by tests/e2e_tok_parity.sh
- * so thousands of strings, including invalid UTF-8, need one tokenizer load). See docs/tokenizer.md. */
+ * tok/tokenizer.h; --batch encodes one base64 string per input line (used by
+ * tests/e2e_tok_parity.sh so thousands of strings, including invalid UTF-8, need one tokenizer
+ * load). See docs/tokenizer.md. */
 #include "cli/commands.h"
 
 #include <stdio.h>
@@ -8,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/log.h"
 #include "tok/tokenizer.h"
 
 #define STDIN_MAX ((size_t)256 << 20) /* refuse more text than this on stdin */
@@ -16,11 +18,13 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: cascadia tokenize DIR [--tokens] [--no-special] [--split-special] [--batch]\n"
             "  Reads all of stdin as text and prints its token ids, space-separated, on one line.\n"
-            "  DIR              a model or tokenizer directory (tokenizer.json [+ tokenizer_config.json])\n"
+            "  DIR              a model or tokenizer directory (tokenizer.json [+ "
+            "tokenizer_config.json])\n"
             "  --tokens         also print one line per token: id, then its vocabulary piece\n"
             "  --no-special     do not add BOS/EOS (the config's add_bos_token / post-processor)\n"
             "  --split-special  read special-token strings such as <|eot_id|> as plain text\n"
-            "  --batch          each stdin line is base64 of one text; print one line of ids per line\n");
+            "  --batch          each stdin line is base64 of one text; print one line of ids per "
+            "line\n");
 }
 
 static int read_stdin(char **out, size_t *len) {
@@ -84,8 +88,10 @@ static long b64_decode(char *s, size_t n) {
 static void print_piece(const char *p) {
     for (; *p; p++) {
         unsigned char c = (unsigned char)*p;
-        if (c < 0x20 || c == 0x7F || c == '\\') printf("\\x%02X", c);
-        else putchar(c);
+        if (c < 0x20 || c == 0x7F || c == '\\')
+            printf("\\x%02X", c);
+        else
+            putchar(c);
     }
 }
 
@@ -127,7 +133,8 @@ int csd_cmd_tokenize(int argc, char **argv) {
     size_t len = 0;
     int rs = read_stdin(&text, &len);
     if (rs) {
-        fprintf(stderr, "tokenize: %s\n", rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
+        fprintf(stderr, "tokenize: %s\n",
+                rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
         csd_tok_destroy(tok);
         return 1;
     }
@@ -172,8 +179,8 @@ int csd_cmd_tokenize(int argc, char **argv) {
         }
         csd_free(ids);
     }
-    fprintf(stderr, "tokenize: %zu bytes -> %zu ids in %.3f s\n", total_bytes, total_ids,
-            csd_now_s() - t0);
+    CSD_LOGI("tokenize done bytes=%zu ids=%zu seconds=%.3f", total_bytes, total_ids,
+             csd_now_s() - t0);
     csd_free(text);
     csd_tok_destroy(tok);
     if (fflush(stdout) != 0) {

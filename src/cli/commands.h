@@ -19,5 +19,9 @@ int csd_cmd_logits(int argc, char **argv);
 int csd_cmd_synth(int argc, char **argv);
 int csd_cmd_tokenize(int argc, char **argv);
 int csd_cmd_detokenize(int argc, char **argv);
+int csd_cmd_export(int argc, char **argv);
+int csd_cmd_worker(int argc, char **argv);
+int csd_cmd_serve(int argc, char **argv);
+int csd_cmd_keygen(int argc, char **argv);
 
 #endif

@@ -487,4 +487,10 @@ void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {
 
 const csd_model_config *csd_engine_model(const csd_engine *e) { return &e->cfg; }
 int64_t csd_engine_max_ctx(const csd_engine *e) { return e->max_ctx; }
-bool csd_engine_ready(csd_engine *e) { return e != NULL; }
+bool csd_engine_ready(csd_engine *e) {
+    for (int i = 0; i < e->n_workers; i++) {
+        csd_pipeline *p = e->workers[i].pipe;
+        if (p->ops->ready && !p->ops->ready(p)) return false;
+    }
+    return true;
+}

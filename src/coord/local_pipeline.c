@@ -123,7 +123,7 @@ static void local_destroy(csd_pipeline *p) {
 
 static const csd_pipeline_ops local_ops = {local_open,     local_forward,  local_step_begin,
                                            local_step_end, local_truncate, local_close,
-                                           local_destroy};
+                                           local_destroy,  NULL};
 
 int csd_local_pipeline_create(csd_pipeline **out, csd_model *model, int max_requests, csd_err *err) {
     *out = NULL;

@@ -43,6 +43,8 @@ typedef struct csd_pipeline_ops {
     /* Frees req's state everywhere. */
     void (*close)(csd_pipeline *p, uint32_t req);
     void (*destroy)(csd_pipeline *p);
+    /* True when the pipeline can take requests (every stage connected); NULL: always. */
+    bool (*ready)(csd_pipeline *p);
 } csd_pipeline_ops;
 
 struct csd_pipeline {

@@ -5,6 +5,7 @@
 #include "pool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <unistd.h>
@@ -13,8 +14,9 @@
 #include "clock.h"
 
 /* How long an idle worker spins before sleeping: long enough to bridge the gap between the
- * kernels of one decode step, short enough not to burn a core while the server is idle. */
-#define POOL_SPIN_NS 2000000ull
+ * kernels of one forward (microseconds), short enough that a pipeline stage waiting for the next
+ * step, or another process on the same machine (a local fleet), gets the cores back at once. */
+#define POOL_SPIN_NS 100000ull
 
 typedef struct pool_worker {
     csd_pool *pool;
@@ -50,7 +52,10 @@ static unsigned wait_for_job(csd_pool *pool, unsigned seen) {
         unsigned gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
         if (gen != seen || atomic_load(&pool->stop)) return gen;
         cpu_relax();
-        if (++spins % 1024 == 0 && csd_now_ns() - start > POOL_SPIN_NS) break;
+        if (++spins % 1024 == 0) {
+            if (csd_now_ns() - start > POOL_SPIN_NS) break;
+            sched_yield(); /* let a preempted peer (busy machine) have this core */
+        }
     }
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add(&pool->sleepers, 1);
@@ -136,7 +141,12 @@ void csd_pool_run(csd_pool *pool, csd_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&pool->mutex);
     }
     fn(ctx, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) cpu_relax();
+    /* Workers normally finish within microseconds; if one was preempted (more runnable threads
+     * than cores), yielding gives it this core instead of spinning away the time slice. */
+    for (unsigned spins = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+        cpu_relax();
+        if (spins % 256 == 0) sched_yield();
+    }
 }
 
 int csd_pool_size(const csd_pool *pool) { return pool ? pool->n_threads : 1; }

@@ -1,8 +1,8 @@
-/* openai_request: parses and validates the body of an OpenAI /v1/chat/completions or /v1/completions
- * request into a typed struct. Pure (no sockets, no engine), so it is unit-tested and fuzzed alone.
- * Unknown fields are ignored, as OpenAI does; null counts as absent. A wrong type or a bad range is a
- * 400 whose error names the field (OpenAI's "param"). Rendering and tokenizing happen in server.c.
- * See docs/api.md. */
+/* openai_request: parses and validates the body of an OpenAI /v1/chat/completions or
+ * /v1/completions request into a typed struct. Pure (no sockets, no engine), so it is unit-tested
+ * and fuzzed alone. Unknown fields are ignored, as OpenAI does; null counts as absent. A wrong type
+ * or a bad range is a 400 whose error names the field (OpenAI's "param"). Rendering and tokenizing
+ * happen in server.c. See docs/api.md. */
 #ifndef CSD_HTTP_OPENAI_REQUEST_H
 #define CSD_HTTP_OPENAI_REQUEST_H
 
@@ -13,7 +13,7 @@
 
 #include "model/sampler.h"
 
-/* Stop strings per request: OpenAI allows 4; we accept more since local clients send longer lists. */
+/* Stop strings per request: OpenAI allows 4; we accept more (local clients send longer lists). */
 #define CSD_HTTP_MAX_STOP 16
 /* Bytes per stop string: stop matching holds back this much text, so keep it small. */
 #define CSD_HTTP_MAX_STOP_LEN 256
@@ -35,51 +35,52 @@ const char *csd_http_kind_name(int kind);
 
 /* An OpenAI error: HTTP status plus the {"error": {message, type, param, code}} fields. */
 typedef struct csd_http_error {
-    int status;        /* 400, 404, ... */
+    int status; /* 400, 404, ... */
     char message[256];
-    char type[32];     /* "invalid_request_error", ... */
-    char param[64];    /* the offending field ("temperature", "messages[2].role"), "" when none */
-    char code[32];     /* "invalid_type", "invalid_value", "model_not_found", ... or "" */
+    char type[32];  /* "invalid_request_error", ... */
+    char param[64]; /* the offending field ("temperature", "messages[2].role"), "" when none */
+    char code[32];  /* "invalid_type", "invalid_value", "model_not_found", ... or "" */
 } csd_http_error;
 
 /* Fills e and returns CSD_EINVAL (so parsers can `return csd_http_error_set(...)`). */
 int csd_http_error_set(csd_http_error *e, int status, const char *type, const char *param,
-                       const char *code, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+                       const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
 /* The OpenAI error body as a NUL-terminated string (free with free(): jansson's json_dumps). */
 char *csd_http_error_json(const csd_http_error *e);
 
 /* A parsed request. Strings and JSON are owned by the struct; release with csd_http_req_fini. */
 typedef struct csd_http_req {
-    int kind;                      /* enum csd_http_kind */
-    char *model;                   /* NULL when absent */
+    int kind;    /* enum csd_http_kind */
+    char *model; /* NULL when absent */
     bool stream;
-    bool include_usage;            /* stream_options.include_usage */
-    int64_t max_tokens;            /* 0: not given (until the context is full) */
-    csd_sampler_params sampling;   /* OpenAI defaults where absent (temperature 1, top_p 1) */
-    bool has_seed;                 /* sampling.seed came from the request */
+    bool include_usage;          /* stream_options.include_usage */
+    int64_t max_tokens;          /* 0: not given (until the context is full) */
+    csd_sampler_params sampling; /* OpenAI defaults where absent (temperature 1, top_p 1) */
+    bool has_seed;               /* sampling.seed came from the request */
     int n_stop;
     char *stop[CSD_HTTP_MAX_STOP]; /* non-empty UTF-8 strings */
     bool logprobs;                 /* return logprobs of the chosen tokens */
     int top_logprobs;              /* alternatives per token, 0..CSD_HTTP_MAX_TOP_LOGPROBS */
     char *user;                    /* NULL when absent; only logged */
     /* chat */
-    json_t *messages;              /* normalized array of {role, content[, name, tool_calls,
-                                      tool_call_id]}: content is a string (text parts joined) or null */
-    json_t *tools;                 /* owned reference to the request's array, or NULL */
-    json_t *tool_choice;           /* owned reference, or NULL */
+    json_t *messages;    /* normalized array of {role, content[, name, tool_calls,
+                            tool_call_id]}: content is a string (text parts joined) or null */
+    json_t *tools;       /* owned reference to the request's array, or NULL */
+    json_t *tool_choice; /* owned reference, or NULL */
     /* completions: exactly one of prompt / prompt_ids */
-    char *prompt;                  /* NUL-terminated */
+    char *prompt; /* NUL-terminated */
     size_t prompt_len;
-    int32_t *prompt_ids;           /* csd_alloc'd */
+    int32_t *prompt_ids; /* csd_alloc'd */
     int64_t n_prompt_ids;
-    bool echo;                     /* completions: prepend the prompt to the text */
+    bool echo; /* completions: prepend the prompt to the text */
 } csd_http_req;
 
 /* Parses len bytes of body for an endpoint of the given kind. vocab_size > 0 bounds token ids in a
  * completions prompt. On failure returns CSD_EINVAL with err filled (status 400 or 413) and leaves
  * req empty (fini still safe). */
-int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len, int32_t vocab_size,
-                       csd_http_error *err);
+int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len,
+                       int32_t vocab_size, csd_http_error *err);
 void csd_http_req_fini(csd_http_req *req);
 
 #endif

@@ -13,9 +13,9 @@
  * csd_quant_act_stride(w->cols) bytes each): y[t * w->rows + r] for r in [r0, r1) only. */
 typedef void (*csd_kern_matmul_q_fn)(float *y, const csd_qmat *w, const uint8_t *act,
                                      int64_t n_tok, int64_t r0, int64_t r1);
-/* Float matmul, x is n_tok x w->cols f32: y[t * w->rows + r] for r in [r0, r1) only. */
-typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x, int64_t n_tok,
-                                     int64_t r0, int64_t r1);
+/* Float matmul, token t is x + t * ldx (w->cols f32): y[t * w->rows + r] for r in [r0, r1). */
+typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x, int64_t ldx,
+                                     int64_t n_tok, int64_t r0, int64_t r1);
 
 typedef struct csd_kern_ops {
     const char *name;

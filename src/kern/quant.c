@@ -13,22 +13,34 @@ size_t csd_qmat_bytes(int dtype, int64_t rows, int64_t cols) {
     return (size_t)rows * csd_quant_row_bytes(dtype, cols);
 }
 
-/* Round half to even for |v| < 2^22 with plain float adds (vectorises without SSE4.1). */
+/* Round half to even for |v| < 2^22 with plain float adds, branch-free (vectorises on SSE2). */
 static inline float round_even_f(float v) {
     const float magic = 12582912.0f; /* 1.5 * 2^23 */
-    return v >= 0.0f ? (v + magic) - magic : (v - magic) + magic;
+    return copysignf((fabsf(v) + magic) - magic, v);
 }
 
-static inline float clampf(float v, float lo, float hi) { return v < lo ? lo : v > hi ? hi : v; }
+static inline float clampf(float v, float lo, float hi) {
+    v = v < lo ? lo : v;
+    return v > hi ? hi : v;
+}
 
-/* Squared reconstruction error of w[0..n) on the grid d * [qmin, qmax]. */
-static float grid_error(const float *w, int n, float d, float qmin, float qmax) {
-    float inv = 1.0f / d, err = 0.0f;
-    for (int j = 0; j < n; j++) {
-        float q = clampf(round_even_f(w[j] * inv), qmin, qmax);
-        float e = w[j] - q * d;
-        err += e * e;
+/* Lanes of the error sums: a fixed 8-way split the compiler can vectorise without reassociating
+ * (the order of additions is the same on every machine, so the chosen scale is too). */
+#define ERR_LANES 8
+
+/* Squared reconstruction error of one zero-padded group of 128 on the grid d * [qmin, qmax]
+ * (padding contributes 0 for every d). */
+static float grid_error(const float *w, float d, float qmin, float qmax) {
+    float inv = 1.0f / d, acc[ERR_LANES] = {0};
+    for (int j = 0; j < CSD_QUANT_GROUP; j += ERR_LANES) {
+        for (int k = 0; k < ERR_LANES; k++) {
+            float q = clampf(round_even_f(w[j + k] * inv), qmin, qmax);
+            float e = w[j + k] - q * d;
+            acc[k] += e * e;
+        }
     }
+    float err = 0.0f;
+    for (int k = 0; k < ERR_LANES; k++) err += acc[k];
     return err;
 }
 
@@ -39,9 +51,9 @@ static float f16_round(float d) { return csd_f16_to_f32(csd_f32_to_f16(d)); }
  * small fixed grid of c, with s chosen so the largest-magnitude weight lands on the wider side of
  * the grid, then one least-squares refit of d for the best assignment. Every candidate is judged
  * after rounding d to f16. Returns the f16 scale (0 for an all-zero group). */
-static uint16_t choose_scale(const float *w, int n, int qmin, int qmax) {
+static uint16_t choose_scale(const float *w, int qmin, int qmax) {
     float amax = 0.0f, vmax = 0.0f;
-    for (int j = 0; j < n; j++) {
+    for (int j = 0; j < CSD_QUANT_GROUP; j++) {
         if (fabsf(w[j]) > amax) {
             amax = fabsf(w[j]);
             vmax = w[j];
@@ -51,7 +63,7 @@ static uint16_t choose_scale(const float *w, int n, int qmin, int qmax) {
     float fmin = (float)qmin, fmax = (float)qmax;
     /* Baseline: plain symmetric absmax, amax -> qmax. */
     float best_d = f16_round(amax / fmax);
-    float best = best_d > 0.0f ? grid_error(w, n, best_d, fmin, fmax) : INFINITY;
+    float best = best_d > 0.0f ? grid_error(w, best_d, fmin, fmax) : INFINITY;
     /* The largest weight goes to qmin's side (-8 for Q4 leaves 8 steps, not 7). */
     float sign = vmax > 0.0f ? -1.0f : 1.0f;
     static const float clip[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f, 0.7f};
@@ -60,7 +72,7 @@ static uint16_t choose_scale(const float *w, int n, int qmin, int qmax) {
     for (int k = 0; k < n_clip; k++) {
         float d = f16_round(sign * amax * clip[k] / (float)-qmin);
         if (d == 0.0f || !isfinite(d)) continue;
-        float e = grid_error(w, n, d, fmin, fmax);
+        float e = grid_error(w, d, fmin, fmax);
         if (e < best) {
             best = e;
             best_d = d;
@@ -68,16 +80,22 @@ static uint16_t choose_scale(const float *w, int n, int qmin, int qmax) {
     }
     if (best_d == 0.0f) return 0; /* below f16 range: the group quantizes to zero */
     /* Least-squares refit: with the assignment q fixed, d = <w, q> / <q, q> minimises the error. */
-    float inv = 1.0f / best_d, wq = 0.0f, qq = 0.0f;
-    for (int j = 0; j < n; j++) {
-        float q = clampf(round_even_f(w[j] * inv), fmin, fmax);
-        wq += w[j] * q;
-        qq += q * q;
+    float inv = 1.0f / best_d, wq_l[ERR_LANES] = {0}, qq_l[ERR_LANES] = {0}, wq = 0.0f, qq = 0.0f;
+    for (int j = 0; j < CSD_QUANT_GROUP; j += ERR_LANES) {
+        for (int k = 0; k < ERR_LANES; k++) {
+            float q = clampf(round_even_f(w[j + k] * inv), fmin, fmax);
+            wq_l[k] += w[j + k] * q;
+            qq_l[k] += q * q;
+        }
+    }
+    for (int k = 0; k < ERR_LANES; k++) {
+        wq += wq_l[k];
+        qq += qq_l[k];
     }
     if (qq > 0.0f) {
         float d = f16_round(wq / qq);
         if (d != 0.0f && isfinite(d)) {
-            float e = grid_error(w, n, d, fmin, fmax);
+            float e = grid_error(w, d, fmin, fmax);
             if (e < best) best_d = d;
         }
     }
@@ -94,7 +112,9 @@ static void quantize_row_q(int dtype, const float *src, int64_t cols, uint8_t *d
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * CSD_QUANT_GROUP;
         int n = (int)(cols - c0 < CSD_QUANT_GROUP ? cols - c0 : CSD_QUANT_GROUP);
-        uint16_t dh = choose_scale(src + c0, n, qmin, qmax);
+        float wg[CSD_QUANT_GROUP] = {0}; /* zero-padded group */
+        memcpy(wg, src + c0, (size_t)n * sizeof(float));
+        uint16_t dh = choose_scale(wg, qmin, qmax);
         float d = csd_f16_to_f32(dh);
         float inv = d != 0.0f ? 1.0f / d : 0.0f;
         int8_t q[CSD_QUANT_GROUP] = {0}; /* missing weights of a short group are 0 */

@@ -73,11 +73,11 @@ static float load_elem(int dtype, const void *row, int64_t c) {
 }
 
 /* y = sum over c in order of W[r, c] * x[c], in f32. */
-static void ref_matmul_f(float *y, const csd_qmat *w, const float *x, int64_t n_tok, int64_t r0,
-                         int64_t r1) {
+static void ref_matmul_f(float *y, const csd_qmat *w, const float *x, int64_t ldx, int64_t n_tok,
+                         int64_t r0, int64_t r1) {
     size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
     for (int64_t t = 0; t < n_tok; t++) {
-        const float *xt = x + t * w->cols;
+        const float *xt = x + t * ldx;
         for (int64_t r = r0; r < r1; r++) {
             const uint8_t *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
             float acc = 0.0f;

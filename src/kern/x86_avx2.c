@@ -89,6 +89,7 @@ AI __m256i group_dot(const int q4, const __m256i w[4], const int8_t *xg) {
         return _mm256_madd_epi16(p, ones);
     }
     __m256i s = _mm256_setzero_si256();
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) { /* |w| * sign(w) x: 2 * 127 * 127 fits int16, one at a time */
         __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xg + 32 * k));
         __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(xv, w[k]));
@@ -103,11 +104,14 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
     const size_t gbytes = q4 ? sizeof(csd_q4_group) : sizeof(csd_q8_group);
     const __m256i low4 = _mm256_set1_epi8(0x0f);
     __m256 acc[TILE_R][TILE_T];
+#pragma GCC unroll 2
     for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         __m256i wv[TILE_R][4];
         float dw[TILE_R];
+#pragma GCC unroll 2
         for (int r = 0; r < R; r++) {
             const uint8_t *p = row0 + (size_t)r * row_bytes + (size_t)g * gbytes;
             if (q4) {
@@ -118,6 +122,7 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
                 wv[r][2] = _mm256_and_si256(_mm256_srli_epi16(b0, 4), low4); /* 64..95 */
                 wv[r][3] = _mm256_and_si256(_mm256_srli_epi16(b1, 4), low4); /* 96..127 */
             } else {
+#pragma GCC unroll 4
                 for (int k = 0; k < 4; k++)
                     wv[r][k] = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * k));
             }
@@ -125,6 +130,7 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
                                                                    ng * gbytes);
             dw[r] = _cvtsh_ss(dws[g]);
         }
+#pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
             const uint8_t *at = act + (size_t)t * stride;
             const int8_t *xg = (const int8_t *)at + g * CSD_QUANT_GROUP;
@@ -132,6 +138,7 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
             const int32_t sum = ((const int32_t *)(const void *)(at + ng * CSD_QUANT_GROUP +
                                                                  ng * sizeof(float)))[g];
             __m256i init = _mm256_setr_epi32(q4 ? -8 * sum : 0, 0, 0, 0, 0, 0, 0, 0);
+#pragma GCC unroll 2
             for (int r = 0; r < R; r++) {
                 __m256i i = _mm256_add_epi32(init, group_dot(q4, wv[r], xg));
                 acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw[r] * dx),
@@ -139,7 +146,9 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
             }
         }
     }
+#pragma GCC unroll 2
     for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
 }
 
@@ -201,24 +210,45 @@ AI __m256 load_f32x8(const float *p, int64_t left) {
     return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
 }
 
-static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t n_tok,
-                            int64_t r0, int64_t r1) {
-    const int64_t cols = w->cols;
+/* One row x T tokens of an F16 matmul (T constant after inlining: accumulators in registers). */
+AI void f16_tile(const int T, float *y, int64_t ldy, const uint16_t *row, const float *x,
+                 int64_t ldx, int64_t cols) {
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < cols; c += 8) {
+        _mm_prefetch((const char *)(row + c + 2 * cols), _MM_HINT_T0); /* two rows ahead */
+        __m256 wv = load_f16x8(row + c, cols - c);
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm256_fmadd_ps(wv, load_f32x8(x + t * ldx + c, cols - c), acc[t]);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) y[t * ldy] = hsum8(acc[t]);
+}
+
+#define DEF_F16_TILE(T)                                                                      \
+    static void f16_tile_##T(float *y, int64_t ldy, const uint16_t *row, const float *x,     \
+                             int64_t ldx, int64_t cols) {                                    \
+        f16_tile(T, y, ldy, row, x, ldx, cols);                                              \
+    }
+DEF_F16_TILE(1)
+DEF_F16_TILE(2)
+DEF_F16_TILE(3)
+DEF_F16_TILE(4)
+
+typedef void (*f16_tile_fn)(float *y, int64_t ldy, const uint16_t *row, const float *x,
+                            int64_t ldx, int64_t cols);
+static const f16_tile_fn f16_tiles[4] = {f16_tile_1, f16_tile_2, f16_tile_3, f16_tile_4};
+
+static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
+                            int64_t n_tok, int64_t r0, int64_t r1) {
     const uint16_t *base = w->data;
     for (int64_t t0 = 0; t0 < n_tok; t0 += 4) {
-        int64_t nt = n_tok - t0 < 4 ? n_tok - t0 : 4;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint16_t *row = base + r * cols;
-            __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                             _mm256_setzero_ps()};
-            for (int64_t c = 0; c < cols; c += 8) {
-                __m256 wv = load_f16x8(row + c, cols - c);
-                for (int64_t t = 0; t < nt; t++)
-                    acc[t] = _mm256_fmadd_ps(wv, load_f32x8(x + (t0 + t) * cols + c, cols - c),
-                                             acc[t]);
-            }
-            for (int64_t t = 0; t < nt; t++) y[(t0 + t) * w->rows + r] = hsum8(acc[t]);
-        }
+        int nt = (int)(n_tok - t0 < 4 ? n_tok - t0 : 4);
+        for (int64_t r = r0; r < r1; r++)
+            f16_tiles[nt - 1](y + t0 * w->rows + r, w->rows, base + r * w->cols, x + t0 * ldx, ldx,
+                              w->cols);
     }
 }
 

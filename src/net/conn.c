@@ -103,6 +103,10 @@ static int set_socket_options(int fd, bool is_stream_conn, csd_err *err) {
     if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
         return csd_err_set(err, CSD_EIO, "fcntl FD_CLOEXEC: %s", strerror(errno));
     if (!is_stream_conn) return 0;
+    /* TCP options only for TCP: a link may also run over an AF_UNIX socketpair (tests, fuzzing). */
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0 && ss.ss_family == AF_UNIX) return 0;
     int one = 1, idle = 30, intvl = 10, cnt = 3;
     if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0 ||
         setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one) != 0)
@@ -120,6 +124,10 @@ static int set_socket_options(int fd, bool is_stream_conn, csd_err *err) {
 
 static void addr_text(const struct sockaddr *sa, socklen_t len, char *out, size_t cap) {
     char host[INET6_ADDRSTRLEN], serv[8];
+    if (sa->sa_family == AF_UNIX) {
+        snprintf(out, cap, "unix");
+        return;
+    }
     if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv,
                     NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
         snprintf(out, cap, "?");
@@ -690,6 +698,21 @@ static void hash_short(const uint8_t h[CSD_WIRE_HASH_SIZE], char out[17]) {
     sodium_bin2hex(out, 17, h, 8);
 }
 
+/* A HELLO number for messages: "*" for CSD_WIRE_ANY. */
+static void num_text(uint32_t v, char *out, size_t cap) {
+    if (v == CSD_WIRE_ANY)
+        snprintf(out, cap, "*");
+    else
+        snprintf(out, cap, "%u", (unsigned)v);
+}
+
+static void range_text(const csd_wire_hello *h, char *out, size_t cap) {
+    char b[12], e[12];
+    num_text(h->layer_begin, b, sizeof b);
+    num_text(h->layer_end, e, sizeof e);
+    snprintf(out, cap, "[%s,%s)", b, e);
+}
+
 /* Compares a HELLO the client sent (want) with what the server serves (have). want may use
  * CSD_WIRE_ANY for stage and layers. Writes a message naming both sides on mismatch. */
 static int compare_hello(const csd_wire_hello *want, const csd_wire_hello *have,
@@ -712,18 +735,19 @@ static int compare_hello(const csd_wire_hello *want, const csd_wire_hello *have,
         snprintf(msg, cap, "model hash mismatch: %s %s..., %s %s...", want_name, a, have_name, b);
         return CSD_EMISMATCH;
     }
+    char wr[32], hr[32], ws[12], hs[12];
+    range_text(want, wr, sizeof wr);
+    range_text(have, hr, sizeof hr);
+    num_text(want->stage_index, ws, sizeof ws);
+    num_text(have->stage_index, hs, sizeof hs);
     if (want->stage_index != CSD_WIRE_ANY && want->stage_index != have->stage_index) {
-        snprintf(msg, cap, "stage mismatch: %s stage %u layers [%u,%u), %s stage %u layers [%u,%u)",
-                 want_name, (unsigned)want->stage_index, (unsigned)want->layer_begin,
-                 (unsigned)want->layer_end, have_name, (unsigned)have->stage_index,
-                 (unsigned)have->layer_begin, (unsigned)have->layer_end);
+        snprintf(msg, cap, "stage mismatch: %s stage %s layers %s, %s stage %s layers %s",
+                 want_name, ws, wr, have_name, hs, hr);
         return CSD_EMISMATCH;
     }
-    if (want->layer_begin != CSD_WIRE_ANY &&
-        (want->layer_begin != have->layer_begin || want->layer_end != have->layer_end)) {
-        snprintf(msg, cap, "layer range mismatch: %s [%u,%u), %s [%u,%u)", want_name,
-                 (unsigned)want->layer_begin, (unsigned)want->layer_end, have_name,
-                 (unsigned)have->layer_begin, (unsigned)have->layer_end);
+    if ((want->layer_begin != CSD_WIRE_ANY && want->layer_begin != have->layer_begin) ||
+        (want->layer_end != CSD_WIRE_ANY && want->layer_end != have->layer_end)) {
+        snprintf(msg, cap, "layer range mismatch: %s %s, %s %s", want_name, wr, have_name, hr);
         return CSD_EMISMATCH;
     }
     return 0;

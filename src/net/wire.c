@@ -15,7 +15,7 @@ _Static_assert(2 + 1 + 1 + 4 + 4 + 4 + 4 + CSD_WIRE_HASH_SIZE + CSD_WIRE_NONCE_S
                "HELLO layout");
 _Static_assert(4 + 4 + 1 + 3 + 4 + 4 + 4 + 8 == CSD_WIRE_OPEN_SIZE, "OPEN layout");
 _Static_assert(4 + 4 + 8 * 8 == CSD_WIRE_STATS_SIZE, "STATS_REPLY layout");
-_Static_assert(CSD_WIRE_TYPE_COUNT == 14, "message types changed: bump CSD_WIRE_VERSION and the spec");
+_Static_assert(CSD_WIRE_TYPE_COUNT == 15, "message types changed: bump CSD_WIRE_VERSION and the spec");
 _Static_assert((uint64_t)CSD_WIRE_MAX_PAYLOAD < UINT32_MAX, "payload_len is a u32");
 
 /* Per type: allowed flags and payload length bounds, so a header alone can refuse a frame before
@@ -43,6 +43,8 @@ static const type_rule rules[CSD_WIRE_TYPE_COUNT] = {
     [CSD_WIRE_STATS_REPLY] = {"STATS_REPLY", 0, CSD_WIRE_STATS_SIZE, CSD_WIRE_STATS_SIZE},
     [CSD_WIRE_PING] = {"PING", 0, CSD_WIRE_PING_SIZE, CSD_WIRE_PING_SIZE},
     [CSD_WIRE_PONG] = {"PONG", 0, CSD_WIRE_PING_SIZE, CSD_WIRE_PING_SIZE},
+    [CSD_WIRE_ROUTE] = {"ROUTE", 0, CSD_WIRE_ROUTE_HDR_SIZE + 1,
+                        CSD_WIRE_ROUTE_HDR_SIZE + CSD_WIRE_MAX_ROUTE},
 };
 
 const char *csd_wire_type_name(int type) {
@@ -170,10 +172,7 @@ static int check_hello(const csd_wire_hello *h, int code, csd_err *err) {
     if (h->role == 0 || h->role >= CSD_WIRE_ROLE_COUNT)
         return csd_err_set(err, code, "HELLO: unknown role %u", (unsigned)h->role);
     bool any_begin = h->layer_begin == CSD_WIRE_ANY, any_end = h->layer_end == CSD_WIRE_ANY;
-    if (any_begin != any_end)
-        return csd_err_set(err, code, "HELLO: layer range [%u,%u) mixes a wildcard",
-                           (unsigned)h->layer_begin, (unsigned)h->layer_end);
-    if (!any_begin && h->layer_begin >= h->layer_end)
+    if (!any_begin && !any_end && h->layer_begin >= h->layer_end)
         return csd_err_set(err, code, "HELLO: empty layer range [%u,%u)",
                            (unsigned)h->layer_begin, (unsigned)h->layer_end);
     return 0;
@@ -317,6 +316,55 @@ int csd_wire_decode_open(const uint8_t *in, size_t len, csd_wire_open *out, csd_
                        .seed = csd_wire_get_u64(in + 24)};
     if ((rc = check_open(&o, CSD_EPROTO, err))) return rc;
     *out = o;
+    return 0;
+}
+
+/* ---- ROUTE ---- */
+
+/* An address is printable ASCII without spaces and holds a ':' (host:port, [v6]:port). */
+static int check_route(const uint8_t *a, size_t n, int code, csd_err *err) {
+    if (n == 0 || n > CSD_WIRE_MAX_ROUTE)
+        return csd_err_set(err, code, "ROUTE: address length %zu outside [1, %u]", n,
+                           CSD_WIRE_MAX_ROUTE);
+    bool colon = false;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i] <= 0x20 || a[i] >= 0x7f)
+            return csd_err_set(err, code, "ROUTE: address byte %zu is 0x%02x, not printable", i,
+                               (unsigned)a[i]);
+        colon |= a[i] == ':';
+    }
+    if (!colon) return csd_err_set(err, code, "ROUTE: address has no ':port'");
+    return 0;
+}
+
+int csd_wire_encode_route(uint8_t *out, size_t cap, const char *addr, size_t *len, csd_err *err) {
+    size_t n = addr ? strlen(addr) : 0;
+    int rc = check_route((const uint8_t *)addr, n, CSD_EINVAL, err);
+    if (rc) return rc;
+    if ((rc = need_cap(cap, CSD_WIRE_ROUTE_HDR_SIZE + n, "ROUTE", err))) return rc;
+    csd_wire_put_u16(out, (uint16_t)n);
+    memcpy(out + CSD_WIRE_ROUTE_HDR_SIZE, addr, n);
+    *len = CSD_WIRE_ROUTE_HDR_SIZE + n;
+    return 0;
+}
+
+int csd_wire_decode_route(const uint8_t *in, size_t len, char *addr, size_t addr_cap,
+                          csd_err *err) {
+    if (len < CSD_WIRE_ROUTE_HDR_SIZE)
+        return csd_err_set(err, CSD_EPROTO, "ROUTE: payload %zu bytes, need at least %u", len,
+                           CSD_WIRE_ROUTE_HDR_SIZE);
+    size_t n = csd_wire_get_u16(in);
+    if (n > CSD_WIRE_MAX_ROUTE)
+        return csd_err_set(err, CSD_EPROTO, "ROUTE: address length %zu over limit %u", n,
+                           CSD_WIRE_MAX_ROUTE);
+    int rc = need_len(len, CSD_WIRE_ROUTE_HDR_SIZE + n, "ROUTE", err);
+    if (rc) return rc;
+    if ((rc = check_route(in + CSD_WIRE_ROUTE_HDR_SIZE, n, CSD_EPROTO, err))) return rc;
+    if (addr_cap < n + 1)
+        return csd_err_set(err, CSD_EINVAL, "ROUTE: address buffer %zu bytes, need %zu", addr_cap,
+                           n + 1);
+    memcpy(addr, in + CSD_WIRE_ROUTE_HDR_SIZE, n);
+    addr[n] = '\0';
     return 0;
 }
 

@@ -26,7 +26,8 @@
 #define CSD_WIRE_MAX_ERROR_TEXT 1024u     /* ERROR text bytes (not NUL-terminated on the wire) */
 #define CSD_WIRE_HASH_SIZE 32u            /* model hash bytes */
 #define CSD_WIRE_NONCE_SIZE 32u           /* handshake nonce bytes */
-#define CSD_WIRE_ANY 0xFFFFFFFFu          /* HELLO wildcard for stage_index / layer range */
+#define CSD_WIRE_ANY 0xFFFFFFFFu          /* HELLO wildcard for stage_index, layer_begin, layer_end */
+#define CSD_WIRE_MAX_ROUTE 255u           /* ROUTE address bytes ("host:port") */
 
 /* Fixed payload sizes. */
 #define CSD_WIRE_HELLO_SIZE 84u
@@ -37,6 +38,7 @@
 #define CSD_WIRE_STATS_SIZE 72u
 #define CSD_WIRE_PING_SIZE 8u
 #define CSD_WIRE_ERROR_HDR_SIZE 6u
+#define CSD_WIRE_ROUTE_HDR_SIZE 2u
 
 /* Message types: explicit values, append only; a removed value stays as a comment. */
 enum csd_wire_type {
@@ -54,7 +56,8 @@ enum csd_wire_type {
     CSD_WIRE_STATS_REPLY = 11,/* counters */
     CSD_WIRE_PING = 12,       /* liveness: u64 echoed back in PONG */
     CSD_WIRE_PONG = 13,
-    CSD_WIRE_TYPE_COUNT = 14
+    CSD_WIRE_ROUTE = 14,      /* coordinator -> stage: send your RESULTs to the stage at "host:port" */
+    CSD_WIRE_TYPE_COUNT = 15
 };
 
 /* FORWARD/RESULT header flags: what the last stage returns. Exactly one OUT_* bit is set;
@@ -63,8 +66,10 @@ enum csd_wire_type {
 #define CSD_WIRE_FLAG_OUT_SAMPLE 0x0002u  /* last stage returns sampled token ids */
 #define CSD_WIRE_FLAG_OUT_HIDDEN 0x0004u  /* last stage returns final hidden states */
 #define CSD_WIRE_FLAG_ALL_TOKENS 0x0008u  /* for every row, not only the last one */
+#define CSD_WIRE_FLAG_BATCH_MORE 0x0010u  /* another FORWARD of the same batch follows on this link:
+                                           * the receiver may run them as one batched forward */
 #define CSD_WIRE_FLAG_OUT_MASK 0x0007u
-#define CSD_WIRE_FLAGS_ACT 0x000Fu        /* all flags valid on FORWARD/RESULT */
+#define CSD_WIRE_FLAGS_ACT 0x001Fu        /* all flags valid on FORWARD/RESULT */
 
 /* HELLO capability bits. CSD_WIRE_CAP_INSECURE must agree on both sides; others are informational. */
 #define CSD_WIRE_CAP_INSECURE 0x0001u     /* link has no encryption, xxhash64 per frame only */
@@ -109,8 +114,8 @@ typedef struct csd_wire_hello {
     uint8_t role;                           /* enum csd_wire_role of the sender */
     uint32_t caps;                          /* CSD_WIRE_CAP_* */
     uint32_t stage_index;                   /* or CSD_WIRE_ANY in a client's expectation */
-    uint32_t layer_begin;                   /* [begin, end), or both CSD_WIRE_ANY */
-    uint32_t layer_end;
+    uint32_t layer_begin;                   /* [begin, end); either may be CSD_WIRE_ANY in an */
+    uint32_t layer_end;                     /* expectation (e.g. "starts at 12, ends anywhere") */
     uint8_t model_hash[CSD_WIRE_HASH_SIZE]; /* identity of the weights (shard manifest hash) */
     uint8_t nonce[CSD_WIRE_NONCE_SIZE];     /* fresh random per connection (session keys) */
 } csd_wire_hello;
@@ -217,6 +222,12 @@ int csd_wire_decode_truncate(const uint8_t *in, size_t len, uint32_t *keep_token
 int csd_wire_encode_stats(uint8_t *out, size_t cap, const csd_wire_stats *s, size_t *len,
                           csd_err *err);
 int csd_wire_decode_stats(const uint8_t *in, size_t len, csd_wire_stats *out, csd_err *err);
+
+/* ROUTE: the next stage's address, printable ASCII "host:port", 1..CSD_WIRE_MAX_ROUTE bytes.
+ * decode writes it NUL-terminated into addr[addr_cap] (addr_cap > CSD_WIRE_MAX_ROUTE always fits). */
+int csd_wire_encode_route(uint8_t *out, size_t cap, const char *addr, size_t *len, csd_err *err);
+int csd_wire_decode_route(const uint8_t *in, size_t len, char *addr, size_t addr_cap,
+                          csd_err *err);
 
 /* PING and PONG carry one u64 (the sender's clock, echoed). */
 int csd_wire_encode_ping(uint8_t *out, size_t cap, uint64_t stamp, size_t *len, csd_err *err);

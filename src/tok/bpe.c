@@ -9,11 +9,11 @@
 #include "core/alloc.h"
 
 typedef struct sym_node {
-    int64_t sym;       /* interned symbol, -1 when the string was never interned (cannot merge) */
-    uint32_t start;    /* byte offset in the word */
-    uint32_t len;      /* bytes */
+    int64_t sym;        /* interned symbol, -1 when the string was never interned (cannot merge) */
+    uint32_t start;     /* byte offset in the word */
+    uint32_t len;       /* bytes */
     int32_t prev, next; /* neighbours, -1 at the ends */
-    uint32_t pos;      /* index of the first character: the tie-breaker */
+    uint32_t pos;       /* index of the first character: the tie-breaker */
 } sym_node;
 
 typedef struct heap_ent {
@@ -54,7 +54,7 @@ static heap_ent heap_pop(heap_ent *h, size_t *n) {
     return top;
 }
 
-static int reserve(tok_bpe_scratch *s, size_t nchars) {
+static int reserve(csd_tok_bpe_scratch *s, size_t nchars) {
     if (nchars > s->sym_cap) {
         csd_free(s->sym);
         csd_free(s->heap);
@@ -78,43 +78,44 @@ static void try_pair(const csd_tok *tok, const sym_node *nodes, int32_t left, he
                      size_t *nheap) {
     int32_t right = nodes[left].next;
     if (right < 0 || nodes[left].sym < 0 || nodes[right].sym < 0) return;
-    const tok_pair *p = tok_pairmap_get(&tok->merges, (uint32_t)nodes[left].sym,
-                                        (uint32_t)nodes[right].sym);
+    const csd_tok_pair *p =
+        csd_tok_pairmap_get(&tok->merges, (uint32_t)nodes[left].sym, (uint32_t)nodes[right].sym);
     if (!p) return;
     heap_ent e = {p->rank, nodes[left].pos, left, (uint32_t)nodes[left].sym,
                   (uint32_t)nodes[right].sym};
     heap_push(heap, nheap, e);
 }
 
-static int emit_symbol(const csd_tok *tok, const char *s, size_t n, int64_t sym, tok_ids *out) {
-    if (sym < 0) sym = tok_strtab_find(&tok->syms, s, n);
-    if (sym >= 0 && tok->sym_id[sym] >= 0) return tok_ids_push(out, tok->sym_id[sym]);
+static int emit_symbol(const csd_tok *tok, const char *s, size_t n, int64_t sym, csd_tok_ids *out) {
+    if (sym < 0) sym = csd_tok_strtab_find(&tok->syms, s, n);
+    if (sym >= 0 && tok->sym_id[sym] >= 0) return csd_tok_ids_push(out, tok->sym_id[sym]);
     if (tok->byte_fallback) {
         bool all = true;
         for (size_t i = 0; i < n; i++) all = all && tok->byte_ids[(uint8_t)s[i]] >= 0;
         if (all) {
             for (size_t i = 0; i < n; i++) {
-                int rc = tok_ids_push(out, tok->byte_ids[(uint8_t)s[i]]);
+                int rc = csd_tok_ids_push(out, tok->byte_ids[(uint8_t)s[i]]);
                 if (rc) return rc;
             }
             return 0;
         }
     }
-    if (tok->unk_id >= 0) return tok_ids_push(out, tok->unk_id);
+    if (tok->unk_id >= 0) return csd_tok_ids_push(out, tok->unk_id);
     return 0; /* no unk token: the reference drops the symbol */
 }
 
-int tok_bpe_word(const csd_tok *tok, const char *w, size_t n, tok_bpe_scratch *s, tok_ids *out) {
+int csd_tok_bpe_word(const csd_tok *tok, const char *w, size_t n, csd_tok_bpe_scratch *s,
+                     csd_tok_ids *out) {
     if (n == 0) return 0;
     if (n > UINT32_MAX / 2) return CSD_ERANGE;
     if (tok->ignore_merges) {
-        int64_t whole = tok_strtab_find(&tok->syms, w, n);
-        if (whole >= 0 && tok->sym_id[whole] >= 0) return tok_ids_push(out, tok->sym_id[whole]);
+        int64_t whole = csd_tok_strtab_find(&tok->syms, w, n);
+        if (whole >= 0 && tok->sym_id[whole] >= 0) return csd_tok_ids_push(out, tok->sym_id[whole]);
     }
     size_t nchars = 0;
     for (size_t i = 0; i < n; nchars++) {
         uint32_t cp;
-        i += tok_utf8_next(w + i, n - i, &cp);
+        i += csd_tok_utf8_next(w + i, n - i, &cp);
     }
     int rc = reserve(s, nchars);
     if (rc) return rc;
@@ -124,8 +125,8 @@ int tok_bpe_word(const csd_tok *tok, const char *w, size_t n, tok_bpe_scratch *s
     size_t k = 0;
     for (size_t i = 0; i < n; k++) {
         uint32_t cp;
-        size_t l = tok_utf8_next(w + i, n - i, &cp);
-        nodes[k].sym = tok_strtab_find(&tok->syms, w + i, l);
+        size_t l = csd_tok_utf8_next(w + i, n - i, &cp);
+        nodes[k].sym = csd_tok_strtab_find(&tok->syms, w + i, l);
         nodes[k].start = (uint32_t)i;
         nodes[k].len = (uint32_t)l;
         nodes[k].prev = (int32_t)k - 1;
@@ -140,7 +141,7 @@ int tok_bpe_word(const csd_tok *tok, const char *w, size_t n, tok_bpe_scratch *s
         if (l->sym != (int64_t)e.lsym || l->next < 0) continue; /* stale */
         sym_node *r = &nodes[l->next];
         if (r->sym != (int64_t)e.rsym) continue;
-        const tok_pair *p = tok_pairmap_get(&tok->merges, e.lsym, e.rsym);
+        const csd_tok_pair *p = csd_tok_pairmap_get(&tok->merges, e.lsym, e.rsym);
         l->sym = p->result;
         l->len += r->len;
         l->next = r->next;
@@ -156,7 +157,7 @@ int tok_bpe_word(const csd_tok *tok, const char *w, size_t n, tok_bpe_scratch *s
     return 0;
 }
 
-void tok_bpe_scratch_free(tok_bpe_scratch *s) {
+void csd_tok_bpe_scratch_free(csd_tok_bpe_scratch *s) {
     csd_free(s->sym);
     csd_free(s->heap);
     memset(s, 0, sizeof *s);

@@ -1,7 +1,8 @@
-/* detok: ids -> text. Whole-sequence decoding is the streaming detokenizer run over every id, so the
- * two can never disagree. Bytes (byte-level pieces, <0xXX> fallback pieces) go through the WHATWG
- * UTF-8 decoder: an unfinished character is held back, an invalid one becomes U+FFFD exactly where
- * the reference's TextDecoder puts it. Writes only into the caller's buffer: no allocation per token. */
+/* detok: ids -> text. Whole-sequence decoding is the streaming detokenizer run over every id, so
+ * the two can never disagree. Bytes (byte-level pieces, <0xXX> fallback pieces) go through the
+ * WHATWG UTF-8 decoder: an unfinished character is held back, an invalid one becomes U+FFFD exactly
+ * where the reference's TextDecoder puts it. Writes only into the caller's buffer: no allocation
+ * per token. */
 #include "tok/tokenizer.h"
 
 #include <string.h>
@@ -12,14 +13,14 @@
 typedef struct sink {
     char *p;
     size_t len, cap;
-    tok_buf *grow; /* when set, text goes here instead of p */
+    csd_tok_buf *grow; /* when set, text goes here instead of p */
     int rc;
 } sink;
 
 static void put(sink *s, const char *data, size_t n) {
     if (s->rc || n == 0) return;
     if (s->grow) {
-        s->rc = tok_buf_put(s->grow, data, n);
+        s->rc = csd_tok_buf_put(s->grow, data, n);
         return;
     }
     if (s->len + n + 1 > s->cap) {
@@ -50,11 +51,11 @@ static void flush_pending(csd_detok *d, sink *s) {
 }
 
 static void feed_byte(csd_detok *d, sink *s, uint8_t b) {
-    tok_u8dec dec;
-    tok_u8dec_init(&dec);
+    csd_tok_u8dec dec;
+    csd_tok_u8dec_init(&dec);
     char tmp[16];
-    for (size_t i = 0; i < d->n_pending; i++) tok_u8dec_feed(&dec, d->pending[i], tmp);
-    size_t n = tok_u8dec_feed(&dec, b, tmp);
+    for (size_t i = 0; i < d->n_pending; i++) csd_tok_u8dec_feed(&dec, d->pending[i], tmp);
+    size_t n = csd_tok_u8dec_feed(&dec, b, tmp);
     if (dec.needed) {
         /* the unfinished character is its lead byte and the continuation bytes seen so far */
         uint8_t all[CSD_DETOK_MAX_PENDING + 1];
@@ -90,25 +91,25 @@ static int step(csd_detok *d, int32_t id, sink *s) {
     const csd_tok *tok = d->tok;
     if (id < 0 || id >= tok->n_ids || tok->id_sym[id] < 0) return CSD_ERANGE;
     uint8_t flags = tok->id_flags[id];
-    if (d->skip_special && (flags & TOK_ID_SPECIAL)) return 0;
-    const char *piece = tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
+    if (d->skip_special && (flags & CSD_TOK_ID_SPECIAL)) return 0;
+    const char *piece = csd_tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
     size_t plen = tok->syms.slen[tok->id_sym[id]];
     switch (tok->dec_kind) {
-    case TOK_DEC_BYTELEVEL:
-        if (flags & TOK_ID_ADDED) { /* added tokens are written as they are */
+    case CSD_TOK_DEC_BYTELEVEL:
+        if (flags & CSD_TOK_ID_ADDED) { /* added tokens are written as they are */
             flush_pending(d, s);
             emit(d, s, piece, plen);
             break;
         }
         for (size_t i = 0; i < plen;) {
             uint32_t cp;
-            i += tok_utf8_next(piece + i, plen - i, &cp);
-            int b = tok_bytelevel_byte(cp);
+            i += csd_tok_utf8_next(piece + i, plen - i, &cp);
+            int b = csd_tok_bytelevel_byte(cp);
             feed_byte(d, s, (uint8_t)(b < 0 ? 0 : b)); /* the reference reads unknown chars as 0 */
         }
         break;
-    case TOK_DEC_SP:
-        if (tok->dec_byte_fallback && (flags & TOK_ID_BYTE)) {
+    case CSD_TOK_DEC_SP:
+        if (tok->dec_byte_fallback && (flags & CSD_TOK_ID_BYTE)) {
             feed_byte(d, s, tok->id_byte[id]);
             break;
         }
@@ -168,21 +169,23 @@ int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_s
     *text = NULL;
     csd_detok d;
     csd_detok_init(&d, tok, skip_special);
-    tok_buf b = {0};
+    csd_tok_buf b = {0};
     sink s = {.grow = &b};
     for (size_t i = 0; i < n; i++) {
         int rc = step(&d, ids[i], &s);
         if (rc) {
-            tok_buf_free(&b);
-            return rc == CSD_ERANGE ? csd_err_set(err, rc, "token id %d at position %zu is out of range "
-                                                  "(vocabulary %d)", ids[i], i, tok->n_ids)
+            csd_tok_buf_free(&b);
+            return rc == CSD_ERANGE ? csd_err_set(err, rc,
+                                                  "token id %d at position %zu is out of range "
+                                                  "(vocabulary %d)",
+                                                  ids[i], i, tok->n_ids)
                                     : csd_err_set(err, rc, "out of memory decoding");
         }
     }
     flush_pending(&d, &s);
-    if (!s.rc && !b.p) s.rc = tok_buf_reserve(&b, 0);
+    if (!s.rc && !b.p) s.rc = csd_tok_buf_reserve(&b, 0);
     if (s.rc) {
-        tok_buf_free(&b);
+        csd_tok_buf_free(&b);
         return csd_err_set(err, s.rc, "out of memory decoding");
     }
     b.p[b.len] = '\0';

@@ -22,9 +22,10 @@ typedef struct sections {
 typedef struct enc_ctx {
     const csd_tok *tok;
     bool parse_special;
-    tok_ids *out;
-    tok_pieces pieces, tmp;
-    tok_bpe_scratch bpe;
+    bool first_section; /* the text being encoded is section 0 of the input */
+    csd_tok_ids *out;
+    csd_tok_pieces pieces, tmp;
+    csd_tok_bpe_scratch bpe;
     csd_err *err;
 } enc_ctx;
 
@@ -42,27 +43,27 @@ static int sec_push(sections *s, size_t off, size_t len, int32_t id) {
     return 0;
 }
 
-static bool usable(const tok_added *a, bool parse_special) {
+static bool usable(const csd_tok_added *a, bool parse_special) {
     return parse_special || !a->special;
 }
 
 /* The string matched for a in the raw (normalized == false) or the normalized splitter. */
-static bool added_string(const csd_tok *tok, const tok_added *a, bool normalized, const char **s,
-                         size_t *n) {
+static bool added_string(const csd_tok *tok, const csd_tok_added *a, bool normalized,
+                         const char **s, size_t *n) {
     bool in_norm = a->norm_sym >= 0;
     if (in_norm != normalized) return false;
     uint32_t sym = in_norm ? (uint32_t)a->norm_sym : a->sym;
-    *s = tok_strtab_get(&tok->syms, sym);
+    *s = csd_tok_strtab_get(&tok->syms, sym);
     *n = tok->syms.slen[sym];
     return true;
 }
 
 /* Id of an added token whose content (or normalized content) is exactly s, else -1. */
 static int32_t added_exact(const csd_tok *tok, const char *s, size_t n, bool parse_special) {
-    int64_t sym = tok_strtab_find(&tok->syms, s, n);
+    int64_t sym = csd_tok_strtab_find(&tok->syms, s, n);
     if (sym < 0) return -1;
     for (size_t i = 0; i < tok->n_added; i++) {
-        const tok_added *a = &tok->added[i];
+        const csd_tok_added *a = &tok->added[i];
         if ((a->sym == sym || a->norm_sym == sym) && usable(a, parse_special)) {
             /* the map keeps the last token registered under a string */
             int32_t id = a->id;
@@ -81,8 +82,8 @@ static size_t trim_end(const char *s, size_t n) {
         size_t k = n - 1;
         while (k > 0 && ((uint8_t)s[k] & 0xC0) == 0x80) k--;
         uint32_t cp;
-        tok_utf8_next(s + k, n - k, &cp);
-        if (!tok_is_js_space(cp)) break;
+        csd_tok_utf8_next(s + k, n - k, &cp);
+        if (!csd_tok_is_js_space(cp)) break;
         n = k;
     }
     return n;
@@ -92,8 +93,8 @@ static size_t trim_start(const char *s, size_t n) {
     size_t i = 0;
     while (i < n) {
         uint32_t cp;
-        size_t l = tok_utf8_next(s + i, n - i, &cp);
-        if (!tok_is_js_space(cp)) break;
+        size_t l = csd_tok_utf8_next(s + i, n - i, &cp);
+        if (!csd_tok_is_js_space(cp)) break;
         i += l;
     }
     return i;
@@ -101,8 +102,8 @@ static size_t trim_start(const char *s, size_t n) {
 
 /* Splits s into text and added-token sections (leftmost, then longest match), then applies the
  * lstrip/rstrip of each matched token to its neighbours. */
-static int split_added(const csd_tok *tok, const char *s, size_t n, bool normalized, bool parse_special,
-                       sections *out) {
+static int split_added(const csd_tok *tok, const char *s, size_t n, bool normalized,
+                       bool parse_special, sections *out) {
     out->n = 0;
     bool first[256] = {false};
     bool any = false;
@@ -150,11 +151,12 @@ static int split_added(const csd_tok *tok, const char *s, size_t n, bool normali
     for (size_t k = 0; k < out->n; k++) {
         int32_t id = out->p[k].id;
         if (id < 0) continue;
-        const tok_added *a = NULL;
+        const csd_tok_added *a = NULL;
         for (size_t j = 0; j < tok->n_added; j++)
             if (tok->added[j].id == id) a = &tok->added[j];
         if (!a) continue;
-        if (a->lstrip && k > 0) out->p[k - 1].len = trim_end(s + out->p[k - 1].off, out->p[k - 1].len);
+        if (a->lstrip && k > 0)
+            out->p[k - 1].len = trim_end(s + out->p[k - 1].off, out->p[k - 1].len);
         if (a->rstrip && k + 1 < out->n) {
             size_t cut = trim_start(s + out->p[k + 1].off, out->p[k + 1].len);
             out->p[k + 1].off += cut;
@@ -167,17 +169,20 @@ static int split_added(const csd_tok *tok, const char *s, size_t n, bool normali
 /* Pre-tokenizes and BPE-encodes one section that holds no added token. */
 static int encode_model(enc_ctx *c, const char *s, size_t n) {
     const csd_tok *tok = c->tok;
-    int rc = tok_pretokenize(tok, s, n, &c->pieces, &c->tmp, c->err);
+    int rc = csd_tok_pretokenize(tok, s, n, c->first_section, &c->pieces, &c->tmp, c->err);
     if (rc) return rc;
     size_t first = c->out->len;
     for (size_t i = 0; i < c->pieces.n; i++) {
-        rc = tok_bpe_word(tok, c->pieces.text.p + c->pieces.off[i], c->pieces.len[i], &c->bpe, c->out);
-        if (rc) return csd_err_set(c->err, rc, "BPE failed on a piece of %zu bytes", c->pieces.len[i]);
+        rc = csd_tok_bpe_word(tok, c->pieces.text.p + c->pieces.off[i], c->pieces.len[i], &c->bpe,
+                              c->out);
+        if (rc)
+            return csd_err_set(c->err, rc, "BPE failed on a piece of %zu bytes", c->pieces.len[i]);
     }
     if (tok->fuse_unk && tok->unk_id >= 0) { /* runs of unk become one unk */
         size_t w = first;
         for (size_t r = first; r < c->out->len; r++) {
-            if (c->out->p[r] == tok->unk_id && w > first && c->out->p[w - 1] == tok->unk_id) continue;
+            if (c->out->p[r] == tok->unk_id && w > first && c->out->p[w - 1] == tok->unk_id)
+                continue;
             c->out->p[w++] = c->out->p[r];
         }
         c->out->len = w;
@@ -187,11 +192,11 @@ static int encode_model(enc_ctx *c, const char *s, size_t n) {
 
 static int encode_text_section(enc_ctx *c, const char *s, size_t n) {
     const csd_tok *tok = c->tok;
-    tok_buf norm = {0};
+    csd_tok_buf norm = {0};
     sections subs = {0};
     int rc = 0;
     if (tok->n_norm) {
-        rc = tok_normalize(tok, s, n, &norm);
+        rc = csd_tok_normalize(tok, s, n, &norm);
         if (rc) {
             rc = csd_err_set(c->err, rc, "normalizing %zu bytes failed", n);
             goto done;
@@ -209,10 +214,10 @@ static int encode_text_section(enc_ctx *c, const char *s, size_t n) {
         const section *q = &subs.p[i];
         if (q->len == 0) continue;
         int32_t id = q->id >= 0 ? q->id : added_exact(tok, s + q->off, q->len, c->parse_special);
-        rc = id >= 0 ? tok_ids_push(c->out, id) : encode_model(c, s + q->off, q->len);
+        rc = id >= 0 ? csd_tok_ids_push(c->out, id) : encode_model(c, s + q->off, q->len);
     }
 done:
-    tok_buf_free(&norm);
+    csd_tok_buf_free(&norm);
     csd_free(subs.p);
     return rc;
 }
@@ -221,36 +226,40 @@ int csd_tok_encode(const csd_tok *tok, const char *text, size_t len, bool add_sp
                    bool parse_special, int32_t **ids, size_t *n_ids, csd_err *err) {
     *ids = NULL;
     *n_ids = 0;
-    if (len > TOK_MAX_INPUT) return csd_err_set(err, CSD_ERANGE, "text of %zu bytes is too long", len);
+    if (len > CSD_TOK_MAX_INPUT)
+        return csd_err_set(err, CSD_ERANGE, "text of %zu bytes is too long", len);
     if (!text && len) return csd_err_set(err, CSD_EINVAL, "NULL text");
     char *clean = NULL;
-    if (len && !tok_utf8_valid(text, len)) {
+    if (len && !csd_tok_utf8_valid(text, len)) {
         /* invalid UTF-8 is read as TextDecoder reads it: each maximal invalid subpart -> U+FFFD */
         clean = csd_alloc(len * 3 + 1);
         if (!clean) return csd_err_set(err, CSD_ENOMEM, "out of memory");
-        len = tok_utf8_sanitize(text, len, clean);
+        len = csd_tok_utf8_sanitize(text, len, clean);
         text = clean;
     }
-    tok_ids out = {0};
+    csd_tok_ids out = {0};
     sections secs = {0};
     enc_ctx c = {.tok = tok, .parse_special = parse_special, .out = &out, .err = err};
     int rc = 0;
-    for (size_t i = 0; add_special && i < tok->n_prefix && !rc; i++) rc = tok_ids_push(&out, tok->prefix[i]);
+    for (size_t i = 0; add_special && i < tok->n_prefix && !rc; i++)
+        rc = csd_tok_ids_push(&out, tok->prefix[i]);
     if (!rc && len) rc = split_added(tok, text, len, false, parse_special, &secs);
     for (size_t i = 0; i < secs.n && !rc; i++) {
         const section *q = &secs.p[i];
         if (q->len == 0) continue;
         int32_t id = q->id >= 0 ? q->id : added_exact(tok, text + q->off, q->len, parse_special);
-        rc = id >= 0 ? tok_ids_push(&out, id) : encode_text_section(&c, text + q->off, q->len);
+        c.first_section = i == 0;
+        rc = id >= 0 ? csd_tok_ids_push(&out, id) : encode_text_section(&c, text + q->off, q->len);
     }
-    for (size_t i = 0; add_special && i < tok->n_suffix && !rc; i++) rc = tok_ids_push(&out, tok->suffix[i]);
-    tok_pieces_free(&c.pieces);
-    tok_pieces_free(&c.tmp);
-    tok_bpe_scratch_free(&c.bpe);
+    for (size_t i = 0; add_special && i < tok->n_suffix && !rc; i++)
+        rc = csd_tok_ids_push(&out, tok->suffix[i]);
+    csd_tok_pieces_free(&c.pieces);
+    csd_tok_pieces_free(&c.tmp);
+    csd_tok_bpe_scratch_free(&c.bpe);
     csd_free(secs.p);
     csd_free(clean);
     if (rc) {
-        tok_ids_free(&out);
+        csd_tok_ids_free(&out);
         return err && err->code ? rc : csd_err_set(err, rc, "encoding failed");
     }
     if (!out.p) {

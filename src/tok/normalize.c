@@ -14,23 +14,29 @@ enum { L_COUNT = 19, V_COUNT = 21, T_COUNT = 28, N_COUNT = V_COUNT * T_COUNT, S_
 
 static uint8_t ccc_of(uint32_t cp) {
     if (cp < 0x300) return 0;
-    size_t lo = 0, hi = tok_n_ccc_ranges;
+    size_t lo = 0, hi = csd_tok_n_ccc_ranges;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < tok_ccc_ranges[mid].first) hi = mid;
-        else if (cp > tok_ccc_ranges[mid].last) lo = mid + 1;
-        else return tok_ccc_ranges[mid].ccc;
+        if (cp < csd_tok_ccc_ranges[mid].first)
+            hi = mid;
+        else if (cp > csd_tok_ccc_ranges[mid].last)
+            lo = mid + 1;
+        else
+            return csd_tok_ccc_ranges[mid].ccc;
     }
     return 0;
 }
 
-static const tok_decomp *decomp_of(uint32_t cp) {
-    size_t lo = 0, hi = tok_n_decomps;
+static const csd_tok_decomp *decomp_of(uint32_t cp) {
+    size_t lo = 0, hi = csd_tok_n_decomps;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (cp < tok_decomps[mid].cp) hi = mid;
-        else if (cp > tok_decomps[mid].cp) lo = mid + 1;
-        else return &tok_decomps[mid];
+        if (cp < csd_tok_decomps[mid].cp)
+            hi = mid;
+        else if (cp > csd_tok_decomps[mid].cp)
+            lo = mid + 1;
+        else
+            return &csd_tok_decomps[mid];
     }
     return NULL;
 }
@@ -41,13 +47,16 @@ static uint32_t compose(uint32_t a, uint32_t b) {
     if (a >= S_BASE && a < S_BASE + S_COUNT && (a - S_BASE) % T_COUNT == 0 && b > T_BASE &&
         b < T_BASE + T_COUNT)
         return a + (b - T_BASE);
-    size_t lo = 0, hi = tok_n_comps;
+    size_t lo = 0, hi = csd_tok_n_comps;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        const tok_comp *c = &tok_comps[mid];
-        if (a < c->a || (a == c->a && b < c->b)) hi = mid;
-        else if (a > c->a || b > c->b) lo = mid + 1;
-        else return c->cp;
+        const csd_tok_comp *c = &csd_tok_comps[mid];
+        if (a < c->a || (a == c->a && b < c->b))
+            hi = mid;
+        else if (a > c->a || b > c->b)
+            lo = mid + 1;
+        else
+            return c->cp;
     }
     return 0;
 }
@@ -79,27 +88,27 @@ static int decompose(cpvec *v, uint32_t cp, int depth) {
         if (!rc && s % T_COUNT) rc = cp_push(v, T_BASE + s % T_COUNT);
         return rc;
     }
-    const tok_decomp *d = depth < 8 ? decomp_of(cp) : NULL;
+    const csd_tok_decomp *d = depth < 8 ? decomp_of(cp) : NULL;
     if (!d) return cp_push(v, cp);
     int rc = decompose(v, d->a, depth + 1);
     if (!rc && d->b) rc = decompose(v, d->b, depth + 1);
     return rc;
 }
 
-bool tok_nfc_quick_ok(const char *s, size_t n) {
+bool csd_tok_nfc_quick_ok(const char *s, size_t n) {
     /* Below U+0300 nothing decomposes under NFC, combines, or reorders. */
     for (size_t i = 0; i < n; i++)
         if ((uint8_t)s[i] >= 0xCC) return false; /* a lead byte of U+0300 or above */
     return true;
 }
 
-int tok_nfc(const char *in, size_t n, tok_buf *out) {
-    if (tok_nfc_quick_ok(in, n)) return tok_buf_put(out, in, n);
+int csd_tok_nfc(const char *in, size_t n, csd_tok_buf *out) {
+    if (csd_tok_nfc_quick_ok(in, n)) return csd_tok_buf_put(out, in, n);
     cpvec v = {0};
     int rc = 0;
     for (size_t i = 0; i < n && !rc;) {
         uint32_t cp;
-        i += tok_utf8_next(in + i, n - i, &cp);
+        i += csd_tok_utf8_next(in + i, n - i, &cp);
         rc = decompose(&v, cp, 0);
     }
     if (rc) goto done;
@@ -137,9 +146,9 @@ int tok_nfc(const char *in, size_t n, tok_buf *out) {
         }
         v.p[w++] = c;
     }
-    rc = tok_buf_reserve(out, w * 4);
+    rc = csd_tok_buf_reserve(out, w * 4);
     if (rc) goto done;
-    for (size_t i = 0; i < w; i++) out->len += tok_utf8_put(v.p[i], out->p + out->len);
+    for (size_t i = 0; i < w; i++) out->len += csd_tok_utf8_put(v.p[i], out->p + out->len);
     out->p[out->len] = '\0';
 done:
     csd_free(v.p);
@@ -147,9 +156,10 @@ done:
 }
 
 /* Appends in with every occurrence of from replaced by to (left to right, non-overlapping). */
-static int replace_all(const char *in, size_t n, const char *from, const char *to, tok_buf *out) {
+static int replace_all(const char *in, size_t n, const char *from, const char *to,
+                       csd_tok_buf *out) {
     size_t fl = strlen(from), tl = strlen(to);
-    if (fl == 0) return tok_buf_put(out, in, n);
+    if (fl == 0) return csd_tok_buf_put(out, in, n);
     size_t i = 0;
     while (i < n) {
         const char *hit = NULL;
@@ -161,36 +171,36 @@ static int replace_all(const char *in, size_t n, const char *from, const char *t
             }
         }
         size_t stop = hit ? (size_t)(hit - in) : n;
-        int rc = tok_buf_put(out, in + i, stop - i);
+        int rc = csd_tok_buf_put(out, in + i, stop - i);
         if (rc) return rc;
         if (!hit) break;
-        rc = tok_buf_put(out, to, tl);
+        rc = csd_tok_buf_put(out, to, tl);
         if (rc) return rc;
         i = stop + fl;
     }
     return 0;
 }
 
-int tok_normalize(const csd_tok *tok, const char *in, size_t n, tok_buf *out) {
-    tok_buf a = {0}, b = {0};
-    int rc = tok_buf_put(&a, in, n);
+int csd_tok_normalize(const csd_tok *tok, const char *in, size_t n, csd_tok_buf *out) {
+    csd_tok_buf a = {0}, b = {0};
+    int rc = csd_tok_buf_put(&a, in, n);
     for (size_t s = 0; s < tok->n_norm && !rc; s++) {
-        const tok_norm_step *st = &tok->norm[s];
+        const csd_tok_norm_step *st = &tok->norm[s];
         b.len = 0;
-        if (st->kind == TOK_NORM_PREPEND) {
-            rc = tok_buf_put(&b, st->a, strlen(st->a));
-            if (!rc) rc = tok_buf_put(&b, a.p, a.len);
-        } else if (st->kind == TOK_NORM_REPLACE) {
+        if (st->kind == CSD_TOK_NORM_PREPEND) {
+            rc = csd_tok_buf_put(&b, st->a, strlen(st->a));
+            if (!rc) rc = csd_tok_buf_put(&b, a.p, a.len);
+        } else if (st->kind == CSD_TOK_NORM_REPLACE) {
             rc = replace_all(a.p, a.len, st->a, st->b, &b);
         } else {
-            rc = tok_nfc(a.p, a.len, &b);
+            rc = csd_tok_nfc(a.p, a.len, &b);
         }
-        tok_buf tmp = a;
+        csd_tok_buf tmp = a;
         a = b;
         b = tmp;
     }
-    if (!rc) rc = tok_buf_put(out, a.p, a.len);
-    tok_buf_free(&a);
-    tok_buf_free(&b);
+    if (!rc) rc = csd_tok_buf_put(out, a.p, a.len);
+    csd_tok_buf_free(&a);
+    csd_tok_buf_free(&b);
     return rc;
 }

@@ -1,7 +1,8 @@
-/* pretok: the pre-tokenizers (Split by a regex or a literal string, ByteLevel) turning one normalized
- * text section into the pieces BPE sees. Regexes are written for Oniguruma and run by the reference
- * as translated JavaScript; we translate them for PCRE2 (UTF + UCP, JIT when available) so the few
- * constructs where the engines disagree (\s, (?i:...)) behave as in the reference. */
+/* pretok: the pre-tokenizers (Split by a regex or a literal string, ByteLevel) turning one
+ * normalized text section into the pieces BPE sees. Regexes are written for Oniguruma and run by
+ * the reference as translated JavaScript; we translate them for PCRE2 (UTF + UCP, JIT when
+ * available) so the few constructs where the engines disagree (\s, (?i:...)) behave as in the
+ * reference. */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "tok/tok_internal.h"
 
@@ -11,12 +12,16 @@
 #include "core/alloc.h"
 
 /* Unicode White_Space (what the reference uses for \s in tokenizer.json patterns). */
-#define WS_CLASS_BODY "\\t\\n\\x{0B}\\f\\r \\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+#define WS_CLASS_BODY      \
+    "\\t\\n\\x{0B}\\f\\r " \
+    "\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 /* JavaScript's own \s (used by the ByteLevel pre-tokenizer's built-in GPT-2 regex). */
-#define JS_WS_CLASS_BODY "\\t\\n\\x{0B}\\f\\r \\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
-#define GPT2_PATTERN                                                                    \
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" JS_WS_CLASS_BODY "\\p{L}\\p{N}]+|[" \
-    JS_WS_CLASS_BODY "]+(?![^" JS_WS_CLASS_BODY "])|[" JS_WS_CLASS_BODY "]+"
+#define JS_WS_CLASS_BODY   \
+    "\\t\\n\\x{0B}\\f\\r " \
+    "\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}\\x{FEFF}"
+#define GPT2_PATTERN                                                    \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" JS_WS_CLASS_BODY \
+    "\\p{L}\\p{N}]+|[" JS_WS_CLASS_BODY "]+(?![^" JS_WS_CLASS_BODY "])|[" JS_WS_CLASS_BODY "]+"
 
 static bool is_ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
 
@@ -24,7 +29,7 @@ static char other_case(char c) { return (char)(c >= 'a' && c <= 'z' ? c - 32 : c
 
 /* Rewrites an Oniguruma pattern for PCRE2: \s and \S become explicit White_Space classes, and
  * (?i:...) folds ASCII letters only (as the reference does) instead of full Unicode folding. */
-static int translate(const char *p, size_t n, tok_buf *out, csd_err *err) {
+static int translate(const char *p, size_t n, csd_tok_buf *out, csd_err *err) {
     bool fold_stack[64];
     size_t depth = 0;
     bool fold = false, in_class = false;
@@ -35,15 +40,28 @@ static int translate(const char *p, size_t n, tok_buf *out, csd_err *err) {
             char e = p[i + 1];
             if (e == 's' || e == 'S') {
                 if (in_class && e == 'S')
-                    return csd_err_set(err, CSD_EUNSUPPORTED, "pre-tokenizer regex: \\S inside a class");
-                if (in_class) rc = tok_buf_put(out, WS_CLASS_BODY, strlen(WS_CLASS_BODY));
-                else if (e == 's') rc = tok_buf_put(out, "[" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 2);
-                else rc = tok_buf_put(out, "[^" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 3);
+                    return csd_err_set(err, CSD_EUNSUPPORTED,
+                                       "pre-tokenizer regex: \\S inside a class");
+                if (in_class)
+                    rc = csd_tok_buf_put(out, WS_CLASS_BODY, strlen(WS_CLASS_BODY));
+                else if (e == 's')
+                    rc = csd_tok_buf_put(out, "[" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 2);
+                else
+                    rc = csd_tok_buf_put(out, "[^" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 3);
                 i += 2;
+            } else if ((e == 'p' || e == 'P' || e == 'x') && i + 2 < n && p[i + 2] == '{') {
+                /* \p{Name}, \x{HHHH}: copied whole, the name is not case-folded */
+                const char *close = memchr(p + i, '}', n - i);
+                size_t cl = close ? (size_t)(close - (p + i)) + 1 : n - i;
+                rc = csd_tok_buf_put(out, p + i, cl);
+                i += cl;
+            } else if ((e == 'p' || e == 'P') && i + 2 < n) { /* \pL */
+                rc = csd_tok_buf_put(out, p + i, 3);
+                i += 3;
             } else {
                 uint32_t cp;
-                size_t cl = 1 + tok_utf8_next(p + i + 1, n - i - 1, &cp);
-                rc = tok_buf_put(out, p + i, cl);
+                size_t cl = 1 + csd_tok_utf8_next(p + i + 1, n - i - 1, &cp);
+                rc = csd_tok_buf_put(out, p + i, cl);
                 i += cl;
             }
             continue;
@@ -55,23 +73,23 @@ static int translate(const char *p, size_t n, tok_buf *out, csd_err *err) {
                     return csd_err_set(err, CSD_EUNSUPPORTED,
                                        "pre-tokenizer regex: a range inside (?i:...)");
                 char two[2] = {c, other_case(c)};
-                rc = tok_buf_put(out, two, 2);
+                rc = csd_tok_buf_put(out, two, 2);
             } else {
-                rc = tok_buf_put(out, &c, 1);
+                rc = csd_tok_buf_put(out, &c, 1);
             }
             i++;
             continue;
         }
         if (c == '[') {
             in_class = true;
-            rc = tok_buf_put(out, "[", 1);
+            rc = csd_tok_buf_put(out, "[", 1);
             i++;
             if (i < n && p[i] == '^') {
-                rc = rc ? rc : tok_buf_put(out, "^", 1);
+                rc = rc ? rc : csd_tok_buf_put(out, "^", 1);
                 i++;
             }
             if (i < n && p[i] == ']') { /* a leading ] is literal */
-                rc = rc ? rc : tok_buf_put(out, "\\]", 2);
+                rc = rc ? rc : csd_tok_buf_put(out, "\\]", 2);
                 i++;
             }
             continue;
@@ -82,7 +100,7 @@ static int translate(const char *p, size_t n, tok_buf *out, csd_err *err) {
             fold_stack[depth++] = fold;
             if (n - i >= 4 && memcmp(p + i, "(?i:", 4) == 0) {
                 fold = true;
-                rc = tok_buf_put(out, "(?:", 3);
+                rc = csd_tok_buf_put(out, "(?:", 3);
                 i += 4;
                 continue;
             }
@@ -91,36 +109,36 @@ static int translate(const char *p, size_t n, tok_buf *out, csd_err *err) {
         }
         if (fold && is_ascii_letter(c)) {
             char cls[4] = {'[', c, other_case(c), ']'};
-            rc = tok_buf_put(out, cls, 4);
+            rc = csd_tok_buf_put(out, cls, 4);
         } else {
-            rc = tok_buf_put(out, &c, 1);
+            rc = csd_tok_buf_put(out, &c, 1);
         }
         i++;
     }
     return rc;
 }
 
-int tok_regex_compile(csd_tok *tok, const char *pattern, size_t len, bool is_regex, void **code,
-                      csd_err *err) {
-    if (len > TOK_MAX_PATTERN)
+int csd_tok_regex_compile(csd_tok *tok, const char *pattern, size_t len, bool is_regex, void **code,
+                          csd_err *err) {
+    if (len > CSD_TOK_MAX_PATTERN)
         return csd_err_set(err, CSD_EFORMAT, "pre-tokenizer pattern too long (%zu bytes)", len);
-    tok_buf t = {0};
+    csd_tok_buf t = {0};
     int rc;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP;
     if (is_regex) {
         rc = translate(pattern, len, &t, err);
         if (rc) {
-            tok_buf_free(&t);
+            csd_tok_buf_free(&t);
             return err && err->code ? rc : csd_err_set(err, rc, "translating pre-tokenizer regex");
         }
     } else {
-        rc = tok_buf_put(&t, pattern, len);
+        rc = csd_tok_buf_put(&t, pattern, len);
         opts |= PCRE2_LITERAL;
         if (rc) return rc;
     }
     pcre2_compile_context *cc = pcre2_compile_context_create(tok->gctx);
     if (!cc) {
-        tok_buf_free(&t);
+        csd_tok_buf_free(&t);
         return csd_err_set(err, CSD_ENOMEM, "pcre2 context");
     }
     pcre2_set_newline(cc, PCRE2_NEWLINE_LF);
@@ -131,18 +149,18 @@ int tok_regex_compile(csd_tok *tok, const char *pattern, size_t len, bool is_reg
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(ecode, msg, sizeof msg);
-        tok_buf_free(&t);
+        csd_tok_buf_free(&t);
         return csd_err_set(err, CSD_EFORMAT, "pre-tokenizer regex does not compile at %zu: %s",
                            (size_t)eoff, (const char *)msg);
     }
-    tok_buf_free(&t);
+    csd_tok_buf_free(&t);
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* the interpreter is the fallback */
     *code = re;
     return 0;
 }
 
-int tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
-int tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err) {
+int csd_tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
+int csd_tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err) {
     /* Already in PCRE2 syntax: compile without translation. */
     pcre2_compile_context *cc = pcre2_compile_context_create(tok->gctx);
     if (!cc) return csd_err_set(err, CSD_ENOMEM, "pcre2 context");
@@ -157,9 +175,9 @@ int tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err) {
     return 0;
 }
 
-void tok_regex_free(void *code) { pcre2_code_free((pcre2_code *)code); }
+void csd_tok_regex_free(void *code) { pcre2_code_free((pcre2_code *)code); }
 
-int tok_pieces_add(tok_pieces *p, const char *s, size_t n) {
+int csd_tok_pieces_add(csd_tok_pieces *p, const char *s, size_t n) {
     if (p->n == p->cap) {
         size_t cap = p->cap ? p->cap * 2 : 64;
         size_t *off = csd_alloc_array(cap, sizeof *off), *len = csd_alloc_array(cap, sizeof *len);
@@ -181,24 +199,24 @@ int tok_pieces_add(tok_pieces *p, const char *s, size_t n) {
     p->off[p->n] = p->text.len;
     p->len[p->n] = n;
     p->n++;
-    return tok_buf_put(&p->text, s, n);
+    return csd_tok_buf_put(&p->text, s, n);
 }
 
-void tok_pieces_reset(tok_pieces *p) {
+void csd_tok_pieces_reset(csd_tok_pieces *p) {
     p->n = 0;
     p->text.len = 0;
 }
 
-void tok_pieces_free(tok_pieces *p) {
-    tok_buf_free(&p->text);
+void csd_tok_pieces_free(csd_tok_pieces *p) {
+    csd_tok_buf_free(&p->text);
     csd_free(p->off);
     csd_free(p->len);
     memset(p, 0, sizeof *p);
 }
 
 /* Splits s by code: gaps and matches are kept or dropped as the step says. */
-static int split_piece(const tok_pre_step *st, const char *s, size_t n, pcre2_match_data *md,
-                       tok_pieces *out, csd_err *err) {
+static int split_piece(const csd_tok_pre_step *st, const char *s, size_t n, pcre2_match_data *md,
+                       csd_tok_pieces *out, csd_err *err) {
     bool keep_gaps = !st->invert, keep_matches = !st->removed;
     size_t prev = 0, pos = 0;
     while (pos <= n) {
@@ -214,52 +232,71 @@ static int split_piece(const tok_pre_step *st, const char *s, size_t n, pcre2_ma
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
         size_t ms = ov[0], me = ov[1];
         int r = 0;
-        if (ms > prev && keep_gaps) r = tok_pieces_add(out, s + prev, ms - prev);
-        if (!r && me > ms && keep_matches) r = tok_pieces_add(out, s + ms, me - ms);
+        if (ms > prev && keep_gaps) r = csd_tok_pieces_add(out, s + prev, ms - prev);
+        if (!r && me > ms && keep_matches) r = csd_tok_pieces_add(out, s + ms, me - ms);
         if (r) return csd_err_set(err, r, "out of memory splitting text");
         prev = me > prev ? me : prev;
         if (me == ms) {
             if (me >= n) break;
             uint32_t cp;
-            pos = me + tok_utf8_next(s + me, n - me, &cp);
+            pos = me + csd_tok_utf8_next(s + me, n - me, &cp);
         } else {
             pos = me;
         }
     }
     if (prev < n && keep_gaps) {
-        int r = tok_pieces_add(out, s + prev, n - prev);
+        int r = csd_tok_pieces_add(out, s + prev, n - prev);
         if (r) return csd_err_set(err, r, "out of memory splitting text");
     }
     return 0;
 }
 
-static int bytelevel_piece(const char *s, size_t n, tok_pieces *out) {
+static int bytelevel_piece(const char *s, size_t n, csd_tok_pieces *out) {
     char tmp[1024];
     size_t o = 0;
-    tok_buf big = {0};
+    csd_tok_buf big = {0};
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
-        o += tok_utf8_put(tok_bytelevel_char((uint8_t)s[i]), tmp + o);
+        o += csd_tok_utf8_put(csd_tok_bytelevel_char((uint8_t)s[i]), tmp + o);
         if (o > sizeof tmp - 4) {
-            rc = tok_buf_put(&big, tmp, o);
+            rc = csd_tok_buf_put(&big, tmp, o);
             o = 0;
         }
     }
-    if (!rc && big.len) rc = tok_buf_put(&big, tmp, o);
-    if (!rc) rc = big.len ? tok_pieces_add(out, big.p, big.len) : tok_pieces_add(out, tmp, o);
-    tok_buf_free(&big);
+    if (!rc && big.len) rc = csd_tok_buf_put(&big, tmp, o);
+    if (!rc)
+        rc = big.len ? csd_tok_pieces_add(out, big.p, big.len) : csd_tok_pieces_add(out, tmp, o);
+    csd_tok_buf_free(&big);
     return rc;
 }
 
-int tok_pretokenize(const csd_tok *tok, const char *s, size_t n, tok_pieces *out, tok_pieces *tmp,
-                    csd_err *err) {
-    tok_pieces_reset(out);
-    int rc = tok_pieces_add(out, s, n);
+/* Metaspace as the reference does it: spaces become the replacement, which is also put in front
+ * (per prepend_scheme) unless the text already starts with it; the piece is not split further. */
+static int metaspace_piece(const csd_tok_pre_step *st, const char *s, size_t n, bool first,
+                           csd_tok_pieces *out) {
+    csd_tok_buf b = {0};
+    size_t rl = strlen(st->replacement);
+    bool prepend = st->prepend == CSD_TOK_PREPEND_ALWAYS ||
+                   (st->prepend == CSD_TOK_PREPEND_FIRST && first);
+    /* the text after replacement starts with the replacement iff s starts with it or a space */
+    bool starts = (n >= rl && memcmp(s, st->replacement, rl) == 0) || (n > 0 && s[0] == ' ');
+    int rc = prepend && !starts ? csd_tok_buf_put(&b, st->replacement, rl) : 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = s[i] == ' ' ? csd_tok_buf_put(&b, st->replacement, rl) : csd_tok_buf_put(&b, s + i, 1);
+    if (!rc) rc = csd_tok_pieces_add(out, b.p ? b.p : "", b.len);
+    csd_tok_buf_free(&b);
+    return rc;
+}
+
+int csd_tok_pretokenize(const csd_tok *tok, const char *s, size_t n, bool first_section,
+                        csd_tok_pieces *out, csd_tok_pieces *tmp, csd_err *err) {
+    csd_tok_pieces_reset(out);
+    int rc = csd_tok_pieces_add(out, s, n);
     if (rc) return csd_err_set(err, rc, "out of memory pre-tokenizing");
     pcre2_match_data *md = NULL;
     for (size_t k = 0; k < tok->n_pre && !rc; k++) {
-        const tok_pre_step *st = &tok->pre[k];
-        tok_pieces_reset(tmp);
+        const csd_tok_pre_step *st = &tok->pre[k];
+        csd_tok_pieces_reset(tmp);
         if (st->code && !md) {
             md = pcre2_match_data_create(4, (pcre2_general_context *)tok->gctx);
             if (!md) return csd_err_set(err, CSD_ENOMEM, "pcre2 match data");
@@ -267,31 +304,36 @@ int tok_pretokenize(const csd_tok *tok, const char *s, size_t n, tok_pieces *out
         for (size_t i = 0; i < out->n && !rc; i++) {
             const char *ps = out->text.p + out->off[i];
             size_t pn = out->len[i];
-            if (st->kind == TOK_PRE_SPLIT) {
+            if (st->kind == CSD_TOK_PRE_SPLIT) {
                 rc = split_piece(st, ps, pn, md, tmp, err);
                 continue;
             }
+            if (st->kind == CSD_TOK_PRE_METASPACE) {
+                rc = metaspace_piece(st, ps, pn, first_section, tmp);
+                if (rc) csd_err_set(err, rc, "out of memory in Metaspace");
+                continue;
+            }
             /* ByteLevel: optional prefix space, optional GPT-2 split (matches only), byte map */
-            tok_buf pre = {0};
+            csd_tok_buf pre = {0};
             if (st->add_prefix_space && (pn == 0 || ps[0] != ' ')) {
-                rc = tok_buf_put(&pre, " ", 1);
-                if (!rc) rc = tok_buf_put(&pre, ps, pn);
+                rc = csd_tok_buf_put(&pre, " ", 1);
+                if (!rc) rc = csd_tok_buf_put(&pre, ps, pn);
                 ps = pre.p;
                 pn = pre.len;
             }
             if (!rc && st->code) {
-                tok_pieces parts = {0};
+                csd_tok_pieces parts = {0};
                 rc = split_piece(st, ps, pn, md, &parts, err);
                 for (size_t j = 0; j < parts.n && !rc; j++)
                     rc = bytelevel_piece(parts.text.p + parts.off[j], parts.len[j], tmp);
-                tok_pieces_free(&parts);
+                csd_tok_pieces_free(&parts);
             } else if (!rc) {
                 rc = bytelevel_piece(ps, pn, tmp);
             }
-            tok_buf_free(&pre);
+            csd_tok_buf_free(&pre);
             if (rc && !(err && err->code)) csd_err_set(err, rc, "out of memory in ByteLevel");
         }
-        tok_pieces swap = *out;
+        csd_tok_pieces swap = *out;
         *out = *tmp;
         *tmp = swap;
     }

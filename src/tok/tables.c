@@ -1,6 +1,6 @@
 /* tables: the two hash tables of the tokenizer: interned strings (vocabulary, added tokens, merge
- * parts) and merge ranks keyed by a pair of symbols. Open addressing, power-of-two sizes, load <= 1/2.
- * Built once at load time; read-only (so shareable between threads) afterwards. */
+ * parts) and merge ranks keyed by a pair of symbols. Open addressing, power-of-two sizes, load <=
+ * 1/2. Built once at load time; read-only (so shareable between threads) afterwards. */
 #include "tok/tok_internal.h"
 
 #include <string.h>
@@ -16,7 +16,7 @@ static uint64_t hash_bytes(const char *s, size_t n) {
     return h ^ (h >> 29);
 }
 
-static int strtab_grow_index(tok_strtab *t) {
+static int strtab_grow_index(csd_tok_strtab *t) {
     size_t cap = t->mask ? (t->mask + 1) * 2 : 1024;
     uint32_t *slots = csd_alloc_array(cap, sizeof *slots);
     if (!slots) return CSD_ENOMEM;
@@ -31,7 +31,7 @@ static int strtab_grow_index(tok_strtab *t) {
     return 0;
 }
 
-int64_t tok_strtab_find(const tok_strtab *t, const char *s, size_t len) {
+int64_t csd_tok_strtab_find(const csd_tok_strtab *t, const char *s, size_t len) {
     if (!t->slots) return -1;
     size_t h = (size_t)hash_bytes(s, len) & t->mask;
     for (;;) {
@@ -43,8 +43,8 @@ int64_t tok_strtab_find(const tok_strtab *t, const char *s, size_t len) {
     }
 }
 
-int tok_strtab_intern(tok_strtab *t, const char *s, size_t len, uint32_t *out) {
-    int64_t found = tok_strtab_find(t, s, len);
+int csd_tok_strtab_intern(csd_tok_strtab *t, const char *s, size_t len, uint32_t *out) {
+    int64_t found = csd_tok_strtab_find(t, s, len);
     if (found >= 0) {
         *out = (uint32_t)found;
         return 0;
@@ -95,7 +95,7 @@ int tok_strtab_intern(tok_strtab *t, const char *s, size_t len, uint32_t *out) {
     return 0;
 }
 
-void tok_strtab_free(tok_strtab *t) {
+void csd_tok_strtab_free(csd_tok_strtab *t) {
     csd_free(t->buf);
     csd_free(t->off);
     csd_free(t->slen);
@@ -110,7 +110,7 @@ static size_t pair_hash(uint64_t key) {
     return (size_t)key;
 }
 
-int tok_pairmap_init(tok_pairmap *m, size_t expected) {
+int csd_tok_pairmap_init(csd_tok_pairmap *m, size_t expected) {
     size_t cap = 1024;
     while (cap < expected * 2 + 2) cap *= 2;
     m->slots = csd_alloc_array(cap, sizeof *m->slots);
@@ -121,7 +121,7 @@ int tok_pairmap_init(tok_pairmap *m, size_t expected) {
     return 0;
 }
 
-int tok_pairmap_put(tok_pairmap *m, uint32_t a, uint32_t b, int32_t rank, uint32_t result) {
+int csd_tok_pairmap_put(csd_tok_pairmap *m, uint32_t a, uint32_t b, int32_t rank, uint32_t result) {
     uint64_t key = ((uint64_t)a << 32) | b;
     if ((m->n + 1) * 2 > m->mask + 1) return CSD_EFULL; /* sized by init; never grows */
     size_t h = pair_hash(key) & m->mask;
@@ -133,19 +133,19 @@ int tok_pairmap_put(tok_pairmap *m, uint32_t a, uint32_t b, int32_t rank, uint32
     return 0;
 }
 
-const tok_pair *tok_pairmap_get(const tok_pairmap *m, uint32_t a, uint32_t b) {
+const csd_tok_pair *csd_tok_pairmap_get(const csd_tok_pairmap *m, uint32_t a, uint32_t b) {
     if (!m->slots) return NULL;
     uint64_t key = ((uint64_t)a << 32) | b;
     size_t h = pair_hash(key) & m->mask;
     for (;;) {
-        const tok_pair *p = &m->slots[h];
+        const csd_tok_pair *p = &m->slots[h];
         if (p->key == key) return p;
         if (p->key == UINT64_MAX) return NULL;
         h = (h + 1) & m->mask;
     }
 }
 
-void tok_pairmap_free(tok_pairmap *m) {
+void csd_tok_pairmap_free(csd_tok_pairmap *m) {
     csd_free(m->slots);
     memset(m, 0, sizeof *m);
 }

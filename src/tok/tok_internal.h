@@ -1,7 +1,7 @@
 /* tok_internal: the csd_tok structure and the helpers shared by the files of src/tok/.
- * Not a public header: only the .c files of src/tok include it. Invariants: every string the encoder can meet
- * as a BPE symbol is interned once in `syms`; ids are in [0, n_ids); pieces are NUL-terminated.
- * See docs/tokenizer.md for what is supported and why. */
+ * Not a public header: only the .c files of src/tok include it. Invariants: every string the
+ * encoder can meet as a BPE symbol is interned once in `syms`; ids are in [0, n_ids); pieces are
+ * NUL-terminated. See docs/tokenizer.md for what is supported and why. */
 #ifndef CSD_TOK_INTERNAL_H
 #define CSD_TOK_INTERNAL_H
 
@@ -13,146 +13,155 @@
 #include "tok/tokenizer.h"
 
 /* Bounds on what a tokenizer.json may declare, checked before anything is allocated. */
-#define TOK_MAX_IDS (1 << 24)        /* largest token id + 1 we accept */
-#define TOK_MAX_MERGES (1 << 24)     /* merge rules */
-#define TOK_MAX_ADDED 100000         /* added tokens */
-#define TOK_MAX_PATTERN 4096         /* bytes of a pre-tokenizer regex */
-#define TOK_MAX_STEPS 16             /* normalizer / pre-tokenizer steps in a Sequence */
-#define TOK_MAX_INPUT ((size_t)1 << 30) /* bytes of text one encode call accepts */
+#define CSD_TOK_MAX_IDS (1 << 24)           /* largest token id + 1 we accept */
+#define CSD_TOK_MAX_MERGES (1 << 24)        /* merge rules */
+#define CSD_TOK_MAX_ADDED 100000            /* added tokens */
+#define CSD_TOK_MAX_PATTERN 4096            /* bytes of a pre-tokenizer regex */
+#define CSD_TOK_MAX_STEPS 16                /* normalizer / pre-tokenizer steps in a Sequence */
+#define CSD_TOK_MAX_INPUT ((size_t)1 << 30) /* bytes of text one encode call accepts */
 
 /* ---- growable buffers (csd_alloc based) ---- */
-typedef struct tok_buf {
+typedef struct csd_tok_buf {
     char *p;
     size_t len, cap;
-} tok_buf;
+} csd_tok_buf;
 
-typedef struct tok_ids {
+typedef struct csd_tok_ids {
     int32_t *p;
     size_t len, cap;
-} tok_ids;
+} csd_tok_ids;
 
-int tok_buf_reserve(tok_buf *b, size_t extra);
-int tok_buf_put(tok_buf *b, const void *data, size_t n);
-void tok_buf_free(tok_buf *b);
-int tok_ids_push(tok_ids *v, int32_t id);
-void tok_ids_free(tok_ids *v);
+int csd_tok_buf_reserve(csd_tok_buf *b, size_t extra);
+int csd_tok_buf_put(csd_tok_buf *b, const void *data, size_t n);
+void csd_tok_buf_free(csd_tok_buf *b);
+int csd_tok_ids_push(csd_tok_ids *v, int32_t id);
+void csd_tok_ids_free(csd_tok_ids *v);
 
 /* ---- UTF-8 ---- */
 /* WHATWG UTF-8 decoder state (what TextDecoder does: one U+FFFD per maximal invalid subpart). */
-typedef struct tok_u8dec {
+typedef struct csd_tok_u8dec {
     uint32_t cp;
     uint32_t errors; /* replacements emitted for invalid input so far */
     uint8_t needed, seen, lower, upper;
-} tok_u8dec;
+} csd_tok_u8dec;
 
-void tok_u8dec_init(tok_u8dec *d);
+void csd_tok_u8dec_init(csd_tok_u8dec *d);
 /* Feeds one byte; appends completed characters or U+FFFD to out (at most 6 bytes). */
-size_t tok_u8dec_feed(tok_u8dec *d, uint8_t byte, char *out);
-/* Copies in to out replacing invalid sequences with U+FFFD; out needs 3 * n bytes. Returns length. */
-size_t tok_utf8_sanitize(const char *in, size_t n, char *out);
+size_t csd_tok_u8dec_feed(csd_tok_u8dec *d, uint8_t byte, char *out);
+/* Copies in to out replacing invalid sequences with U+FFFD; out needs 3 * n bytes. Returns length.
+ */
+size_t csd_tok_utf8_sanitize(const char *in, size_t n, char *out);
 /* Length of the (valid) UTF-8 character starting at s and its code point. */
-size_t tok_utf8_next(const char *s, size_t n, uint32_t *cp);
-size_t tok_utf8_put(uint32_t cp, char *out);
-bool tok_utf8_valid(const char *s, size_t n);
+size_t csd_tok_utf8_next(const char *s, size_t n, uint32_t *cp);
+size_t csd_tok_utf8_put(uint32_t cp, char *out);
+bool csd_tok_utf8_valid(const char *s, size_t n);
 /* JavaScript String.prototype.trim whitespace (WhiteSpace + LineTerminator). */
-bool tok_is_js_space(uint32_t cp);
+bool csd_tok_is_js_space(uint32_t cp);
 
 /* ---- interned strings: every vocabulary, added and merge string, with a hash index ---- */
-typedef struct tok_strtab {
-    char *buf;        /* all strings, each NUL-terminated */
+typedef struct csd_tok_strtab {
+    char *buf; /* all strings, each NUL-terminated */
     size_t len, cap;
-    uint32_t *off;    /* (n) offset of string i in buf */
-    uint32_t *slen;   /* (n) byte length of string i */
+    uint32_t *off;  /* (n) offset of string i in buf */
+    uint32_t *slen; /* (n) byte length of string i */
     size_t n, ncap;
-    uint32_t *slots;  /* (mask + 1) string index + 1, 0 = empty */
+    uint32_t *slots; /* (mask + 1) string index + 1, 0 = empty */
     size_t mask;
-} tok_strtab;
+} csd_tok_strtab;
 
-int tok_strtab_intern(tok_strtab *t, const char *s, size_t len, uint32_t *out);
+int csd_tok_strtab_intern(csd_tok_strtab *t, const char *s, size_t len, uint32_t *out);
 /* Index of s, or -1. */
-int64_t tok_strtab_find(const tok_strtab *t, const char *s, size_t len);
-void tok_strtab_free(tok_strtab *t);
-static inline const char *tok_strtab_get(const tok_strtab *t, uint32_t i) { return t->buf + t->off[i]; }
+int64_t csd_tok_strtab_find(const csd_tok_strtab *t, const char *s, size_t len);
+void csd_tok_strtab_free(csd_tok_strtab *t);
+static inline const char *csd_tok_strtab_get(const csd_tok_strtab *t, uint32_t i) {
+    return t->buf + t->off[i];
+}
 
 /* ---- merge ranks keyed by a pair of symbols ---- */
-typedef struct tok_pair {
+typedef struct csd_tok_pair {
     uint64_t key;    /* (left << 32) | right; UINT64_MAX = empty slot */
     int32_t rank;    /* position in the merges list (lower merges first) */
     uint32_t result; /* symbol of left + right */
-} tok_pair;
+} csd_tok_pair;
 
-typedef struct tok_pairmap {
-    tok_pair *slots;
+typedef struct csd_tok_pairmap {
+    csd_tok_pair *slots;
     size_t mask, n;
-} tok_pairmap;
+} csd_tok_pairmap;
 
-int tok_pairmap_init(tok_pairmap *m, size_t expected);
+int csd_tok_pairmap_init(csd_tok_pairmap *m, size_t expected);
 /* Inserts or overwrites (a later duplicate rule wins, as in the reference's Map). */
-int tok_pairmap_put(tok_pairmap *m, uint32_t a, uint32_t b, int32_t rank, uint32_t result);
-const tok_pair *tok_pairmap_get(const tok_pairmap *m, uint32_t a, uint32_t b);
-void tok_pairmap_free(tok_pairmap *m);
+int csd_tok_pairmap_put(csd_tok_pairmap *m, uint32_t a, uint32_t b, int32_t rank, uint32_t result);
+const csd_tok_pair *csd_tok_pairmap_get(const csd_tok_pairmap *m, uint32_t a, uint32_t b);
+void csd_tok_pairmap_free(csd_tok_pairmap *m);
 
 /* ---- components ---- */
-enum tok_norm_kind { TOK_NORM_PREPEND = 0, TOK_NORM_REPLACE = 1, TOK_NORM_NFC = 2 };
+enum csd_tok_norm_kind { CSD_TOK_NORM_PREPEND = 0, CSD_TOK_NORM_REPLACE = 1, CSD_TOK_NORM_NFC = 2 };
 
-typedef struct tok_norm_step {
+typedef struct csd_tok_norm_step {
     int kind;
-    char *a;      /* prepend text, or the string replaced */
-    char *b;      /* replacement */
-} tok_norm_step;
+    char *a; /* prepend text, or the string replaced */
+    char *b; /* replacement */
+} csd_tok_norm_step;
 
-enum tok_pre_kind { TOK_PRE_SPLIT = 0, TOK_PRE_BYTELEVEL = 1 };
+enum csd_tok_pre_kind { CSD_TOK_PRE_SPLIT = 0, CSD_TOK_PRE_BYTELEVEL = 1, CSD_TOK_PRE_METASPACE = 2 };
 
-typedef struct tok_pre_step {
+/* Metaspace prepend_scheme: when the replacement is put in front of a text section. */
+enum csd_tok_prepend { CSD_TOK_PREPEND_ALWAYS = 0, CSD_TOK_PREPEND_FIRST = 1, CSD_TOK_PREPEND_NEVER = 2 };
+
+typedef struct csd_tok_pre_step {
     int kind;
     void *code;            /* pcre2_code_8 * (split regex, or the GPT-2 regex of ByteLevel) */
     bool invert;           /* Split: keep only the matches */
     bool removed;          /* Split behavior Removed: drop the matches */
     bool add_prefix_space; /* ByteLevel */
-} tok_pre_step;
+    char *replacement;     /* Metaspace: what a space becomes ("\u2581") */
+    int prepend;           /* Metaspace: a csd_tok_prepend */
+} csd_tok_pre_step;
 
-typedef struct tok_added {
-    uint32_t sym;        /* interned content */
-    int64_t norm_sym;    /* interned normalized content when matched after normalization, else -1 */
+typedef struct csd_tok_added {
+    uint32_t sym;     /* interned content */
+    int64_t norm_sym; /* interned normalized content when matched after normalization, else -1 */
     int32_t id;
     bool lstrip, rstrip, normalized, special;
-} tok_added;
+} csd_tok_added;
 
-enum tok_dec_kind { TOK_DEC_NONE = 0, TOK_DEC_BYTELEVEL = 1, TOK_DEC_SP = 2 };
+enum csd_tok_dec_kind { CSD_TOK_DEC_NONE = 0, CSD_TOK_DEC_BYTELEVEL = 1, CSD_TOK_DEC_SP = 2 };
 
-#define TOK_ID_SPECIAL 1u /* skipped by skip_special */
-#define TOK_ID_ADDED 2u   /* an added token: split out before the model, verbatim in ByteLevel decode */
-#define TOK_ID_EOG 4u     /* ends generation */
-#define TOK_ID_BYTE 8u    /* a <0xXX> byte-fallback piece (SP decoder) */
+#define CSD_TOK_ID_SPECIAL 1u /* skipped by skip_special */
+#define CSD_TOK_ID_ADDED \
+    2u /* an added token: split out before the model, verbatim in ByteLevel decode */
+#define CSD_TOK_ID_EOG 4u  /* ends generation */
+#define CSD_TOK_ID_BYTE 8u /* a <0xXX> byte-fallback piece (SP decoder) */
 
 struct csd_tok {
-    tok_strtab syms;
-    int32_t *sym_id;     /* (syms.n) token id of each symbol, -1 when not a token */
-    int32_t n_ids;       /* largest id + 1 */
-    int32_t *id_sym;     /* (n_ids) symbol holding the piece of id, -1 for a hole */
-    uint8_t *id_flags;   /* (n_ids) TOK_ID_* bits */
-    uint8_t *id_byte;    /* (n_ids) the byte of a TOK_ID_BYTE piece */
+    csd_tok_strtab syms;
+    int32_t *sym_id;   /* (syms.n) token id of each symbol, -1 when not a token */
+    int32_t n_ids;     /* largest id + 1 */
+    int32_t *id_sym;   /* (n_ids) symbol holding the piece of id, -1 for a hole */
+    uint8_t *id_flags; /* (n_ids) CSD_TOK_ID_* bits */
+    uint8_t *id_byte;  /* (n_ids) the byte of a CSD_TOK_ID_BYTE piece */
 
     /* BPE model */
-    tok_pairmap merges;
-    int32_t unk_id;      /* -1 when the model has no unk_token */
+    csd_tok_pairmap merges;
+    int32_t unk_id; /* -1 when the model has no unk_token */
     bool byte_fallback, fuse_unk, ignore_merges;
     int32_t byte_ids[256]; /* id of "<0xXX>" or -1 */
 
-    tok_added *added;    /* (n_added) in file order */
+    csd_tok_added *added; /* (n_added) in file order */
     size_t n_added;
     bool any_normalized_added;
 
-    tok_norm_step norm[TOK_MAX_STEPS];
+    csd_tok_norm_step norm[CSD_TOK_MAX_STEPS];
     size_t n_norm;
-    tok_pre_step pre[TOK_MAX_STEPS];
+    csd_tok_pre_step pre[CSD_TOK_MAX_STEPS];
     size_t n_pre;
-    void *gctx;          /* pcre2_general_context_8 * routing pcre2 memory through csd_alloc */
+    void *gctx; /* pcre2_general_context_8 * routing pcre2 memory through csd_alloc */
 
     int dec_kind;
     char *dec_from, *dec_to; /* SP decoder Replace (NULL when absent) */
     bool dec_byte_fallback;
-    int dec_strip_start;     /* leading copies of ' ' removed from the decoded text (0 or 1) */
+    int dec_strip_start; /* leading copies of ' ' removed from the decoded text (0 or 1) */
 
     int32_t prefix[8], suffix[8]; /* ids added around the text when add_special */
     size_t n_prefix, n_suffix;
@@ -161,38 +170,40 @@ struct csd_tok {
 };
 
 /* ---- internal entry points ---- */
-int tok_nfc(const char *in, size_t n, tok_buf *out);
-bool tok_nfc_quick_ok(const char *s, size_t n); /* true when NFC cannot change s */
-int tok_normalize(const csd_tok *tok, const char *in, size_t n, tok_buf *out);
+int csd_tok_nfc(const char *in, size_t n, csd_tok_buf *out);
+bool csd_tok_nfc_quick_ok(const char *s, size_t n); /* true when NFC cannot change s */
+int csd_tok_normalize(const csd_tok *tok, const char *in, size_t n, csd_tok_buf *out);
 
-/* Byte-level alphabet: byte b is written as the character tok_bytelevel_char(b). */
-uint32_t tok_bytelevel_char(uint8_t b);
-int tok_bytelevel_byte(uint32_t cp); /* the byte, or -1 when cp is not in the alphabet */
+/* Byte-level alphabet: byte b is written as the character csd_tok_bytelevel_char(b). */
+uint32_t csd_tok_bytelevel_char(uint8_t b);
+int csd_tok_bytelevel_byte(uint32_t cp); /* the byte, or -1 when cp is not in the alphabet */
 
 /* Pre-tokenization: text -> pieces (spans into pieces->buf). */
-typedef struct tok_pieces {
-    tok_buf text;
+typedef struct csd_tok_pieces {
+    csd_tok_buf text;
     size_t *off, *len;
     size_t n, cap;
-} tok_pieces;
+} csd_tok_pieces;
 
-int tok_pieces_add(tok_pieces *p, const char *s, size_t n);
-void tok_pieces_reset(tok_pieces *p);
-void tok_pieces_free(tok_pieces *p);
-int tok_pretokenize(const csd_tok *tok, const char *s, size_t n, tok_pieces *out, tok_pieces *tmp,
-                    csd_err *err);
-int tok_regex_compile(csd_tok *tok, const char *pattern, size_t len, bool is_regex, void **code,
-                      csd_err *err);
-void tok_regex_free(void *code);
+int csd_tok_pieces_add(csd_tok_pieces *p, const char *s, size_t n);
+void csd_tok_pieces_reset(csd_tok_pieces *p);
+void csd_tok_pieces_free(csd_tok_pieces *p);
+/* first_section: s comes from the first section of the input (Metaspace prepend_scheme "first"). */
+int csd_tok_pretokenize(const csd_tok *tok, const char *s, size_t n, bool first_section,
+                        csd_tok_pieces *out, csd_tok_pieces *tmp, csd_err *err);
+int csd_tok_regex_compile(csd_tok *tok, const char *pattern, size_t len, bool is_regex, void **code,
+                          csd_err *err);
+void csd_tok_regex_free(void *code);
 
 /* BPE over one pre-token (in the model's alphabet); appends ids. */
-typedef struct tok_bpe_scratch {
-    void *sym;   /* symbol nodes */
-    void *heap;  /* candidate merges */
+typedef struct csd_tok_bpe_scratch {
+    void *sym;  /* symbol nodes */
+    void *heap; /* candidate merges */
     size_t sym_cap, heap_cap;
-} tok_bpe_scratch;
+} csd_tok_bpe_scratch;
 
-int tok_bpe_word(const csd_tok *tok, const char *w, size_t n, tok_bpe_scratch *s, tok_ids *out);
-void tok_bpe_scratch_free(tok_bpe_scratch *s);
+int csd_tok_bpe_word(const csd_tok *tok, const char *w, size_t n, csd_tok_bpe_scratch *s,
+                     csd_tok_ids *out);
+void csd_tok_bpe_scratch_free(csd_tok_bpe_scratch *s);
 
 #endif

@@ -15,12 +15,12 @@
 #include "core/log.h"
 #include "tok/tok_internal.h"
 
-int tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
+int csd_tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
 
 /* End-of-generation markers recognised by content when the vocabulary has them. */
-static const char *const eog_names[] = {"<|eot_id|>",  "<|eom_id|>",       "<|im_end|>",
-                                        "<|endoftext|>", "<|end_of_text|>", "<end_of_turn>",
-                                        "<|end|>",      "</s>"};
+static const char *const eog_names[] = {
+    "<|eot_id|>",      "<|eom_id|>",    "<|im_end|>", "<|endoftext|>",
+    "<|end_of_text|>", "<end_of_turn>", "<|end|>",    "</s>"};
 
 static void *gc_malloc(PCRE2_SIZE n, void *data) {
     (void)data;
@@ -33,7 +33,7 @@ static void gc_free(void *p, void *data) {
 }
 
 static int intern(csd_tok *tok, const char *s, size_t n, uint32_t *out, csd_err *err) {
-    int rc = tok_strtab_intern(&tok->syms, s, n, out);
+    int rc = csd_tok_strtab_intern(&tok->syms, s, n, out);
     return rc ? csd_err_set(err, rc, "tokenizer.json: too many or too long strings") : 0;
 }
 
@@ -68,7 +68,7 @@ static int dup_str(const char *s, char **out, csd_err *err) {
 static int get_id(const json_t *v, int32_t *out) {
     if (!json_is_integer(v)) return CSD_EFORMAT;
     json_int_t x = json_integer_value(v);
-    if (x < 0 || x >= TOK_MAX_IDS) return CSD_ERANGE;
+    if (x < 0 || x >= CSD_TOK_MAX_IDS) return CSD_ERANGE;
     *out = (int32_t)x;
     return 0;
 }
@@ -78,24 +78,26 @@ static int parse_normalizer(csd_tok *tok, const json_t *n, int depth, csd_err *e
     if (!n || json_is_null(n)) return 0;
     const char *type;
     if (!json_is_object(n) || get_str(n, "type", &type, "normalizer", err))
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: normalizer must be an object with a type");
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: normalizer must be an object with a type");
     if (strcmp(type, "Sequence") == 0) {
         const json_t *list = json_object_get(n, "normalizers");
         if (!json_is_array(list) || depth > 4)
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: normalizer Sequence needs a normalizers array");
+            return csd_err_set(err, CSD_EFORMAT,
+                               "tokenizer.json: normalizer Sequence needs a normalizers array");
         for (size_t i = 0; i < json_array_size(list); i++) {
             int rc = parse_normalizer(tok, json_array_get(list, i), depth + 1, err);
             if (rc) return rc;
         }
         return 0;
     }
-    if (tok->n_norm == TOK_MAX_STEPS)
+    if (tok->n_norm == CSD_TOK_MAX_STEPS)
         return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: too many normalizer steps");
-    tok_norm_step *st = &tok->norm[tok->n_norm];
+    csd_tok_norm_step *st = &tok->norm[tok->n_norm];
     const char *a, *b;
     if (strcmp(type, "Prepend") == 0) {
         if (get_str(n, "prepend", &a, "normalizer Prepend", err)) return CSD_EFORMAT;
-        st->kind = TOK_NORM_PREPEND;
+        st->kind = CSD_TOK_NORM_PREPEND;
         if (dup_str(a, &st->a, err)) return CSD_ENOMEM;
     } else if (strcmp(type, "Replace") == 0) {
         const json_t *pat = json_object_get(n, "pattern");
@@ -104,13 +106,14 @@ static int parse_normalizer(csd_tok *tok, const json_t *n, int depth, csd_err *e
             return csd_err_set(err, CSD_EUNSUPPORTED,
                                "tokenizer.json: normalizer Replace supports only a String pattern");
         if (get_str(n, "content", &b, "normalizer Replace", err)) return CSD_EFORMAT;
-        st->kind = TOK_NORM_REPLACE;
-        if (dup_str(json_string_value(ps), &st->a, err) || dup_str(b, &st->b, err)) return CSD_ENOMEM;
+        st->kind = CSD_TOK_NORM_REPLACE;
+        if (dup_str(json_string_value(ps), &st->a, err) || dup_str(b, &st->b, err))
+            return CSD_ENOMEM;
     } else if (strcmp(type, "NFC") == 0) {
-        st->kind = TOK_NORM_NFC;
+        st->kind = CSD_TOK_NORM_NFC;
     } else {
-        return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: normalizer '%.64s' is not supported",
-                           type);
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "tokenizer.json: normalizer '%.64s' is not supported", type);
     }
     tok->n_norm++;
     return 0;
@@ -121,51 +124,66 @@ static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) 
     if (!p || json_is_null(p)) return 0;
     const char *type;
     if (!json_is_object(p) || get_str(p, "type", &type, "pre_tokenizer", err))
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: pre_tokenizer must be an object with a type");
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: pre_tokenizer must be an object with a type");
     if (strcmp(type, "Sequence") == 0) {
         const json_t *list = json_object_get(p, "pretokenizers");
         if (!json_is_array(list) || depth > 4)
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: pre_tokenizer Sequence needs a pretokenizers array");
+            return csd_err_set(
+                err, CSD_EFORMAT,
+                "tokenizer.json: pre_tokenizer Sequence needs a pretokenizers array");
         for (size_t i = 0; i < json_array_size(list); i++) {
             int rc = parse_pretok(tok, json_array_get(list, i), depth + 1, err);
             if (rc) return rc;
         }
         return 0;
     }
-    if (tok->n_pre == TOK_MAX_STEPS)
+    if (tok->n_pre == CSD_TOK_MAX_STEPS)
         return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: too many pre-tokenizer steps");
-    tok_pre_step *st = &tok->pre[tok->n_pre];
+    csd_tok_pre_step *st = &tok->pre[tok->n_pre];
     int rc;
     if (strcmp(type, "Split") == 0) {
         const json_t *pat = json_object_get(p, "pattern");
         const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
         const json_t *src = json_is_string(re) ? re : lit;
         if (!json_is_string(src))
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: Split needs a Regex or String pattern");
+            return csd_err_set(err, CSD_EFORMAT,
+                               "tokenizer.json: Split needs a Regex or String pattern");
         const json_t *beh = json_object_get(p, "behavior");
         const char *b = json_is_string(beh) ? json_string_value(beh) : "Isolated";
         if (strcmp(b, "Isolated") != 0 && strcmp(b, "Removed") != 0)
-            return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: Split behavior '%.32s' is not supported", b);
+            return csd_err_set(err, CSD_EUNSUPPORTED,
+                               "tokenizer.json: Split behavior '%.32s' is not supported", b);
         st->removed = strcmp(b, "Removed") == 0;
         if (get_bool(p, "invert", false, &st->invert, "Split", err)) return CSD_EFORMAT;
-        st->kind = TOK_PRE_SPLIT;
-        rc = tok_regex_compile(tok, json_string_value(src), json_string_length(src), src == re,
-                               &st->code, err);
+        st->kind = CSD_TOK_PRE_SPLIT;
+        rc = csd_tok_regex_compile(tok, json_string_value(src), json_string_length(src), src == re,
+                                   &st->code, err);
         if (rc) return rc;
     } else if (strcmp(type, "ByteLevel") == 0) {
         bool use_regex;
-        st->kind = TOK_PRE_BYTELEVEL;
+        st->kind = CSD_TOK_PRE_BYTELEVEL;
         if (get_bool(p, "add_prefix_space", false, &st->add_prefix_space, "ByteLevel", err) ||
             get_bool(p, "use_regex", true, &use_regex, "ByteLevel", err))
             return CSD_EFORMAT;
         if (use_regex) {
             st->invert = true; /* the reference keeps only the matches of its built-in regex */
-            rc = tok_regex_compile_gpt2(tok, &st->code, err);
+            rc = csd_tok_regex_compile_gpt2(tok, &st->code, err);
             if (rc) return rc;
         }
+    } else if (strcmp(type, "Metaspace") == 0) {
+        const json_t *r = json_object_get(p, "replacement");
+        const json_t *scheme = json_object_get(p, "prepend_scheme");
+        const char *sc = json_is_string(scheme) ? json_string_value(scheme) : "always";
+        st->kind = CSD_TOK_PRE_METASPACE;
+        st->prepend = strcmp(sc, "first") == 0   ? CSD_TOK_PREPEND_FIRST
+                      : strcmp(sc, "never") == 0 ? CSD_TOK_PREPEND_NEVER
+                                                 : CSD_TOK_PREPEND_ALWAYS;
+        if (dup_str(json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81", &st->replacement, err))
+            return CSD_ENOMEM;
     } else {
-        return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: pre_tokenizer '%.64s' is not supported",
-                           type);
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "tokenizer.json: pre_tokenizer '%.64s' is not supported", type);
     }
     tok->n_pre++;
     return 0;
@@ -176,9 +194,10 @@ static int parse_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
     if (!d || json_is_null(d)) return 0;
     const char *type;
     if (!json_is_object(d) || get_str(d, "type", &type, "decoder", err))
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: decoder must be an object with a type");
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: decoder must be an object with a type");
     if (strcmp(type, "ByteLevel") == 0) {
-        tok->dec_kind = TOK_DEC_BYTELEVEL;
+        tok->dec_kind = CSD_TOK_DEC_BYTELEVEL;
         return 0;
     }
     if (strcmp(type, "Metaspace") == 0) {
@@ -187,19 +206,23 @@ static int parse_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
         if (json_is_string(r)) rep = json_string_value(r);
         const json_t *scheme = json_object_get(d, "prepend_scheme");
         bool prefix = true;
-        if (json_is_string(scheme)) prefix = strcmp(json_string_value(scheme), "never") != 0;
-        else if (get_bool(d, "add_prefix_space", true, &prefix, "Metaspace", err)) return CSD_EFORMAT;
-        tok->dec_kind = TOK_DEC_SP;
+        if (json_is_string(scheme))
+            prefix = strcmp(json_string_value(scheme), "never") != 0;
+        else if (get_bool(d, "add_prefix_space", true, &prefix, "Metaspace", err))
+            return CSD_EFORMAT;
+        tok->dec_kind = CSD_TOK_DEC_SP;
         tok->dec_strip_start = prefix ? 1 : 0;
         if (dup_str(rep, &tok->dec_from, err) || dup_str(" ", &tok->dec_to, err)) return CSD_ENOMEM;
         return 0;
     }
     if (strcmp(type, "Sequence") != 0)
-        return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: decoder '%.64s' is not supported", type);
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "tokenizer.json: decoder '%.64s' is not supported", type);
     const json_t *list = json_object_get(d, "decoders");
     if (!json_is_array(list))
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: decoder Sequence needs a decoders array");
-    tok->dec_kind = TOK_DEC_SP;
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: decoder Sequence needs a decoders array");
+    tok->dec_kind = CSD_TOK_DEC_SP;
     int stage = 0; /* Replace -> ByteFallback -> Fuse -> Strip, in this order */
     for (size_t i = 0; i < json_array_size(list); i++) {
         const json_t *x = json_array_get(list, i);
@@ -210,8 +233,9 @@ static int parse_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
             const json_t *ps = json_object_get(json_object_get(x, "pattern"), "String");
             const json_t *c = json_object_get(x, "content");
             if (!json_is_string(ps) || !json_is_string(c) || json_string_length(ps) == 0)
-                return csd_err_set(err, CSD_EUNSUPPORTED,
-                                   "tokenizer.json: decoder Replace supports only a String pattern");
+                return csd_err_set(
+                    err, CSD_EUNSUPPORTED,
+                    "tokenizer.json: decoder Replace supports only a String pattern");
             if (dup_str(json_string_value(ps), &tok->dec_from, err) ||
                 dup_str(json_string_value(c), &tok->dec_to, err))
                 return CSD_ENOMEM;
@@ -225,36 +249,41 @@ static int parse_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
             const json_t *start = json_object_get(x, "start"), *stop = json_object_get(x, "stop");
             json_int_t a = json_is_integer(start) ? json_integer_value(start) : 0;
             json_int_t b = json_is_integer(stop) ? json_integer_value(stop) : 0;
-            if (!json_is_string(c) || strcmp(json_string_value(c), " ") != 0 || a < 0 || a > 1 || b != 0)
-                return csd_err_set(err, CSD_EUNSUPPORTED,
-                                   "tokenizer.json: decoder Strip supports content \" \", start 0-1, stop 0");
+            if (!json_is_string(c) || strcmp(json_string_value(c), " ") != 0 || a < 0 || a > 1 ||
+                b != 0)
+                return csd_err_set(
+                    err, CSD_EUNSUPPORTED,
+                    "tokenizer.json: decoder Strip supports content \" \", start 0-1, stop 0");
             tok->dec_strip_start = (int)a;
             stage = 4;
         } else {
-            return csd_err_set(err, CSD_EUNSUPPORTED,
-                               "tokenizer.json: decoder step '%.32s' at position %zu is not supported", t, i);
+            return csd_err_set(
+                err, CSD_EUNSUPPORTED,
+                "tokenizer.json: decoder step '%.32s' at position %zu is not supported", t, i);
         }
     }
     return 0;
 }
 
 /* ---- post-processor: the ids TemplateProcessing puts around a single sequence ---- */
-static int template_token(const csd_tok *tok, const json_t *specials, const char *name, int32_t *ids,
-                          size_t *n, csd_err *err) {
+static int template_token(const csd_tok *tok, const json_t *specials, const char *name,
+                          int32_t *ids, size_t *n, csd_err *err) {
     const json_t *ent = json_object_get(specials, name);
     const json_t *list = json_object_get(ent, "ids");
     if (json_is_array(list) && json_array_size(list) > 0) {
         for (size_t i = 0; i < json_array_size(list); i++) {
             int32_t id;
             if (get_id(json_array_get(list, i), &id) || id >= tok->n_ids || *n == 8)
-                return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: bad template token '%.64s'", name);
+                return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: bad template token '%.64s'",
+                                   name);
             ids[(*n)++] = id;
         }
         return 0;
     }
     int32_t id = csd_tok_find(tok, name);
     if (id < 0 || *n == 8)
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: template token '%.64s' is unknown", name);
+        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: template token '%.64s' is unknown",
+                           name);
     ids[(*n)++] = id;
     return 0;
 }
@@ -263,12 +292,14 @@ static int parse_post(csd_tok *tok, const json_t *p, int depth, csd_err *err) {
     if (!p || json_is_null(p)) return 0;
     const char *type;
     if (!json_is_object(p) || get_str(p, "type", &type, "post_processor", err))
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: post_processor must be an object with a type");
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: post_processor must be an object with a type");
     if (strcmp(type, "ByteLevel") == 0) return 0; /* offsets only */
     if (strcmp(type, "Sequence") == 0) {
         const json_t *list = json_object_get(p, "processors");
         if (!json_is_array(list) || depth > 4)
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: post_processor Sequence needs processors");
+            return csd_err_set(err, CSD_EFORMAT,
+                               "tokenizer.json: post_processor Sequence needs processors");
         for (size_t i = 0; i < json_array_size(list); i++) {
             int rc = parse_post(tok, json_array_get(list, i), depth + 1, err);
             if (rc) return rc;
@@ -276,12 +307,13 @@ static int parse_post(csd_tok *tok, const json_t *p, int depth, csd_err *err) {
         return 0;
     }
     if (strcmp(type, "TemplateProcessing") != 0)
-        return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: post_processor '%.64s' is not supported",
-                           type);
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "tokenizer.json: post_processor '%.64s' is not supported", type);
     const json_t *single = json_object_get(p, "single");
     const json_t *specials = json_object_get(p, "special_tokens");
     if (!json_is_array(single))
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: TemplateProcessing needs a single template");
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: TemplateProcessing needs a single template");
     bool seen_a = false;
     tok->n_prefix = tok->n_suffix = 0;
     for (size_t i = 0; i < json_array_size(single); i++) {
@@ -296,19 +328,20 @@ static int parse_post(csd_tok *tok, const json_t *p, int depth, csd_err *err) {
         } else if (json_object_get(item, "Sequence")) {
             seen_a = true;
         } else {
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: bad TemplateProcessing item %zu", i);
+            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: bad TemplateProcessing item %zu",
+                               i);
         }
     }
     return 0;
 }
 
 /* ---- model ---- */
-static int parse_vocab(csd_tok *tok, const json_t *vocab, uint32_t **vsym, int32_t **vid, size_t *nv,
-                       int32_t *max_id, csd_err *err) {
+static int parse_vocab(csd_tok *tok, const json_t *vocab, uint32_t **vsym, int32_t **vid,
+                       size_t *nv, int32_t *max_id, csd_err *err) {
     if (!json_is_object(vocab))
         return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: model.vocab must be an object");
     size_t n = json_object_size(vocab);
-    if (n == 0 || n > TOK_MAX_IDS)
+    if (n == 0 || n > CSD_TOK_MAX_IDS)
         return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: model.vocab has %zu entries", n);
     *vsym = csd_alloc_array(n, sizeof **vsym);
     *vid = csd_alloc_array(n, sizeof **vid);
@@ -319,7 +352,8 @@ static int parse_vocab(csd_tok *tok, const json_t *vocab, uint32_t **vsym, int32
     json_object_foreach((json_t *)vocab, key, val) {
         int32_t id;
         if (get_id(val, &id))
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: vocab entry '%.64s' has a bad id", key);
+            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: vocab entry '%.64s' has a bad id",
+                               key);
         if (intern(tok, key, strlen(key), &(*vsym)[i], err)) return CSD_EFORMAT;
         (*vid)[i++] = id;
         if (id > *max_id) *max_id = id;
@@ -332,10 +366,11 @@ static int parse_merges(csd_tok *tok, const json_t *merges, csd_err *err) {
     size_t n = json_is_array(merges) ? json_array_size(merges) : 0;
     if (merges && !json_is_null(merges) && !json_is_array(merges))
         return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: model.merges must be an array");
-    if (n > TOK_MAX_MERGES)
+    if (n > CSD_TOK_MAX_MERGES)
         return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: %zu merges is too many", n);
-    if (tok_pairmap_init(&tok->merges, n)) return csd_err_set(err, CSD_ENOMEM, "out of memory for merges");
-    tok_buf cat = {0};
+    if (csd_tok_pairmap_init(&tok->merges, n))
+        return csd_err_set(err, CSD_ENOMEM, "out of memory for merges");
+    csd_tok_buf cat = {0};
     int rc = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         const json_t *m = json_array_get(merges, i);
@@ -358,12 +393,13 @@ static int parse_merges(csd_tok *tok, const json_t *merges, csd_err *err) {
             b = json_string_value(json_array_get(m, 1));
             bl = json_string_length(json_array_get(m, 1));
         } else {
-            rc = csd_err_set(err, CSD_EFORMAT, "tokenizer.json: merge %zu is neither \"a b\" nor [a, b]", i);
+            rc = csd_err_set(err, CSD_EFORMAT,
+                             "tokenizer.json: merge %zu is neither \"a b\" nor [a, b]", i);
             break;
         }
         uint32_t sa, sb, sr;
         cat.len = 0;
-        if (tok_buf_put(&cat, a, al) || tok_buf_put(&cat, b, bl)) {
+        if (csd_tok_buf_put(&cat, a, al) || csd_tok_buf_put(&cat, b, bl)) {
             rc = csd_err_set(err, CSD_ENOMEM, "out of memory for merges");
             break;
         }
@@ -372,10 +408,10 @@ static int parse_merges(csd_tok *tok, const json_t *merges, csd_err *err) {
             rc = CSD_EFORMAT;
             break;
         }
-        if (tok_pairmap_put(&tok->merges, sa, sb, (int32_t)i, sr))
+        if (csd_tok_pairmap_put(&tok->merges, sa, sb, (int32_t)i, sr))
             rc = csd_err_set(err, CSD_ENOMEM, "merge table full");
     }
-    tok_buf_free(&cat);
+    csd_tok_buf_free(&cat);
     return rc;
 }
 
@@ -386,7 +422,7 @@ static int byte_piece(const char *s) {
     int v = 0, digits = 0;
     for (int i = 3; i < 5; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
                                        : -1;
@@ -399,21 +435,24 @@ static int byte_piece(const char *s) {
 
 static int parse_added(csd_tok *tok, const json_t *list, int32_t *max_id, csd_err *err) {
     if (!list || json_is_null(list)) return 0;
-    if (!json_is_array(list) || json_array_size(list) > TOK_MAX_ADDED)
-        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: added_tokens must be an array (<= %d)",
-                           TOK_MAX_ADDED);
+    if (!json_is_array(list) || json_array_size(list) > CSD_TOK_MAX_ADDED)
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: added_tokens must be an array (<= %d)",
+                           CSD_TOK_MAX_ADDED);
     size_t n = json_array_size(list);
     tok->added = csd_alloc_array(n ? n : 1, sizeof *tok->added);
     if (!tok->added) return csd_err_set(err, CSD_ENOMEM, "out of memory for added tokens");
     for (size_t i = 0; i < n; i++) {
         const json_t *t = json_array_get(list, i);
-        tok_added *a = &tok->added[i];
+        csd_tok_added *a = &tok->added[i];
         const char *content;
         if (!json_is_object(t) || get_str(t, "content", &content, "added_tokens[]", err) ||
             get_id(json_object_get(t, "id"), &a->id))
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: added_tokens[%zu] needs content and id", i);
+            return csd_err_set(err, CSD_EFORMAT,
+                               "tokenizer.json: added_tokens[%zu] needs content and id", i);
         size_t cl = json_string_length(json_object_get(t, "content"));
-        if (cl == 0) return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: added_tokens[%zu] is empty", i);
+        if (cl == 0)
+            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: added_tokens[%zu] is empty", i);
         if (get_bool(t, "special", false, &a->special, "added_tokens[]", err) ||
             get_bool(t, "lstrip", false, &a->lstrip, "added_tokens[]", err) ||
             get_bool(t, "rstrip", false, &a->rstrip, "added_tokens[]", err) ||
@@ -444,7 +483,8 @@ static int parse_config(csd_tok *tok, const char *cfg, size_t cfg_len, bool *exp
         if (cfg_len > CSD_TOK_MAX_FILE_BYTES)
             return csd_err_set(err, CSD_EFORMAT, "tokenizer_config.json is too large");
         json_error_t je;
-        root = json_loadb(cfg, cfg_len, 0, &je);
+        /* numbers are read as reals: configs hold ints too big for 64 bits (model_max_length) */
+        root = json_loadb(cfg, cfg_len, JSON_DECODE_INT_AS_REAL, &je);
         if (!root || !json_is_object(root)) {
             json_decref(root);
             return csd_err_set(err, CSD_EFORMAT, "tokenizer_config.json: line %d: %.120s", je.line,
@@ -473,7 +513,7 @@ static int parse_config(csd_tok *tok, const char *cfg, size_t cfg_len, bool *exp
         for (size_t i = 0; !rc && json_is_array(extra) && i < json_array_size(extra); i++) {
             const char *s = token_text(json_array_get(extra, i));
             int32_t id = s ? csd_tok_find(tok, s) : -1;
-            if (id >= 0) tok->id_flags[id] |= TOK_ID_SPECIAL;
+            if (id >= 0) tok->id_flags[id] |= CSD_TOK_ID_SPECIAL;
         }
     }
     if (!rc) rc = dup_str(bos ? bos : "", &tok->bos_text, err);
@@ -484,7 +524,8 @@ static int parse_config(csd_tok *tok, const char *cfg, size_t cfg_len, bool *exp
     return rc;
 }
 
-static int build_ids(csd_tok *tok, const uint32_t *vsym, const int32_t *vid, size_t nv, csd_err *err) {
+static int build_ids(csd_tok *tok, const uint32_t *vsym, const int32_t *vid, size_t nv,
+                     csd_err *err) {
     tok->id_sym = csd_alloc_array((size_t)tok->n_ids, sizeof *tok->id_sym);
     tok->id_flags = csd_alloc((size_t)tok->n_ids);
     tok->id_byte = csd_alloc((size_t)tok->n_ids);
@@ -499,10 +540,10 @@ static int build_ids(csd_tok *tok, const uint32_t *vsym, const int32_t *vid, siz
     }
     tok->unk_id = -1;
     for (size_t i = 0; i < tok->n_added; i++) {
-        const tok_added *a = &tok->added[i];
+        const csd_tok_added *a = &tok->added[i];
         tok->id_sym[a->id] = (int32_t)a->sym;
         tok->sym_id[a->sym] = a->id;
-        tok->id_flags[a->id] |= TOK_ID_ADDED | (a->special ? TOK_ID_SPECIAL : 0);
+        tok->id_flags[a->id] |= CSD_TOK_ID_ADDED | (a->special ? CSD_TOK_ID_SPECIAL : 0);
     }
     for (int b = 0; b < 256; b++) {
         char name[8];
@@ -511,9 +552,9 @@ static int build_ids(csd_tok *tok, const uint32_t *vsym, const int32_t *vid, siz
     }
     for (int32_t i = 0; i < tok->n_ids; i++) {
         if (tok->id_sym[i] < 0) continue;
-        int v = byte_piece(tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[i]));
+        int v = byte_piece(csd_tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[i]));
         if (v >= 0) {
-            tok->id_flags[i] |= TOK_ID_BYTE;
+            tok->id_flags[i] |= CSD_TOK_ID_BYTE;
             tok->id_byte[i] = (uint8_t)v;
         }
     }
@@ -523,14 +564,14 @@ static int build_ids(csd_tok *tok, const uint32_t *vsym, const int32_t *vid, siz
 static int normalize_added(csd_tok *tok, csd_err *err) {
     if (tok->n_norm == 0) return 0;
     for (size_t i = 0; i < tok->n_added; i++) {
-        tok_added *a = &tok->added[i];
+        csd_tok_added *a = &tok->added[i];
         if (!a->normalized) continue;
-        tok_buf nb = {0};
-        const char *c = tok_strtab_get(&tok->syms, a->sym);
-        int rc = tok_normalize(tok, c, tok->syms.slen[a->sym], &nb);
+        csd_tok_buf nb = {0};
+        const char *c = csd_tok_strtab_get(&tok->syms, a->sym);
+        int rc = csd_tok_normalize(tok, c, tok->syms.slen[a->sym], &nb);
         uint32_t s = 0;
         if (!rc) rc = intern(tok, nb.p ? nb.p : "", nb.len, &s, err);
-        tok_buf_free(&nb);
+        csd_tok_buf_free(&nb);
         if (rc) return csd_err_set(err, rc, "normalizing added token %zu", i);
         a->norm_sym = s;
         tok->any_normalized_added = true;
@@ -546,8 +587,9 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
                            CSD_TOK_MAX_FILE_BYTES);
     json_error_t je;
     json_t *root = json_loadb(tokenizer_json, len, 0, &je);
-    if (!root) return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: line %d column %d: %.160s", je.line,
-                                  je.column, je.text);
+    if (!root)
+        return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: line %d column %d: %.160s", je.line,
+                           je.column, je.text);
     uint32_t *vsym = NULL;
     int32_t *vid = NULL;
     size_t nv = 0;
@@ -571,14 +613,17 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
     const json_t *mtype = json_object_get(model, "type");
     if (json_is_string(mtype) ? strcmp(json_string_value(mtype), "BPE") != 0
                               : !json_object_get(model, "merges")) {
-        rc = csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: model type '%.32s' is not supported (BPE only)",
+        rc = csd_err_set(err, CSD_EUNSUPPORTED,
+                         "tokenizer.json: model type '%.32s' is not supported (BPE only)",
                          json_is_string(mtype) ? json_string_value(mtype) : "?");
         goto fail;
     }
     const json_t *cs = json_object_get(model, "continuing_subword_prefix");
     const json_t *ew = json_object_get(model, "end_of_word_suffix");
-    if ((json_is_string(cs) && json_string_length(cs)) || (json_is_string(ew) && json_string_length(ew))) {
-        rc = csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: subword prefixes/suffixes are not supported");
+    if ((json_is_string(cs) && json_string_length(cs)) ||
+        (json_is_string(ew) && json_string_length(ew))) {
+        rc = csd_err_set(err, CSD_EUNSUPPORTED,
+                         "tokenizer.json: subword prefixes/suffixes are not supported");
         goto fail;
     }
     int32_t max_id = -1;
@@ -603,17 +648,18 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
     bool explicit_flags, add_bos, add_eos;
     if ((rc = parse_config(tok, config_json, config_len, &explicit_flags, &add_bos, &add_eos, err)))
         goto fail;
-    if (explicit_flags) { /* LlamaTokenizer-style configs say it directly; they override the template */
+    if (explicit_flags) { /* LlamaTokenizer-style configs say it directly; they override the
+                             template */
         tok->n_prefix = tok->n_suffix = 0;
         if (add_bos && tok->bos >= 0) tok->prefix[tok->n_prefix++] = tok->bos;
         if (add_eos && tok->eos >= 0) tok->suffix[tok->n_suffix++] = tok->eos;
     }
     if (tok->bos < 0 && tok->n_prefix > 0) tok->bos = tok->prefix[0];
     if (tok->eos < 0 && tok->n_suffix > 0) tok->eos = tok->suffix[tok->n_suffix - 1];
-    if (tok->eos >= 0) tok->id_flags[tok->eos] |= TOK_ID_EOG;
+    if (tok->eos >= 0) tok->id_flags[tok->eos] |= CSD_TOK_ID_EOG;
     for (size_t i = 0; i < sizeof eog_names / sizeof eog_names[0]; i++) {
         int32_t id = csd_tok_find(tok, eog_names[i]);
-        if (id >= 0) tok->id_flags[id] |= TOK_ID_EOG;
+        if (id >= 0) tok->id_flags[id] |= CSD_TOK_ID_EOG;
     }
     csd_free(vsym);
     csd_free(vid);
@@ -630,7 +676,8 @@ fail:
     return rc ? rc : CSD_EFORMAT;
 }
 
-/* Marks the ids of generation_config.json's eos_token_id (an int or a list) as end-of-generation. */
+/* Marks the ids of generation_config.json's eos_token_id (an int or a list) as end-of-generation.
+ */
 static void load_generation_config(csd_tok *tok, const char *dir) {
     char path[4096];
     char *buf = NULL;
@@ -643,7 +690,7 @@ static void load_generation_config(csd_tok *tok, const char *dir) {
     for (size_t i = 0; i < (json_is_array(e) ? json_array_size(e) : 1); i++) {
         const json_t *v = json_is_array(e) ? json_array_get(e, i) : e;
         int32_t id;
-        if (v && !get_id(v, &id) && id < tok->n_ids) tok->id_flags[id] |= TOK_ID_EOG;
+        if (v && !get_id(v, &id) && id < tok->n_ids) tok->id_flags[id] |= CSD_TOK_ID_EOG;
     }
     json_decref(root);
     csd_free(buf);
@@ -658,7 +705,8 @@ int csd_tok_load(csd_tok **out, const char *dir, csd_err *err) {
         return csd_err_set(err, CSD_ERANGE, "path too long: %.200s", dir);
     int rc = csd_file_read_all(path, CSD_TOK_MAX_FILE_BYTES, &tj, &tl, err);
     if (rc) return rc;
-    if (csd_path_join(path, sizeof path, dir, "tokenizer_config.json") == 0 && csd_file_exists(path)) {
+    if (csd_path_join(path, sizeof path, dir, "tokenizer_config.json") == 0 &&
+        csd_file_exists(path)) {
         rc = csd_file_read_all(path, CSD_TOK_MAX_FILE_BYTES, &cj, &cl, err);
         if (rc) {
             csd_free(tj);
@@ -666,8 +714,10 @@ int csd_tok_load(csd_tok **out, const char *dir, csd_err *err) {
         }
     }
     rc = csd_tok_load_mem(out, tj, tl, cj, cl, err);
-    if (rc) csd_err_prefix(err, "%.200s: ", dir);
-    else load_generation_config(*out, dir);
+    if (rc)
+        csd_err_prefix(err, "%.200s: ", dir);
+    else
+        load_generation_config(*out, dir);
     csd_free(tj);
     csd_free(cj);
     return rc;
@@ -679,17 +729,22 @@ void csd_tok_destroy(csd_tok *tok) {
         csd_free(tok->norm[i].a);
         csd_free(tok->norm[i].b);
     }
-    for (size_t i = 0; i < tok->n_pre; i++)
-        if (tok->pre[i].code) tok_regex_free(tok->pre[i].code);
+    for (size_t i = 0; i < tok->n_pre; i++) {
+        if (tok->pre[i].code) csd_tok_regex_free(tok->pre[i].code);
+        csd_free(tok->pre[i].replacement);
+    }
     /* a step being parsed when loading failed may hold a compiled regex not yet counted */
-    if (tok->n_pre < TOK_MAX_STEPS && tok->pre[tok->n_pre].code) tok_regex_free(tok->pre[tok->n_pre].code);
-    if (tok->n_norm < TOK_MAX_STEPS) {
+    if (tok->n_pre < CSD_TOK_MAX_STEPS) {
+        if (tok->pre[tok->n_pre].code) csd_tok_regex_free(tok->pre[tok->n_pre].code);
+        csd_free(tok->pre[tok->n_pre].replacement);
+    }
+    if (tok->n_norm < CSD_TOK_MAX_STEPS) {
         csd_free(tok->norm[tok->n_norm].a);
         csd_free(tok->norm[tok->n_norm].b);
     }
     if (tok->gctx) pcre2_general_context_free(tok->gctx);
-    tok_strtab_free(&tok->syms);
-    tok_pairmap_free(&tok->merges);
+    csd_tok_strtab_free(&tok->syms);
+    csd_tok_pairmap_free(&tok->merges);
     csd_free(tok->sym_id);
     csd_free(tok->id_sym);
     csd_free(tok->id_flags);

@@ -11,20 +11,20 @@ int32_t csd_tok_bos(const csd_tok *tok) { return tok->bos; }
 int32_t csd_tok_eos(const csd_tok *tok) { return tok->eos; }
 
 bool csd_tok_is_special(const csd_tok *tok, int32_t id) {
-    return id >= 0 && id < tok->n_ids && (tok->id_flags[id] & TOK_ID_SPECIAL);
+    return id >= 0 && id < tok->n_ids && (tok->id_flags[id] & CSD_TOK_ID_SPECIAL);
 }
 
 bool csd_tok_is_eog(const csd_tok *tok, int32_t id) {
-    return id >= 0 && id < tok->n_ids && (tok->id_flags[id] & TOK_ID_EOG);
+    return id >= 0 && id < tok->n_ids && (tok->id_flags[id] & CSD_TOK_ID_EOG);
 }
 
 const char *csd_tok_piece(const csd_tok *tok, int32_t id) {
     if (id < 0 || id >= tok->n_ids || tok->id_sym[id] < 0) return NULL;
-    return tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
+    return csd_tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
 }
 
 int32_t csd_tok_find(const csd_tok *tok, const char *piece) {
-    int64_t s = tok_strtab_find(&tok->syms, piece, strlen(piece));
+    int64_t s = csd_tok_strtab_find(&tok->syms, piece, strlen(piece));
     return s < 0 ? -1 : tok->sym_id[s];
 }
 

@@ -7,7 +7,7 @@
 
 #include "core/alloc.h"
 
-int tok_buf_reserve(tok_buf *b, size_t extra) {
+int csd_tok_buf_reserve(csd_tok_buf *b, size_t extra) {
     if (extra > SIZE_MAX / 2 - b->len) return CSD_ENOMEM;
     size_t need = b->len + extra + 1; /* room for a NUL */
     if (need <= b->cap) return 0;
@@ -22,8 +22,8 @@ int tok_buf_reserve(tok_buf *b, size_t extra) {
     return 0;
 }
 
-int tok_buf_put(tok_buf *b, const void *data, size_t n) {
-    int rc = tok_buf_reserve(b, n);
+int csd_tok_buf_put(csd_tok_buf *b, const void *data, size_t n) {
+    int rc = csd_tok_buf_reserve(b, n);
     if (rc) return rc;
     if (n) memcpy(b->p + b->len, data, n);
     b->len += n;
@@ -31,12 +31,12 @@ int tok_buf_put(tok_buf *b, const void *data, size_t n) {
     return 0;
 }
 
-void tok_buf_free(tok_buf *b) {
+void csd_tok_buf_free(csd_tok_buf *b) {
     csd_free(b->p);
     memset(b, 0, sizeof *b);
 }
 
-int tok_ids_push(tok_ids *v, int32_t id) {
+int csd_tok_ids_push(csd_tok_ids *v, int32_t id) {
     if (v->len == v->cap) {
         size_t cap = v->cap ? v->cap * 2 : 64;
         int32_t *p = csd_alloc_array(cap, sizeof *p);
@@ -50,12 +50,12 @@ int tok_ids_push(tok_ids *v, int32_t id) {
     return 0;
 }
 
-void tok_ids_free(tok_ids *v) {
+void csd_tok_ids_free(csd_tok_ids *v) {
     csd_free(v->p);
     memset(v, 0, sizeof *v);
 }
 
-size_t tok_utf8_put(uint32_t cp, char *out) {
+size_t csd_tok_utf8_put(uint32_t cp, char *out) {
     uint8_t *o = (uint8_t *)out;
     if (cp < 0x80) {
         o[0] = (uint8_t)cp;
@@ -79,7 +79,7 @@ size_t tok_utf8_put(uint32_t cp, char *out) {
     return 4;
 }
 
-void tok_u8dec_init(tok_u8dec *d) {
+void csd_tok_u8dec_init(csd_tok_u8dec *d) {
     d->cp = 0;
     d->errors = 0;
     d->needed = 0;
@@ -88,7 +88,7 @@ void tok_u8dec_init(tok_u8dec *d) {
     d->upper = 0xBF;
 }
 
-size_t tok_u8dec_feed(tok_u8dec *d, uint8_t b, char *out) {
+size_t csd_tok_u8dec_feed(csd_tok_u8dec *d, uint8_t b, char *out) {
     size_t n = 0;
     if (d->needed == 0) {
         if (b < 0x80) {
@@ -110,17 +110,17 @@ size_t tok_u8dec_feed(tok_u8dec *d, uint8_t b, char *out) {
             d->cp = b & 0x7u;
         } else {
             d->errors++;
-            return tok_utf8_put(0xFFFD, out);
+            return csd_tok_utf8_put(0xFFFD, out);
         }
         return 0;
     }
     if (b < d->lower || b > d->upper) {
         /* The sequence so far is one maximal invalid subpart; b is examined afresh. */
         uint32_t errors = d->errors + 1;
-        tok_u8dec_init(d);
+        csd_tok_u8dec_init(d);
         d->errors = errors;
-        n = tok_utf8_put(0xFFFD, out);
-        return n + tok_u8dec_feed(d, b, out + n);
+        n = csd_tok_utf8_put(0xFFFD, out);
+        return n + csd_tok_u8dec_feed(d, b, out + n);
     }
     d->lower = 0x80;
     d->upper = 0xBF;
@@ -130,29 +130,29 @@ size_t tok_u8dec_feed(tok_u8dec *d, uint8_t b, char *out) {
         d->cp = 0;
         d->needed = 0;
         d->seen = 0;
-        return tok_utf8_put(cp, out);
+        return csd_tok_utf8_put(cp, out);
     }
     return 0;
 }
 
-size_t tok_utf8_sanitize(const char *in, size_t n, char *out) {
-    tok_u8dec d;
-    tok_u8dec_init(&d);
+size_t csd_tok_utf8_sanitize(const char *in, size_t n, char *out) {
+    csd_tok_u8dec d;
+    csd_tok_u8dec_init(&d);
     size_t o = 0;
-    for (size_t i = 0; i < n; i++) o += tok_u8dec_feed(&d, (uint8_t)in[i], out + o);
-    if (d.needed) o += tok_utf8_put(0xFFFD, out + o);
+    for (size_t i = 0; i < n; i++) o += csd_tok_u8dec_feed(&d, (uint8_t)in[i], out + o);
+    if (d.needed) o += csd_tok_utf8_put(0xFFFD, out + o);
     return o;
 }
 
-bool tok_utf8_valid(const char *s, size_t n) {
-    tok_u8dec d;
-    tok_u8dec_init(&d);
+bool csd_tok_utf8_valid(const char *s, size_t n) {
+    csd_tok_u8dec d;
+    csd_tok_u8dec_init(&d);
     char tmp[8];
-    for (size_t i = 0; i < n; i++) tok_u8dec_feed(&d, (uint8_t)s[i], tmp);
+    for (size_t i = 0; i < n; i++) csd_tok_u8dec_feed(&d, (uint8_t)s[i], tmp);
     return d.errors == 0 && d.needed == 0;
 }
 
-size_t tok_utf8_next(const char *s, size_t n, uint32_t *cp) {
+size_t csd_tok_utf8_next(const char *s, size_t n, uint32_t *cp) {
     const uint8_t *u = (const uint8_t *)s;
     if (n == 0) {
         *cp = 0;
@@ -179,7 +179,7 @@ size_t tok_utf8_next(const char *s, size_t n, uint32_t *cp) {
     return 4;
 }
 
-bool tok_is_js_space(uint32_t c) {
+bool csd_tok_is_js_space(uint32_t c) {
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0xA0 || c == 0x1680 ||
            (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
            c == 0x205F || c == 0x3000 || c == 0xFEFF;

@@ -1,0 +1,277 @@
+/* cmd_serve: `cascadia serve MODEL_DIR`: the OpenAI-compatible HTTP API on one machine.
+ * Loads the tokenizer and chat template first (a model without a template fails here, before the
+ * slow weight load), starts listening (/health says loading), loads the model, builds the
+ * pipelines and the engine, then serves until SIGINT/SIGTERM and shuts down in reverse order.
+ * Model/pipeline construction is one function (build_pipelines): remote stages slot in there. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "chat/chat_template.h"
+#include "cli_util.h"
+#include "commands.h"
+#include "coord/engine.h"
+#include "coord/pipeline.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "http/server.h"
+#include "model/model.h"
+#include "tok/tokenizer.h"
+
+/* End-of-generation ids collected from the tokenizer (EOS + end-of-turn tokens). */
+#define SERVE_MAX_EOG 64
+
+static const char *const serve_usage =
+    "usage: cascadia serve MODEL_DIR [options]\n"
+    "  --host ADDR          address to listen on (default 127.0.0.1)\n"
+    "  --port N             TCP port (default 8080; 0 = any free port)\n"
+    "  --parallel N         requests decoded together (default 4)\n"
+    "  --queue N            requests waiting beyond those before 429 (default 64)\n"
+    "  --api-key KEY        require 'Authorization: Bearer KEY' (or env CASCADIA_API_KEY)\n"
+    "  --chat-template NAME use a built-in template: chatml|llama3|llama2|mistral|gemma\n"
+    "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
+    "  --max-body BYTES     largest request body (default 4194304)\n" CSD_CLI_MODEL_FLAGS_HELP;
+
+typedef struct serve_args {
+    const char *model_dir;
+    const char *host;
+    int port;
+    int parallel;
+    int queue_max;
+    const char *api_key;
+    const char *chat_template;
+    const char *model_name;
+    size_t max_body;
+    csd_model_opts model;
+} serve_args;
+
+/* What serving runs on; freed by serve_backend_fini. */
+typedef struct serve_backend {
+    csd_model *model;
+    csd_pipeline *pipes[1];
+    int n_pipes;
+} serve_backend;
+
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_signal(int sig) { g_stop_signal = sig; }
+
+/* Returns 0 to go on, -1 after --help, or the exit code. */
+static int parse_args(int argc, char **argv, serve_args *a) {
+    memset(a, 0, sizeof *a);
+    csd_model_opts_default(&a->model);
+    a->host = "127.0.0.1";
+    a->port = 8080;
+    a->parallel = 4;
+    a->queue_max = 64;
+    a->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t v;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(serve_usage, stdout);
+            return -1;
+        }
+        if (f[0] != '-') {
+            if (a->model_dir) {
+                fprintf(stderr, "cascadia serve: unexpected argument '%s'\n", f);
+                return 2;
+            }
+            a->model_dir = f;
+            continue;
+        }
+        if (!value) {
+            fprintf(stderr, "cascadia serve: %s needs a value\n", f);
+            return 2;
+        }
+        i++;
+        if (!strcmp(f, "--host")) {
+            a->host = value;
+        } else if (!strcmp(f, "--port")) {
+            if (!csd_cli_int("serve", f, value, 0, 65535, &v)) return 2;
+            a->port = (int)v;
+        } else if (!strcmp(f, "--parallel")) {
+            if (!csd_cli_int("serve", f, value, 1, 256, &v)) return 2;
+            a->parallel = (int)v;
+        } else if (!strcmp(f, "--queue")) {
+            if (!csd_cli_int("serve", f, value, 0, 1 << 16, &v)) return 2;
+            a->queue_max = (int)v;
+        } else if (!strcmp(f, "--max-body")) {
+            if (!csd_cli_int("serve", f, value, 1024, (int64_t)1 << 30, &v)) return 2;
+            a->max_body = (size_t)v;
+        } else if (!strcmp(f, "--api-key")) {
+            a->api_key = value;
+        } else if (!strcmp(f, "--chat-template")) {
+            if (!csd_chat_template_builtin(value)) {
+                fprintf(stderr,
+                        "cascadia serve: --chat-template: unknown template '%s' "
+                        "(chatml|llama3|llama2|mistral|gemma)\n",
+                        value);
+                return 2;
+            }
+            a->chat_template = value;
+        } else if (!strcmp(f, "--model-name")) {
+            if (!value[0]) {
+                fprintf(stderr, "cascadia serve: --model-name must not be empty\n");
+                return 2;
+            }
+            a->model_name = value;
+        } else {
+            int r = csd_cli_model_flag("serve", f, value, &a->model);
+            if (r < 0) return 2;
+            if (r == 0) {
+                fprintf(stderr, "cascadia serve: unknown option '%s'\n%s", f, serve_usage);
+                return 2;
+            }
+        }
+    }
+    if (!a->model_dir) {
+        fprintf(stderr, "cascadia serve: MODEL_DIR is required\n%s", serve_usage);
+        return 2;
+    }
+    if (!a->api_key) {
+        const char *env = getenv("CASCADIA_API_KEY");
+        if (env && env[0]) a->api_key = env;
+    }
+    return 0;
+}
+
+/* The model id: --model-name, else the directory's last path component. */
+static void default_model_name(const char *dir, char *out, size_t cap) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/')
+        len--;
+    size_t start = len;
+    while (start > 0 && dir[start - 1] != '/')
+        start--;
+    snprintf(out, cap, "%.*s", (int)(len - start), dir + start);
+    if (!out[0]) snprintf(out, cap, "model");
+}
+
+/* The chat template: --chat-template forces a built-in; else tokenizer_config.json's. */
+static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_template **out,
+                         csd_err *err) {
+    const char *src =
+        a->chat_template ? csd_chat_template_builtin(a->chat_template) : csd_tok_chat_template(tok);
+    if (!src)
+        return csd_err_set(err, CSD_ENOTFOUND,
+                           "%s has no chat_template in tokenizer_config.json: pass --chat-template "
+                           "chatml|llama3|llama2|mistral|gemma",
+                           a->model_dir);
+    int rc = csd_chat_template_create(out, src, err);
+    if (rc)
+        csd_err_prefix(err,
+                       "chat template of %s: ", a->chat_template ? a->chat_template : a->model_dir);
+    return rc;
+}
+
+/* Builds what requests run on: today one in-process pipeline over the whole model. */
+static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) {
+    uint64_t t0 = csd_now_ns();
+    int rc = csd_model_load_hf(&b->model, a->model_dir, &a->model, err);
+    if (rc) return rc;
+    fprintf(
+        stderr,
+        "cascadia serve: loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",
+        a->model_dir, (double)(csd_now_ns() - t0) * 1e-9, csd_model_cfg(b->model)->model_type,
+        (long long)csd_model_cfg(b->model)->n_layers, csd_dtype_name(csd_model_precision(b->model)),
+        (double)csd_model_weight_bytes(b->model) / (1 << 20), csd_kern_name());
+    rc = csd_local_pipeline_create(&b->pipes[0], b->model, a->parallel, err);
+    if (rc) return rc;
+    b->n_pipes = 1;
+    return 0;
+}
+
+static void serve_backend_fini(serve_backend *b) {
+    for (int i = 0; i < b->n_pipes; i++)
+        if (b->pipes[i]) b->pipes[i]->ops->destroy(b->pipes[i]);
+    csd_model_destroy(b->model);
+    memset(b, 0, sizeof *b);
+}
+
+static int collect_eog(const csd_tok *tok, int32_t *eog) {
+    int n = 0;
+    for (int32_t id = 0; id < csd_tok_vocab_size(tok) && n < SERVE_MAX_EOG; id++)
+        if (csd_tok_is_eog(tok, id)) eog[n++] = id;
+    return n;
+}
+
+static void install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill the server */
+}
+
+int csd_cmd_serve(int argc, char **argv) {
+    serve_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    install_signals();
+    csd_err err = {0};
+    csd_tok *tok = NULL;
+    csd_chat_template *tmpl = NULL;
+    csd_http_server *srv = NULL;
+    csd_engine *engine = NULL;
+    serve_backend b;
+    memset(&b, 0, sizeof b);
+    char model_name[256];
+    if (a.model_name)
+        snprintf(model_name, sizeof model_name, "%s", a.model_name);
+    else
+        default_model_name(a.model_dir, model_name, sizeof model_name);
+    csd_kern_init();
+
+    rc = csd_tok_load(&tok, a.model_dir, &err);
+    if (!rc) rc = load_template(&a, tok, &tmpl, &err);
+    if (!rc) {
+        csd_http_opts o;
+        csd_http_opts_default(&o);
+        o.host = a.host;
+        o.port = a.port;
+        o.api_key = a.api_key;
+        o.model_name = model_name;
+        o.max_body = a.max_body;
+        rc = csd_http_server_create(&srv, &o, tok, tmpl, &err);
+    }
+    if (!rc) {
+        fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s\n", a.host,
+                csd_http_server_port(srv), model_name, a.api_key ? "on" : "off");
+        rc = build_pipelines(&a, &b, &err);
+    }
+    if (!rc && !g_stop_signal) {
+        int32_t eog[SERVE_MAX_EOG];
+        int n_eog = collect_eog(tok, eog);
+        csd_engine_opts eo;
+        csd_engine_opts_default(&eo);
+        eo.parallel = a.parallel;
+        eo.queue_max = a.queue_max;
+        rc = csd_engine_create(&engine, b.pipes, b.n_pipes, eog, n_eog, &eo, &err);
+    }
+    if (!rc && engine) {
+        csd_http_server_set_engine(srv, engine);
+        fprintf(stderr, "cascadia serve: ready (context %lld tokens, %d parallel)\n",
+                (long long)csd_engine_max_ctx(engine), a.parallel);
+        while (!g_stop_signal) {
+            struct timespec ts = {0, 100 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (g_stop_signal)
+        fprintf(stderr, "cascadia serve: signal %d, shutting down\n", (int)g_stop_signal);
+    if (rc) csd_cli_error("serve", &err);
+    /* reverse order: no new requests, then the engine ends what is left, then the model */
+    csd_http_server_destroy(srv);
+    csd_engine_destroy(engine);
+    serve_backend_fini(&b);
+    csd_chat_template_destroy(tmpl);
+    csd_tok_destroy(tok);
+    return rc ? 1 : 0;
+}

@@ -1,0 +1,125 @@
+/* fleet_setup: fleet flags and fleet pipeline construction (see fleet_setup.h). */
+#include "fleet_setup.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "core/file_map.h"
+#include "format/manifest.h"
+
+void csd_cli_fleet_init(csd_cli_fleet *f) {
+    memset(f, 0, sizeof *f);
+    f->local_stage = -1;
+    f->hidden_dtype = CSD_DTYPE_F16;
+}
+
+int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd_cli_fleet *f,
+                       bool *takes_value) {
+    *takes_value = true;
+    if (!strcmp(flag, "--insecure")) {
+        *takes_value = false;
+        f->insecure = true;
+        return 1;
+    }
+    if (strcmp(flag, "--fleet") && strcmp(flag, "--manifest") && strcmp(flag, "--local-stage") &&
+        strcmp(flag, "--key") && strcmp(flag, "--hidden-dtype"))
+        return 0;
+    if (!value) {
+        fprintf(stderr, "cascadia %s: %s needs a value\n", cmd, flag);
+        return -1;
+    }
+    if (!strcmp(flag, "--fleet")) f->fleet = value;
+    else if (!strcmp(flag, "--manifest")) f->manifest = value;
+    else if (!strcmp(flag, "--key")) f->key_path = value;
+    else if (!strcmp(flag, "--local-stage")) {
+        if (strcmp(value, "0")) {
+            fprintf(stderr, "cascadia %s: --local-stage takes 0 (the coordinator runs the first stage)\n", cmd);
+            return -1;
+        }
+        f->local_stage = 0;
+    } else {
+        int d = csd_dtype_parse(value);
+        if (d != CSD_DTYPE_F16 && d != CSD_DTYPE_F32 && d != CSD_DTYPE_BF16) {
+            fprintf(stderr, "cascadia %s: --hidden-dtype must be f16, bf16 or f32\n", cmd);
+            return -1;
+        }
+        f->hidden_dtype = d;
+    }
+    return 1;
+}
+
+bool csd_cli_fleet_check(const char *cmd, const csd_cli_fleet *f) {
+    if (!f->fleet && !f->manifest) return true;
+    if (!f->fleet || !f->manifest) {
+        fprintf(stderr, "cascadia %s: --fleet and --manifest go together\n", cmd);
+        return false;
+    }
+    if (!!f->key_path == f->insecure) {
+        fprintf(stderr, "cascadia %s: a fleet needs --key FILE or --insecure (one of them)\n", cmd);
+        return false;
+    }
+    return true;
+}
+
+/* Splits "a,b,c" into opts->addrs (pointers into a copy owned by the caller). */
+static int split_fleet(char *list, csd_fleet_opts *o, csd_err *err) {
+    o->n_addrs = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        if (o->n_addrs == CSD_FLEET_MAX_STAGES)
+            return csd_err_set(err, CSD_ERANGE, "--fleet lists more than %d workers", CSD_FLEET_MAX_STAGES);
+        o->addrs[o->n_addrs++] = tok;
+    }
+    return o->n_addrs ? 0 : csd_err_set(err, CSD_EINVAL, "--fleet lists no worker");
+}
+
+int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_requests, csd_pipeline **out,
+                       csd_err *err) {
+    *out = NULL;
+    csd_manifest *m = NULL;
+    static char list[4096]; /* addrs point into it for the pipeline's lifetime (one fleet per process) */
+    snprintf(list, sizeof list, "%s", f->fleet);
+    csd_fleet_opts o;
+    memset(&o, 0, sizeof o);
+    int rc = csd_manifest_load(&m, f->manifest, err);
+    if (!rc) rc = split_fleet(list, &o, err);
+    int first = f->local_stage == 0 ? 1 : 0;
+    if (!rc && o.n_addrs != m->n_stages - first)
+        rc = csd_err_set(err, CSD_EINVAL, "--fleet lists %d workers but the manifest has %d stages%s", o.n_addrs,
+                         m->n_stages, first ? " (stage 0 runs here)" : "");
+    if (!rc && f->key_path) rc = csd_fleet_key_load(f->key_path, &f->key, err);
+    if (!rc && first) {
+        char path[4096];
+        if (csd_path_join(path, sizeof path, m->dir, m->stages[0].file)) rc = csd_err_set(err, CSD_ERANGE, "path too long");
+        if (!rc) rc = csd_model_shard_open(&f->shard0, path, err);
+        if (!rc) rc = csd_model_create(&f->model0, &f->shard0->cfg, &f->shard0->weights, mopts, err);
+    }
+    if (!rc) {
+        o.first_remote_stage = (uint32_t)first;
+        for (int i = 0; i < o.n_addrs; i++) {
+            o.layer_ranges[i][0] = (uint32_t)m->stages[first + i].layer_begin;
+            o.layer_ranges[i][1] = (uint32_t)m->stages[first + i].layer_end;
+        }
+        memcpy(o.model_hash, m->model_hash, CSD_WIRE_HASH_SIZE);
+        o.cfg = m->cfg;
+        o.link.key = f->key_path ? &f->key : NULL;
+        o.link.insecure = f->insecure;
+        o.hidden_dtype = f->hidden_dtype;
+        int64_t ctx = mopts->max_ctx > 0 ? mopts->max_ctx
+                      : m->cfg.max_seq_len < CSD_MODEL_DEFAULT_MAX_CTX ? m->cfg.max_seq_len : CSD_MODEL_DEFAULT_MAX_CTX;
+        o.max_ctx = f->model0 ? csd_model_max_ctx(f->model0) : ctx;
+        o.max_step_tokens = CSD_MODEL_DEFAULT_MAX_BATCH;
+        rc = csd_fleet_pipeline_create(out, &o, f->model0, max_requests, err);
+    }
+    csd_manifest_destroy(m);
+    return rc;
+}
+
+void csd_cli_fleet_close(csd_cli_fleet *f) {
+    csd_model_destroy(f->model0);
+    csd_model_shard_close(f->shard0);
+    f->model0 = NULL;
+    f->shard0 = NULL;
+    if (f->key_path) csd_fleet_key_wipe(&f->key);
+}

@@ -1,0 +1,659 @@
+/* fleet_pipeline: the coordinator's side of a chain of remote stages (see the header). */
+#include "fleet_pipeline.h"
+
+#include <pthread.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "core/log.h"
+#include "model/model.h"
+
+#define MAX_IN_FLIGHT 16
+#define STEP_TIMEOUT_S 120.0     /* a step with no answer this long fails */
+#define RECONNECT_PERIOD_MS 1000
+#define RECV_POLL_MS 200
+
+typedef struct pending_step {
+    int n;                                   /* entries */
+    uint32_t req[CSD_STEP_MAX_ENTRIES];
+    bool want[CSD_STEP_MAX_ENTRIES];
+    bool resolved[CSD_STEP_MAX_ENTRIES];
+    int n_resolved;
+    float *logits;                           /* caller's buffer, packed rows for want entries */
+    int rc;                                  /* first error of the step */
+    char msg[CSD_ERR_MSG_MAX];
+    uint64_t t_begin;
+} pending_step;
+
+/* What the coordinator tracks of each open request: its length (the position of its next token)
+ * and, with a local stage 0, its KV cache there. */
+typedef struct local_req {
+    uint32_t id;
+    bool used;
+    int64_t len;
+    csd_kv *kv;                              /* local stage 0 only */
+} local_req;
+
+typedef struct link_reader {
+    struct fleet *f;
+    int index;                               /* into conns */
+    pthread_t thread;
+    bool started;
+} link_reader;
+
+typedef struct fleet {
+    csd_pipeline base;
+    csd_fleet_opts opts;
+    csd_model *local0;                       /* borrowed, or NULL */
+    local_req *locals;
+    int n_locals;
+    /* links */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_rwlock_t links_lock;             /* senders read-lock; closing the links write-locks */
+    csd_conn *conns[CSD_FLEET_MAX_STAGES];
+    link_reader readers[CSD_FLEET_MAX_STAGES];
+    atomic_bool connected;
+    atomic_bool stopping;
+    char broken_msg[CSD_ERR_MSG_MAX];
+    pthread_t reconnector;
+    /* steps in flight, oldest first */
+    pending_step steps[MAX_IN_FLIGHT];
+    int head, count;
+    /* encoding scratch (the calling thread only) */
+    uint8_t *send_buf;
+    size_t send_cap;
+    float *hidden;                           /* local stage 0 output (max_step_tokens, dim) */
+    csd_kv **batch_kv;
+    int32_t *batch_ids;
+    /* timing */
+    csd_fleet_timing timing;
+    csd_wire_stats last_stats[CSD_FLEET_MAX_STAGES];
+    int stats_pending;
+} fleet;
+
+static csd_conn *first_link(fleet *f) { return f->conns[0]; }
+
+/* ---- failure ---- */
+
+/* Fails every step in flight and drops the links; the reconnector brings them back. */
+static void mark_broken(fleet *f, const char *why) {
+    pthread_mutex_lock(&f->mu);
+    if (atomic_load(&f->connected)) {
+        CSD_LOGW("fleet broken: %s", why);
+        snprintf(f->broken_msg, sizeof f->broken_msg, "%s", why);
+        atomic_store(&f->connected, false);
+        for (int i = 0; i < f->opts.n_addrs; i++)
+            if (f->conns[i]) csd_conn_shutdown(f->conns[i]);
+    }
+    for (int k = 0; k < f->count; k++) {
+        pending_step *s = &f->steps[(f->head + k) % MAX_IN_FLIGHT];
+        if (!s->rc) {
+            s->rc = CSD_ECLOSED;
+            snprintf(s->msg, sizeof s->msg, "fleet link failed: %s", why);
+        }
+        s->n_resolved = s->n;
+    }
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* ---- results ---- */
+
+/* Resolves the oldest unresolved entry of req; returns its step and row, or NULL. */
+static pending_step *match_entry(fleet *f, uint32_t req, int *entry, int64_t *row) {
+    for (int k = 0; k < f->count; k++) {
+        pending_step *s = &f->steps[(f->head + k) % MAX_IN_FLIGHT];
+        int64_t r = 0;
+        for (int i = 0; i < s->n; i++) {
+            if (s->req[i] == req && !s->resolved[i]) {
+                *entry = i;
+                *row = r;
+                return s;
+            }
+            r += s->want[i];
+        }
+    }
+    return NULL;
+}
+
+static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
+    csd_err err = {0};
+    csd_wire_act act;
+    int rc = csd_wire_decode_act(data, h->payload_len, &act, &err);
+    pthread_mutex_lock(&f->mu);
+    int entry;
+    int64_t row;
+    pending_step *s = match_entry(f, h->request_id, &entry, &row);
+    if (!s) {
+        pthread_mutex_unlock(&f->mu);
+        CSD_LOGW("fleet: unexpected result for req=%u", h->request_id);
+        return;
+    }
+    int64_t vocab = f->opts.cfg.vocab_size;
+    if (!rc && s->want[entry]) {
+        float *dst = s->logits + row * vocab;
+        if (act.kind == CSD_WIRE_ACT_LOGITS && act.dim == (uint32_t)vocab && act.n_tokens >= 1) {
+            /* the last row is the next-token distribution */
+            csd_wire_act last = act;
+            last.data = act.data + (size_t)(act.n_tokens - 1) * (size_t)vocab * 4;
+            last.n_tokens = 1;
+            last.data_bytes = (size_t)vocab * 4;
+            rc = csd_wire_act_to_f32(&last, dst, (size_t)vocab, &err);
+        } else if (act.kind == CSD_WIRE_ACT_SAMPLED && act.n_tokens >= 1) {
+            uint32_t ids[1];
+            csd_wire_act one = act;
+            one.data = act.data + (size_t)(act.n_tokens - 1) * 4;
+            one.n_tokens = 1;
+            one.data_bytes = 4;
+            rc = csd_wire_act_ids(&one, ids, 1, &err);
+            if (!rc && ids[0] >= (uint32_t)vocab) rc = csd_err_set(&err, CSD_EPROTO, "sampled id out of range");
+            /* a greedy request: logits that make the chosen id the argmax */
+            for (int64_t v = 0; !rc && v < vocab; v++) dst[v] = v == (int64_t)ids[0] ? 0.0f : -1e30f;
+        } else {
+            rc = csd_err_set(&err, CSD_EPROTO, "result of kind %s", csd_wire_act_kind_name(act.kind));
+        }
+    }
+    if (rc && !s->rc) {
+        s->rc = rc;
+        snprintf(s->msg, sizeof s->msg, "%s", err.msg);
+    }
+    s->resolved[entry] = true;
+    s->n_resolved++;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *data) {
+    csd_wire_error e;
+    csd_err err = {0};
+    if (csd_wire_decode_error(data, h->payload_len, &e, &err)) {
+        e.code = CSD_EPROTO;
+        snprintf(e.text, sizeof e.text, "%s", err.msg);
+    }
+    if (h->request_id == 0) {
+        char why[CSD_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "stage at %s: %s", f->opts.addrs[index], e.text);
+        mark_broken(f, why);
+        return;
+    }
+    pthread_mutex_lock(&f->mu);
+    int entry;
+    int64_t row;
+    pending_step *s = match_entry(f, h->request_id, &entry, &row);
+    if (s) {
+        if (!s->rc) {
+            s->rc = e.code < 0 ? e.code : CSD_EPROTO;
+            snprintf(s->msg, sizeof s->msg, "stage at %s: %s", f->opts.addrs[index], e.text);
+        }
+        s->resolved[entry] = true;
+        s->n_resolved++;
+        pthread_cond_broadcast(&f->cv);
+    }
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void *reader_main(void *arg) {
+    link_reader *lr = arg;
+    fleet *f = lr->f;
+    csd_conn *c = f->conns[lr->index];
+    csd_netbuf buf = {0};
+    while (!atomic_load(&f->stopping)) {
+        csd_wire_hdr h;
+        csd_err err = {0};
+        int rc = csd_conn_recv(c, &h, &buf, RECV_POLL_MS, &err);
+        if (rc == CSD_ETIMEOUT) continue;
+        if (rc) {
+            if (!atomic_load(&f->stopping)) {
+                char why[CSD_ERR_MSG_MAX];
+                snprintf(why, sizeof why, "stage at %s: %s", f->opts.addrs[lr->index],
+                         rc == CSD_ECLOSED ? "connection closed" : err.msg);
+                mark_broken(f, why);
+            }
+            break;
+        }
+        if (h.type == CSD_WIRE_RESULT && lr->index == f->opts.n_addrs - 1) on_result(f, &h, buf.data);
+        else if (h.type == CSD_WIRE_ERROR) on_error(f, lr->index, &h, buf.data);
+        else if (h.type == CSD_WIRE_STATS_REPLY) {
+            pthread_mutex_lock(&f->mu);
+            csd_wire_decode_stats(buf.data, h.payload_len, &f->last_stats[lr->index], NULL);
+            f->stats_pending--;
+            pthread_cond_broadcast(&f->cv);
+            pthread_mutex_unlock(&f->mu);
+        }
+    }
+    csd_netbuf_fini(&buf);
+    return NULL;
+}
+
+/* ---- connecting ---- */
+
+static void close_links(fleet *f) {
+    for (int i = 0; i < f->opts.n_addrs; i++)
+        if (f->conns[i]) csd_conn_shutdown(f->conns[i]);
+    pthread_rwlock_wrlock(&f->links_lock); /* no sender is inside a link any more */
+    for (int i = 0; i < f->opts.n_addrs; i++) {
+        if (f->readers[i].started) pthread_join(f->readers[i].thread, NULL);
+        f->readers[i].started = false;
+        csd_conn_destroy(f->conns[i]);
+        f->conns[i] = NULL;
+    }
+    pthread_rwlock_unlock(&f->links_lock);
+}
+
+static int send_simple(csd_conn *c, int type, uint32_t req, const uint8_t *payload, size_t len, csd_err *err) {
+    csd_wire_hdr h = csd_wire_hdr_make(type, 0, req, 0, (uint32_t)len);
+    return csd_conn_send(c, &h, payload, len, err);
+}
+
+/* Connects every stage, checks who it is, routes each to the next, and waits until the chain
+ * answers a PING end to end. */
+static int connect_chain(fleet *f, csd_err *err) {
+    const csd_fleet_opts *o = &f->opts;
+    int rc = 0;
+    double rtt = 0;
+    for (int i = 0; i < o->n_addrs && !rc; i++) {
+        rc = csd_conn_connect(&f->conns[i], o->addrs[i], o->link.timeout_ms, err);
+        if (rc) break;
+        csd_wire_hello expect = {0}, peer;
+        expect.proto_version = CSD_WIRE_VERSION;
+        expect.role = CSD_WIRE_ROLE_COORD;
+        expect.stage_index = o->first_remote_stage + (uint32_t)i;
+        expect.layer_begin = o->layer_ranges[i][0];
+        expect.layer_end = o->layer_ranges[i][1];
+        memcpy(expect.model_hash, o->model_hash, CSD_WIRE_HASH_SIZE);
+        rc = csd_conn_handshake_client(f->conns[i], &o->link, &expect, &peer, err);
+        if (rc) {
+            csd_err_prefix(err, "stage %u at %s: ", expect.stage_index, o->addrs[i]);
+            break;
+        }
+        /* measure the round trip while the link is quiet */
+        uint8_t ping[CSD_WIRE_PING_SIZE];
+        size_t len = 0;
+        uint64_t t0 = csd_now_ns();
+        csd_wire_encode_ping(ping, sizeof ping, t0, &len, NULL);
+        csd_netbuf buf = {0};
+        csd_wire_hdr h;
+        rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
+        if (!rc) rc = csd_conn_recv(f->conns[i], &h, &buf, o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
+        if (!rc && h.type != CSD_WIRE_PONG) rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
+        rtt += (double)(csd_now_ns() - t0) * 1e-9;
+        csd_netbuf_fini(&buf);
+    }
+    for (int i = 0; i + 1 < o->n_addrs && !rc; i++) { /* ROUTE, then PING: the PONG means routed */
+        uint8_t route[CSD_WIRE_MAX_ROUTE + 8];
+        size_t len = 0;
+        rc = csd_wire_encode_route(route, sizeof route, o->addrs[i + 1], &len, err);
+        if (!rc) rc = send_simple(f->conns[i], CSD_WIRE_ROUTE, 0, route, len, err);
+        uint8_t ping[CSD_WIRE_PING_SIZE];
+        csd_wire_encode_ping(ping, sizeof ping, 0, &len, NULL);
+        if (!rc) rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
+        csd_netbuf buf = {0};
+        csd_wire_hdr h;
+        if (!rc) rc = csd_conn_recv(f->conns[i], &h, &buf, 30000, err);
+        if (!rc && h.type == CSD_WIRE_ERROR) {
+            csd_wire_error e;
+            if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
+                rc = csd_err_set(err, CSD_EMISMATCH, "stage at %s could not reach %s: %s", o->addrs[i], o->addrs[i + 1], e.text);
+            else
+                rc = CSD_EPROTO;
+        }
+        csd_netbuf_fini(&buf);
+    }
+    if (rc) {
+        close_links(f);
+        return rc;
+    }
+    f->timing.rtt_s = rtt / o->n_addrs;
+    for (int i = 0; i < o->n_addrs; i++) {
+        f->readers[i] = (link_reader){f, i, 0, false};
+        if (pthread_create(&f->readers[i].thread, NULL, reader_main, &f->readers[i]) != 0) {
+            close_links(f);
+            return csd_err_set(err, CSD_EIO, "cannot start a link reader");
+        }
+        f->readers[i].started = true;
+    }
+    atomic_store(&f->connected, true);
+    CSD_LOGI("fleet connected: %d remote stage(s), rtt %.2f ms", o->n_addrs, f->timing.rtt_s * 1e3);
+    return 0;
+}
+
+static void *reconnect_main(void *arg) {
+    fleet *f = arg;
+    while (!atomic_load(&f->stopping)) {
+        struct timespec ts = {0, RECONNECT_PERIOD_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        if (atomic_load(&f->connected) || atomic_load(&f->stopping)) continue;
+        pthread_mutex_lock(&f->mu);
+        bool idle = f->count == 0;
+        pthread_mutex_unlock(&f->mu);
+        if (!idle) continue; /* the steps in flight are being failed; wait for them to end */
+        close_links(f);
+        csd_err err = {0};
+        if (connect_chain(f, &err) == 0) CSD_LOGI("fleet reconnected");
+        else CSD_LOGD("fleet reconnect failed: %s", err.msg);
+    }
+    return NULL;
+}
+
+/* ---- sending ---- */
+
+static int ensure_send(fleet *f, size_t n, csd_err *err) {
+    if (n <= f->send_cap) return 0;
+    uint8_t *p = csd_alloc(n);
+    if (!p) return csd_err_set(err, CSD_ENOMEM, "send buffer of %zu bytes", n);
+    csd_free(f->send_buf);
+    f->send_buf = p;
+    f->send_cap = n;
+    return 0;
+}
+
+/* Sends on the first remote link, failing cleanly while the fleet is disconnected. */
+static int send_first(fleet *f, const csd_wire_hdr *h, const void *payload, size_t len, csd_err *err) {
+    pthread_rwlock_rdlock(&f->links_lock);
+    int rc;
+    if (!atomic_load(&f->connected) || !first_link(f))
+        rc = csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)", f->broken_msg[0] ? f->broken_msg : "starting");
+    else
+        rc = csd_conn_send(first_link(f), h, payload, len, err);
+    pthread_rwlock_unlock(&f->links_lock);
+    if (rc && rc != CSD_ECLOSED) mark_broken(f, err->msg);
+    return rc;
+}
+
+static local_req *find_local(fleet *f, uint32_t id) {
+    for (int i = 0; i < f->n_locals; i++)
+        if (f->locals[i].used && f->locals[i].id == id) return &f->locals[i];
+    return NULL;
+}
+
+static void free_local(local_req *l) {
+    if (!l) return;
+    csd_kv_destroy(l->kv);
+    l->kv = NULL;
+    l->used = false;
+}
+
+/* ---- the pipeline operations ---- */
+
+static int fleet_open(csd_pipeline *p, uint32_t req, int64_t max_ctx, csd_err *err) {
+    fleet *f = (fleet *)p;
+    if (!atomic_load(&f->connected))
+        return csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)", f->broken_msg[0] ? f->broken_msg : "starting");
+    local_req *slot = NULL;
+    for (int i = 0; i < f->n_locals && !slot; i++)
+        if (!f->locals[i].used) slot = &f->locals[i];
+    if (!slot) return csd_err_set(err, CSD_EFULL, "all %d request slots are busy", f->n_locals);
+    if (f->local0) {
+        int rc = csd_kv_create(&slot->kv, f->local0, max_ctx, err);
+        if (rc) return rc;
+    }
+    slot->id = req;
+    slot->used = true;
+    slot->len = 0;
+    csd_wire_open o = csd_wire_open_default((uint32_t)max_ctx);
+    o.hidden_dtype = (uint8_t)f->opts.hidden_dtype;
+    uint8_t buf[CSD_WIRE_OPEN_SIZE];
+    size_t len = 0;
+    int rc = csd_wire_encode_open(buf, sizeof buf, &o, &len, err);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_OPEN, 0, req, 0, (uint32_t)len);
+    if (!rc) rc = send_first(f, &h, buf, len, err);
+    if (rc) free_local(find_local(f, req));
+    return rc;
+}
+
+static void fleet_close(csd_pipeline *p, uint32_t req) {
+    fleet *f = (fleet *)p;
+    free_local(find_local(f, req));
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_CLOSE, 0, req, 0, 0);
+    csd_err err = {0};
+    send_first(f, &h, NULL, 0, &err); /* a broken fleet lost the state anyway */
+}
+
+static int fleet_truncate(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *err) {
+    fleet *f = (fleet *)p;
+    local_req *l = find_local(f, req);
+    if (!l) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", req);
+    if (pos < 0 || pos > l->len || (l->kv && csd_kv_truncate(l->kv, pos)))
+        return csd_err_set(err, CSD_ERANGE, "truncate to %lld", (long long)pos);
+    l->len = pos;
+    uint8_t buf[CSD_WIRE_TRUNCATE_SIZE];
+    size_t len = 0;
+    int rc = csd_wire_encode_truncate(buf, sizeof buf, (uint32_t)pos, &len, err);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_TRUNCATE, 0, req, 0, (uint32_t)len);
+    return rc ? rc : send_first(f, &h, buf, len, err);
+}
+
+/* Stage 0 in this process: ids of all entries -> hidden rows, one batched forward. */
+static int run_local_stage(fleet *f, const csd_step_entry *e, int n, csd_err *err) {
+    int64_t fill = 0;
+    for (int i = 0; i < n; i++) {
+        local_req *l = find_local(f, e[i].req);
+        for (int64_t t = 0; t < e[i].n; t++) {
+            f->batch_kv[fill] = l->kv;
+            f->batch_ids[fill++] = e[i].ids[t];
+        }
+    }
+    csd_batch b = {fill, f->batch_ids, NULL, f->batch_kv, NULL};
+    uint64_t t0 = csd_now_ns();
+    int rc = csd_model_forward(f->local0, &b, f->hidden, err);
+    f->timing.local_compute_s += (double)(csd_now_ns() - t0) * 1e-9;
+    return rc;
+}
+
+static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, float *logits, csd_err *err) {
+    fleet *f = (fleet *)p;
+    if (n <= 0 || n > CSD_STEP_MAX_ENTRIES) return csd_err_set(err, CSD_EINVAL, "step of %d entries", n);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += e[i].n;
+    if (total > f->opts.max_step_tokens)
+        return csd_err_set(err, CSD_ERANGE, "step of %lld tokens exceeds the fleet's %lld", (long long)total,
+                           (long long)f->opts.max_step_tokens);
+    pthread_mutex_lock(&f->mu);
+    if (f->count == MAX_IN_FLIGHT) {
+        pthread_mutex_unlock(&f->mu);
+        return csd_err_set(err, CSD_EFULL, "too many steps in flight");
+    }
+    pthread_mutex_unlock(&f->mu);
+    int64_t positions[CSD_STEP_MAX_ENTRIES];
+    for (int i = 0; i < n; i++) { /* a request appears at most once per step */
+        local_req *l = find_local(f, e[i].req);
+        if (!l) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", e[i].req);
+        for (int j = 0; j < i; j++)
+            if (e[j].req == e[i].req) return csd_err_set(err, CSD_EINVAL, "request %u twice in a step", e[i].req);
+        positions[i] = l->len;
+    }
+    int rc = f->local0 ? run_local_stage(f, e, n, err) : 0;
+    if (rc) return rc;
+    for (int i = 0; i < n; i++) find_local(f, e[i].req)->len += e[i].n;
+    /* register the step before sending, so a fast answer always finds it */
+    pthread_mutex_lock(&f->mu);
+    pending_step *s = &f->steps[(f->head + f->count) % MAX_IN_FLIGHT];
+    memset(s, 0, offsetof(pending_step, logits));
+    s->n = n;
+    for (int i = 0; i < n; i++) {
+        s->req[i] = e[i].req;
+        s->want[i] = e[i].want_logits;
+    }
+    s->logits = logits;
+    s->rc = 0;
+    s->t_begin = csd_now_ns();
+    f->count++;
+    pthread_mutex_unlock(&f->mu);
+    int64_t row = 0, dim = f->opts.cfg.dim;
+    for (int i = 0; i < n && !rc; i++) {
+        uint16_t flags = (e[i].want_logits ? CSD_WIRE_FLAG_OUT_LOGITS : CSD_WIRE_FLAG_OUT_SAMPLE) |
+                         (i + 1 < n ? CSD_WIRE_FLAG_BATCH_MORE : 0);
+        size_t len = 0;
+        uint32_t pos;
+        if (f->local0) {
+            size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_HIDDEN, f->opts.hidden_dtype, (uint32_t)e[i].n, (uint32_t)dim);
+            rc = ensure_send(f, need, err);
+            if (!rc) rc = csd_wire_encode_rows_f32(f->send_buf, f->send_cap, CSD_WIRE_ACT_HIDDEN, f->opts.hidden_dtype,
+                                                   f->hidden + row * dim, (uint32_t)e[i].n, (uint32_t)dim, &len, err);
+        } else {
+            rc = ensure_send(f, 64 + (size_t)e[i].n * 4, err);
+            if (!rc) rc = csd_wire_encode_ids(f->send_buf, f->send_cap, CSD_WIRE_ACT_TOKENS, (const uint32_t *)e[i].ids,
+                                              (uint32_t)e[i].n, &len, err);
+        }
+        pos = (uint32_t)positions[i];
+        row += e[i].n;
+        csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_FORWARD, flags, e[i].req, pos, (uint32_t)len);
+        if (!rc) rc = send_first(f, &h, f->send_buf, len, err);
+    }
+    if (rc) { /* the step is registered: let step_end report it */
+        pthread_mutex_lock(&f->mu);
+        if (!s->rc) {
+            s->rc = rc;
+            snprintf(s->msg, sizeof s->msg, "%s", err->msg);
+        }
+        s->n_resolved = s->n;
+        pthread_mutex_unlock(&f->mu);
+    }
+    return 0;
+}
+
+static int fleet_step_end(csd_pipeline *p, csd_err *err) {
+    fleet *f = (fleet *)p;
+    pthread_mutex_lock(&f->mu);
+    if (f->count == 0) {
+        pthread_mutex_unlock(&f->mu);
+        return csd_err_set(err, CSD_EINVAL, "no step in flight");
+    }
+    pending_step *s = &f->steps[f->head];
+    uint64_t deadline = s->t_begin + (uint64_t)(STEP_TIMEOUT_S * 1e9);
+    while (s->n_resolved < s->n && csd_now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    }
+    int rc = s->rc;
+    if (!rc && s->n_resolved < s->n) {
+        rc = CSD_ETIMEOUT;
+        snprintf(s->msg, sizeof s->msg, "no answer from the fleet in %.0f s", STEP_TIMEOUT_S);
+    }
+    if (rc) csd_err_set(err, rc, "%s", s->msg);
+    f->timing.steps++;
+    f->timing.wait_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
+    f->head = (f->head + 1) % MAX_IN_FLIGHT;
+    f->count--;
+    pthread_mutex_unlock(&f->mu);
+    if (rc == CSD_ETIMEOUT) mark_broken(f, s->msg);
+    return rc; /* the engine closes the failed requests, which frees their state */
+}
+
+static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_t n, float *logits, csd_err *err) {
+    fleet *f = (fleet *)p;
+    for (int64_t done = 0; done < n;) { /* prompts in chunks the workers accept */
+        int64_t chunk = n - done < f->opts.max_step_tokens ? n - done : f->opts.max_step_tokens;
+        csd_step_entry e = {req, ids + done, chunk, done + chunk == n};
+        int rc = fleet_step_begin(p, &e, 1, logits, err);
+        if (!rc) rc = fleet_step_end(p, err);
+        if (rc) return rc;
+        done += chunk;
+    }
+    return 0;
+}
+
+static bool fleet_ready(csd_pipeline *p) { return atomic_load(&((fleet *)p)->connected); }
+
+static void fleet_destroy(csd_pipeline *p) {
+    fleet *f = (fleet *)p;
+    if (!f) return;
+    atomic_store(&f->stopping, true);
+    if (f->reconnector) pthread_join(f->reconnector, NULL);
+    close_links(f);
+    for (int i = 0; f->locals && i < f->n_locals; i++) csd_kv_destroy(f->locals[i].kv);
+    csd_free(f->locals);
+    csd_free(f->send_buf);
+    csd_free(f->hidden);
+    csd_free(f->batch_kv);
+    csd_free(f->batch_ids);
+    pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->cv);
+    pthread_rwlock_destroy(&f->links_lock);
+    csd_free(f);
+}
+
+static const csd_pipeline_ops fleet_ops = {fleet_open,     fleet_forward,  fleet_step_begin, fleet_step_end,
+                                           fleet_truncate, fleet_close,    fleet_destroy,    fleet_ready};
+
+int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, csd_model *local0, int max_requests,
+                              csd_err *err) {
+    *out = NULL;
+    if (opts->n_addrs <= 0 || opts->n_addrs > CSD_FLEET_MAX_STAGES)
+        return csd_err_set(err, CSD_EINVAL, "a fleet needs 1 to %d remote stages", CSD_FLEET_MAX_STAGES);
+    fleet *f = csd_alloc(sizeof *f);
+    if (!f) return csd_err_set(err, CSD_ENOMEM, "fleet");
+    f->opts = *opts;
+    if (f->opts.hidden_dtype < 0) f->opts.hidden_dtype = CSD_DTYPE_F16;
+    if (f->opts.max_step_tokens <= 0) f->opts.max_step_tokens = CSD_MODEL_DEFAULT_MAX_BATCH;
+    f->local0 = local0;
+    if (local0 && f->opts.max_step_tokens > csd_model_max_batch(local0)) f->opts.max_step_tokens = csd_model_max_batch(local0);
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    pthread_rwlock_init(&f->links_lock, NULL);
+    f->base.ops = &fleet_ops;
+    f->base.cfg = opts->cfg;
+    f->base.max_ctx = opts->max_ctx;
+    f->base.max_in_flight = opts->n_addrs + (local0 ? 1 : 0);
+    if (f->base.max_in_flight > MAX_IN_FLIGHT) f->base.max_in_flight = MAX_IN_FLIGHT;
+    f->base.max_step_tokens = f->opts.max_step_tokens;
+    int rc = 0;
+    f->n_locals = max_requests > 0 ? max_requests : 1;
+    f->locals = csd_alloc_array((size_t)f->n_locals, sizeof(local_req));
+    if (!f->locals) rc = csd_err_set(err, CSD_ENOMEM, "fleet requests");
+    if (local0 && !rc) {
+        f->hidden = csd_alloc_array((size_t)(f->opts.max_step_tokens * opts->cfg.dim), sizeof(float));
+        f->batch_kv = csd_alloc_array((size_t)f->opts.max_step_tokens, sizeof(csd_kv *));
+        f->batch_ids = csd_alloc_array((size_t)f->opts.max_step_tokens, sizeof(int32_t));
+        if (!f->hidden || !f->batch_kv || !f->batch_ids) rc = csd_err_set(err, CSD_ENOMEM, "fleet stage 0");
+    }
+    if (!rc) rc = connect_chain(f, err);
+    if (!rc && pthread_create(&f->reconnector, NULL, reconnect_main, f) != 0)
+        rc = csd_err_set(err, CSD_EIO, "cannot start the reconnect thread");
+    if (rc) {
+        fleet_destroy(&f->base);
+        return rc;
+    }
+    *out = &f->base;
+    return 0;
+}
+
+void csd_fleet_pipeline_timing(csd_pipeline *p, csd_fleet_timing *out) {
+    fleet *f = (fleet *)p;
+    pthread_mutex_lock(&f->mu);
+    *out = f->timing;
+    pthread_mutex_unlock(&f->mu);
+    /* remote compute: ask every stage for its counters */
+    pthread_mutex_lock(&f->mu);
+    f->stats_pending = f->opts.n_addrs;
+    pthread_mutex_unlock(&f->mu);
+    for (int i = 0; i < f->opts.n_addrs; i++) {
+        csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_STATS, 0, 0, 0, 0);
+        pthread_rwlock_rdlock(&f->links_lock);
+        if (f->conns[i]) csd_conn_send(f->conns[i], &h, NULL, 0, NULL);
+        pthread_rwlock_unlock(&f->links_lock);
+    }
+    pthread_mutex_lock(&f->mu);
+    uint64_t deadline = csd_now_ns() + 2000000000ull;
+    while (f->stats_pending > 0 && csd_now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    }
+    out->remote_compute_s = 0;
+    for (int i = 0; i < f->opts.n_addrs; i++) out->remote_compute_s += (double)f->last_stats[i].forward_ns * 1e-9;
+    pthread_mutex_unlock(&f->mu);
+}

@@ -1,0 +1,83 @@
+/* http_internal: shared internals of src/http: the per-request job that connects one HTTP
+ * connection to one engine request. The engine's callbacks (engine threads) turn tokens into text
+ * (incremental detokenizer, stop strings) and into response bytes; the connection thread waits for
+ * them. A job has two owners (connection and engine), counted in refs; the last frees it. */
+#ifndef CSD_HTTP_INTERNAL_H
+#define CSD_HTTP_INTERNAL_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "coord/engine.h"
+#include "openai_request.h"
+#include "stop_text.h"
+#include "tok/tokenizer.h"
+
+/* Bytes the detokenizer may produce for one token (a piece plus held-back UTF-8 bytes). */
+#define CSD_HTTP_PIECE_MAX 4096
+
+typedef struct csd_http_buf {
+    char *data;
+    size_t len, cap;
+} csd_http_buf;
+
+int csd_http_buf_append(csd_http_buf *b, const char *s, size_t n);
+void csd_http_buf_fini(csd_http_buf *b);
+
+typedef struct csd_http_job {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs; /* connection + engine; under mu */
+    /* set before submit, read-only afterwards */
+    int kind; /* enum csd_http_kind */
+    bool stream, include_usage, logprobs;
+    int top_logprobs;
+    char id[48];       /* "chatcmpl-..." / "cmpl-..." */
+    long long created; /* unix seconds */
+    char model[128];
+    const csd_tok *tok; /* borrowed */
+    csd_engine *engine; /* borrowed */
+    uint64_t engine_id;
+    int64_t n_prompt;
+    int n_stop;
+    char *stops[CSD_HTTP_MAX_STOP]; /* owned copies: the job outlives the parsed request */
+    /* touched only by the engine's callbacks (one request's callbacks never run concurrently) */
+    csd_detok detok;
+    csd_http_stop stop;
+    char piece[CSD_HTTP_PIECE_MAX];
+    int64_t text_offset; /* completions logprobs: bytes of text so far */
+    /* results, under mu */
+    csd_http_buf out; /* stream: SSE bytes; out_sent of them already sent */
+    size_t out_sent;
+    csd_http_buf text; /* non-stream: the generated text */
+    json_t *lp;        /* non-stream logprobs: chat array / completions object */
+    bool done;
+    csd_req_result res;
+} csd_http_job;
+
+/* Creates a job for a parsed request (refs = 1, the connection's). */
+int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_tok *tok,
+                        const char *model_name, csd_engine *engine, int64_t n_prompt);
+/* The echo text (completions echo) or role chunk (chat stream) queued before generation. */
+int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len);
+/* Engine callbacks (ctx = job); submit with refs incremented for the engine. */
+bool csd_http_job_on_token(void *ctx, const csd_token_event *ev);
+void csd_http_job_on_done(void *ctx, const csd_req_result *res);
+/* Drops one reference; frees the job at zero. */
+void csd_http_job_release(csd_http_job *j);
+
+/* Waits until the job is done. Returns false (after cancelling the request) when the client
+ * socket fd hung up or *stopping became true. */
+bool csd_http_job_wait(csd_http_job *j, int fd, const atomic_int *stopping);
+/* Streaming: copies up to max pending SSE bytes into buf, waiting for some. Returns the byte count,
+ * 0 at the end of the stream, -1 when the client hung up or the server stops (then cancelled). */
+ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
+                          const atomic_int *stopping);
+/* Non-streaming: the response body (free()), and its HTTP status (200, or 500 on engine error). */
+char *csd_http_job_response(csd_http_job *j, int *status);
+
+#endif

@@ -1,0 +1,549 @@
+/* openai_request: the OpenAI request parser (see openai_request.h). Each field has one small reader
+ * that checks its type and range and names the field on failure; absent and null fields keep the
+ * OpenAI defaults. Nothing here trusts the body: every length and count is bounded first. */
+#include "openai_request.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/err.h"
+
+/* Bytes of text parts joined into one message (the whole body is already bounded by the server). */
+#define TEXT_PART_SEP "\n"
+
+const char *csd_http_kind_name(int kind) {
+    switch (kind) {
+    case CSD_HTTP_KIND_CHAT: return "chat";
+    case CSD_HTTP_KIND_COMPLETION: return "completion";
+    default: return "unknown";
+    }
+}
+
+int csd_http_error_set(csd_http_error *e, int status, const char *type, const char *param,
+                       const char *code, const char *fmt, ...) {
+    if (!e) return CSD_EINVAL;
+    e->status = status;
+    snprintf(e->type, sizeof e->type, "%s", type ? type : "invalid_request_error");
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return CSD_EINVAL;
+}
+
+char *csd_http_error_json(const csd_http_error *e) {
+    json_t *inner = json_pack("{s:s, s:s, s:o, s:o}", "message", e->message, "type",
+                              e->type[0] ? e->type : "invalid_request_error", "param",
+                              e->param[0] ? json_string(e->param) : json_null(), "code",
+                              e->code[0] ? json_string(e->code) : json_null());
+    if (!inner) return NULL;
+    json_t *root = json_pack("{s:o}", "error", inner);
+    if (!root) return NULL;
+    char *s = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    return s;
+}
+
+/* ---- field readers: each returns 0, or CSD_EINVAL with the error naming the field ---- */
+
+static int bad_type(csd_http_error *e, const char *field, const char *want) {
+    return csd_http_error_set(e, 400, NULL, field, "invalid_type", "'%s' must be %s", field, want);
+}
+
+static int bad_value(csd_http_error *e, const char *field, const char *fmt_range) {
+    return csd_http_error_set(e, 400, NULL, field, "invalid_value", "'%s' must be %s", field,
+                              fmt_range);
+}
+
+/* A present, non-null member (NULL when absent or null). */
+static json_t *member(const json_t *root, const char *key) {
+    json_t *v = json_object_get(root, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static int read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e) {
+    json_t *v = member(root, key);
+    if (!v) return 0;
+    if (!json_is_boolean(v)) return bad_type(e, key, "a boolean");
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* A number in [lo, hi] (both inclusive; lo_open makes the lower bound exclusive). */
+static int read_num(const json_t *root, const char *key, double lo, bool lo_open, double hi,
+                    const char *range, float *out, csd_http_error *e) {
+    json_t *v = member(root, key);
+    if (!v) return 0;
+    if (!json_is_number(v)) return bad_type(e, key, "a number");
+    double d = json_number_value(v);
+    if (!isfinite(d) || d < lo || (lo_open && d == lo) || d > hi) return bad_value(e, key, range);
+    *out = (float)d;
+    return 0;
+}
+
+static int read_int(const json_t *root, const char *key, int64_t lo, int64_t hi, const char *range,
+                    bool *present, int64_t *out, csd_http_error *e) {
+    json_t *v = member(root, key);
+    if (present) *present = false;
+    if (!v) return 0;
+    if (!json_is_integer(v)) return bad_type(e, key, "an integer");
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi) return bad_value(e, key, range);
+    *out = (int64_t)x;
+    if (present) *present = true;
+    return 0;
+}
+
+static int read_string(const json_t *root, const char *key, char **out, csd_http_error *e) {
+    json_t *v = member(root, key);
+    if (!v) return 0;
+    if (!json_is_string(v)) return bad_type(e, key, "a string");
+    if (strlen(json_string_value(v)) != json_string_length(v))
+        return bad_value(e, key, "free of NUL characters");
+    *out = csd_strdup(json_string_value(v));
+    if (!*out) return csd_http_error_set(e, 500, "server_error", key, NULL, "out of memory");
+    return 0;
+}
+
+/* JSON nesting depth of v, stopping once it passes limit. */
+static int json_depth(const json_t *v, int limit) {
+    if (limit < 0) return 1;
+    int best = 0;
+    if (json_is_object(v)) {
+        const char *k;
+        json_t *c;
+        json_object_foreach((json_t *)v, k, c) {
+            int d = json_depth(c, limit - 1);
+            if (d > best) best = d;
+            if (best > limit) break;
+        }
+    } else if (json_is_array(v)) {
+        size_t i;
+        json_t *c;
+        json_array_foreach(v, i, c) {
+            int d = json_depth(c, limit - 1);
+            if (d > best) best = d;
+            if (best > limit) break;
+        }
+    } else {
+        return 0;
+    }
+    return best + 1;
+}
+
+/* ---- shared sampling fields ---- */
+
+static int parse_sampling(const json_t *root, csd_http_req *r, csd_http_error *e) {
+    csd_sampler_params *sp = &r->sampling;
+    int rc;
+    if ((rc = read_num(root, "temperature", 0, false, 2, "in [0, 2]", &sp->temperature, e)))
+        return rc;
+    if ((rc = read_num(root, "top_p", 0, true, 1, "in (0, 1]", &sp->top_p, e))) return rc;
+    if ((rc = read_num(root, "min_p", 0, false, 1, "in [0, 1]", &sp->min_p, e))) return rc;
+    if ((rc = read_num(root, "presence_penalty", -2, false, 2, "in [-2, 2]", &sp->presence_penalty,
+                       e)))
+        return rc;
+    if ((rc = read_num(root, "frequency_penalty", -2, false, 2, "in [-2, 2]",
+                       &sp->frequency_penalty, e)))
+        return rc;
+    if ((rc = read_num(root, "repetition_penalty", 0, true, 10, "in (0, 10]",
+                       &sp->repetition_penalty, e)))
+        return rc;
+    int64_t v = 0;
+    bool present = false;
+    /* -1 means off in vLLM's convention, 0 in llama.cpp's: accept both */
+    if ((rc = read_int(root, "top_k", -1, 1 << 20, "an integer in [-1, 1048576]", &present, &v, e)))
+        return rc;
+    if (present) sp->top_k = v < 0 ? 0 : (int32_t)v;
+    if ((rc = read_int(root, "seed", INT64_MIN, INT64_MAX, "an integer", &r->has_seed, &v, e)))
+        return rc;
+    if (r->has_seed) sp->seed = (uint64_t)v;
+    /* max_completion_tokens is the newer name; it wins when both are given */
+    const char *max_keys[2] = {"max_tokens", "max_completion_tokens"};
+    for (int i = 0; i < 2; i++) {
+        if ((rc = read_int(root, max_keys[i], 1, INT32_MAX, "an integer >= 1", &present, &v, e)))
+            return rc;
+        if (present) r->max_tokens = v;
+    }
+    if ((rc = read_int(root, "n", 1, INT32_MAX, "an integer >= 1", &present, &v, e))) return rc;
+    if (present && v != 1)
+        return csd_http_error_set(e, 400, NULL, "n", "unsupported_value",
+                                  "'n' > 1 is not supported: send %lld requests instead",
+                                  (long long)v);
+    if ((rc = read_int(root, "best_of", 1, 1, "1 (best_of > 1 is not supported)", NULL, &v, e)))
+        return rc;
+    return 0;
+}
+
+static int add_stop(csd_http_req *r, const json_t *s, const char *field, csd_http_error *e) {
+    if (!json_is_string(s)) return bad_type(e, field, "a string or an array of strings");
+    size_t len = json_string_length(s);
+    if (len == 0) return bad_value(e, field, "a non-empty string");
+    if (len > CSD_HTTP_MAX_STOP_LEN) return bad_value(e, field, "at most 256 bytes long");
+    if (memchr(json_string_value(s), 0, len)) return bad_value(e, field, "free of NUL characters");
+    if (r->n_stop >= CSD_HTTP_MAX_STOP) return bad_value(e, field, "a list of at most 16 strings");
+    r->stop[r->n_stop] = csd_strdup(json_string_value(s));
+    if (!r->stop[r->n_stop])
+        return csd_http_error_set(e, 500, "server_error", field, NULL, "out of memory");
+    r->n_stop++;
+    return 0;
+}
+
+static int parse_stop(const json_t *root, csd_http_req *r, csd_http_error *e) {
+    json_t *v = member(root, "stop");
+    if (!v) return 0;
+    if (json_is_string(v)) return add_stop(r, v, "stop", e);
+    if (!json_is_array(v)) return bad_type(e, "stop", "a string or an array of strings");
+    if (json_array_size(v) > CSD_HTTP_MAX_STOP)
+        return bad_value(e, "stop", "a list of at most 16 strings");
+    size_t i;
+    json_t *s;
+    json_array_foreach(v, i, s) {
+        int rc = add_stop(r, s, "stop", e);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) {
+    int rc = read_bool(root, "stream", &r->stream, e);
+    if (rc) return rc;
+    json_t *so = member(root, "stream_options");
+    if (!so) return 0;
+    if (!json_is_object(so)) return bad_type(e, "stream_options", "an object");
+    json_t *iu = member(so, "include_usage");
+    if (iu) {
+        if (!json_is_boolean(iu)) return bad_type(e, "stream_options.include_usage", "a boolean");
+        r->include_usage = json_is_true(iu);
+    }
+    return 0;
+}
+
+/* response_format: only plain text is produced; refusing beats silently ignoring a JSON schema. */
+static int parse_response_format(const json_t *root, csd_http_error *e) {
+    json_t *v = member(root, "response_format");
+    if (!v) return 0;
+    if (!json_is_object(v)) return bad_type(e, "response_format", "an object");
+    json_t *t = json_object_get(v, "type");
+    if (!json_is_string(t)) return bad_type(e, "response_format.type", "a string");
+    if (strcmp(json_string_value(t), "text") != 0)
+        return csd_http_error_set(e, 400, NULL, "response_format", "unsupported_value",
+                                  "response_format '%s' is not supported (only 'text')",
+                                  json_string_value(t));
+    return 0;
+}
+
+/* ---- chat ---- */
+
+/* content: a string, or a list of {"type": "text", "text": ...} parts joined by newlines. */
+static int message_content(const json_t *c, const char *field, json_t **out, csd_http_error *e) {
+    char name[160];
+    if (json_is_string(c)) {
+        *out = json_incref((json_t *)c);
+        return 0;
+    }
+    if (!json_is_array(c)) return bad_type(e, field, "a string or an array of content parts");
+    size_t total = 0, i;
+    json_t *part;
+    json_array_foreach(c, i, part) {
+        snprintf(name, sizeof name, "%s[%zu]", field, i);
+        if (!json_is_object(part)) return bad_type(e, name, "an object");
+        json_t *type = json_object_get(part, "type");
+        snprintf(name, sizeof name, "%s[%zu].type", field, i);
+        if (!json_is_string(type)) return bad_type(e, name, "a string");
+        if (strcmp(json_string_value(type), "text") != 0)
+            return csd_http_error_set(e, 400, NULL, name, "unsupported_value",
+                                      "content part type '%s' is not supported (only 'text')",
+                                      json_string_value(type));
+        json_t *text = json_object_get(part, "text");
+        snprintf(name, sizeof name, "%s[%zu].text", field, i);
+        if (!json_is_string(text)) return bad_type(e, name, "a string");
+        total += json_string_length(text) + 1;
+    }
+    char *buf = csd_alloc(total + 1);
+    if (!buf) return csd_http_error_set(e, 500, "server_error", field, NULL, "out of memory");
+    size_t pos = 0;
+    json_array_foreach(c, i, part) {
+        json_t *text = json_object_get(part, "text");
+        if (i > 0) {
+            memcpy(buf + pos, TEXT_PART_SEP, 1);
+            pos++;
+        }
+        memcpy(buf + pos, json_string_value(text), json_string_length(text));
+        pos += json_string_length(text);
+    }
+    *out = json_stringn_nocheck(buf, pos);
+    csd_free(buf);
+    return 0;
+}
+
+static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_error *e) {
+    char field[96];
+    snprintf(field, sizeof field, "messages[%zu]", idx);
+    if (!json_is_object(m)) return bad_type(e, field, "an object");
+    json_t *role = json_object_get(m, "role");
+    snprintf(field, sizeof field, "messages[%zu].role", idx);
+    if (!json_is_string(role)) return bad_type(e, field, "a string");
+    const char *rs = json_string_value(role);
+    /* "developer" is OpenAI's newer name for system */
+    static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof roles / sizeof roles[0]; i++)
+        if (!strcmp(rs, roles[i])) known = true;
+    if (!known)
+        return csd_http_error_set(e, 400, NULL, field, "invalid_value",
+                                  "'%s' must be one of system, user, assistant, tool, developer",
+                                  field);
+    json_t *nm = json_object();
+    if (!nm) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    json_array_append_new(out_arr, nm);
+    json_object_set_new(nm, "role", json_string(strcmp(rs, "developer") ? rs : "system"));
+
+    json_t *content = member(m, "content");
+    json_t *tool_calls = member(m, "tool_calls");
+    snprintf(field, sizeof field, "messages[%zu].content", idx);
+    if (content) {
+        json_t *c = NULL;
+        int rc = message_content(content, field, &c, e);
+        if (rc) return rc;
+        if (!c) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        json_object_set_new(nm, "content", c);
+    } else if (strcmp(rs, "assistant") == 0 && tool_calls) {
+        json_object_set_new(nm, "content", json_null()); /* a pure tool-call turn */
+    } else {
+        return csd_http_error_set(e, 400, NULL, field, "missing_required_parameter",
+                                  "'%s' is required", field);
+    }
+    if (tool_calls) {
+        snprintf(field, sizeof field, "messages[%zu].tool_calls", idx);
+        if (!json_is_array(tool_calls)) return bad_type(e, field, "an array");
+        if (json_depth(tool_calls, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
+            return bad_value(e, field, "nested less deeply");
+        json_object_set(nm, "tool_calls", tool_calls);
+    }
+    static const char *const strs[] = {"name", "tool_call_id"};
+    for (size_t i = 0; i < 2; i++) {
+        json_t *v = member(m, strs[i]);
+        if (!v) continue;
+        snprintf(field, sizeof field, "messages[%zu].%s", idx, strs[i]);
+        if (!json_is_string(v)) return bad_type(e, field, "a string");
+        json_object_set(nm, strs[i], v);
+    }
+    return 0;
+}
+
+static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
+    json_t *msgs = json_object_get(root, "messages");
+    if (!msgs || json_is_null(msgs))
+        return csd_http_error_set(e, 400, NULL, "messages", "missing_required_parameter",
+                                  "'messages' is required");
+    if (!json_is_array(msgs)) return bad_type(e, "messages", "an array");
+    if (json_array_size(msgs) == 0) return bad_value(e, "messages", "a non-empty array");
+    if (json_array_size(msgs) > CSD_HTTP_MAX_MESSAGES)
+        return bad_value(e, "messages", "at most 4096 messages");
+    r->messages = json_array();
+    if (!r->messages)
+        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t i;
+    json_t *m;
+    json_array_foreach(msgs, i, m) {
+        int rc = parse_message(m, i, r->messages, e);
+        if (rc) return rc;
+    }
+    int rc = read_bool(root, "logprobs", &r->logprobs, e);
+    if (rc) return rc;
+    int64_t v = 0;
+    bool present = false;
+    if ((rc = read_int(root, "top_logprobs", 0, CSD_HTTP_MAX_TOP_LOGPROBS, "an integer in [0, 20]",
+                       &present, &v, e)))
+        return rc;
+    if (present) {
+        if (!r->logprobs && v > 0)
+            return csd_http_error_set(e, 400, NULL, "top_logprobs", "invalid_value",
+                                      "'top_logprobs' requires 'logprobs' to be true");
+        r->top_logprobs = (int)v;
+    }
+    json_t *tools = member(root, "tools");
+    if (tools) {
+        if (!json_is_array(tools)) return bad_type(e, "tools", "an array");
+        if (json_depth(tools, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
+            return bad_value(e, "tools", "nested less deeply");
+        size_t k;
+        json_t *t;
+        json_array_foreach(tools, k, t) {
+            char field[64];
+            snprintf(field, sizeof field, "tools[%zu]", k);
+            if (!json_is_object(t)) return bad_type(e, field, "an object");
+        }
+        if (json_array_size(tools) > 0) r->tools = json_incref(tools);
+    }
+    json_t *tc = member(root, "tool_choice");
+    if (tc) {
+        if (!json_is_string(tc) && !json_is_object(tc))
+            return bad_type(e, "tool_choice", "a string or an object");
+        if (json_depth(tc, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
+            return bad_value(e, "tool_choice", "nested less deeply");
+        r->tool_choice = json_incref(tc);
+    }
+    return 0;
+}
+
+/* ---- completions ---- */
+
+static int read_ids(const json_t *arr, const char *field, int32_t vocab, csd_http_req *r,
+                    csd_http_error *e) {
+    size_t n = json_array_size(arr);
+    if (n == 0) return bad_value(e, field, "a non-empty list of token ids");
+    if (n > CSD_HTTP_MAX_PROMPT_IDS) return bad_value(e, field, "at most 1048576 token ids");
+    r->prompt_ids = csd_alloc_array(n, sizeof *r->prompt_ids);
+    if (!r->prompt_ids)
+        return csd_http_error_set(e, 500, "server_error", field, NULL, "out of memory");
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        if (!json_is_integer(v))
+            return bad_type(e, field, "a string, a list of one string, or a list of token ids");
+        json_int_t id = json_integer_value(v);
+        int64_t hi = vocab > 0 ? vocab : INT32_MAX;
+        if (id < 0 || id >= hi)
+            return csd_http_error_set(e, 400, NULL, field, "invalid_value",
+                                      "token id %lld in '%s' is outside the vocabulary [0, %lld)",
+                                      (long long)id, field, (long long)hi);
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = (int64_t)n;
+    return 0;
+}
+
+static int set_prompt_text(csd_http_req *r, const json_t *s, csd_http_error *e) {
+    r->prompt_len = json_string_length(s);
+    r->prompt = csd_alloc(r->prompt_len + 1);
+    if (!r->prompt)
+        return csd_http_error_set(e, 500, "server_error", "prompt", NULL, "out of memory");
+    memcpy(r->prompt, json_string_value(s), r->prompt_len);
+    return 0;
+}
+
+static int parse_completion(const json_t *root, int32_t vocab, csd_http_req *r, csd_http_error *e) {
+    static const char *const want = "a string, a list of one string, or a list of token ids";
+    json_t *p = json_object_get(root, "prompt");
+    if (!p || json_is_null(p))
+        return csd_http_error_set(e, 400, NULL, "prompt", "missing_required_parameter",
+                                  "'prompt' is required");
+    int rc;
+    if (json_is_string(p)) {
+        rc = set_prompt_text(r, p, e);
+    } else if (json_is_array(p)) {
+        json_t *first = json_array_get(p, 0);
+        if (!first) return bad_value(e, "prompt", "a non-empty string or list");
+        if (json_is_string(first) || json_is_array(first)) {
+            if (json_array_size(p) != 1)
+                return csd_http_error_set(e, 400, NULL, "prompt", "unsupported_value",
+                                          "a list of several prompts is not supported: send one "
+                                          "request per prompt");
+            if (json_is_string(first))
+                rc = set_prompt_text(r, first, e);
+            else
+                rc = read_ids(first, "prompt", vocab, r, e);
+        } else {
+            rc = read_ids(p, "prompt", vocab, r, e);
+        }
+    } else {
+        return bad_type(e, "prompt", want);
+    }
+    if (rc) return rc;
+    if ((rc = read_bool(root, "echo", &r->echo, e))) return rc;
+    json_t *lp = member(root, "logprobs");
+    if (lp) {
+        if (json_is_boolean(lp)) { /* lenient: some clients send the chat form */
+            r->logprobs = json_is_true(lp);
+        } else if (json_is_integer(lp)) {
+            json_int_t n = json_integer_value(lp);
+            if (n < 0 || n > CSD_HTTP_MAX_TOP_LOGPROBS)
+                return bad_value(e, "logprobs", "an integer in [0, 20]");
+            r->logprobs = true;
+            r->top_logprobs = (int)n;
+        } else {
+            return bad_type(e, "logprobs", "an integer");
+        }
+    }
+    json_t *suffix = member(root, "suffix");
+    if (suffix && (!json_is_string(suffix) || json_string_length(suffix) > 0))
+        return csd_http_error_set(e, 400, NULL, "suffix", "unsupported_value",
+                                  "'suffix' is not supported");
+    return 0;
+}
+
+/* ---- entry point ---- */
+
+static void req_reset(csd_http_req *r, int kind) {
+    memset(r, 0, sizeof *r);
+    r->kind = kind;
+    csd_sampler_params_default(&r->sampling);
+    /* OpenAI's defaults, not llama.cpp's: a client that sends nothing gets plain sampling */
+    r->sampling.temperature = 1.0f;
+    r->sampling.top_k = 0;
+    r->sampling.top_p = 1.0f;
+    r->sampling.min_p = 0.0f;
+    r->sampling.repetition_penalty = 1.0f;
+}
+
+int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len,
+                       int32_t vocab_size, csd_http_error *err) {
+    csd_http_error scratch;
+    csd_http_error *e = err ? err : &scratch;
+    memset(e, 0, sizeof *e);
+    req_reset(req, kind);
+    if (kind != CSD_HTTP_KIND_CHAT && kind != CSD_HTTP_KIND_COMPLETION)
+        return csd_http_error_set(e, 400, NULL, NULL, NULL, "unknown endpoint kind");
+    if (!body || len == 0)
+        return csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the request body is empty");
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    if (!root)
+        return csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
+                                  "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                                  jerr.line, jerr.column);
+    int rc;
+    if (!json_is_object(root)) {
+        rc = csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
+                                "the body must be a JSON object");
+        goto fail;
+    }
+    if ((rc = read_string(root, "model", &req->model, e))) goto fail;
+    if ((rc = read_string(root, "user", &req->user, e))) goto fail;
+    if ((rc = parse_stream(root, req, e))) goto fail;
+    if ((rc = parse_sampling(root, req, e))) goto fail;
+    if ((rc = parse_stop(root, req, e))) goto fail;
+    if ((rc = parse_response_format(root, e))) goto fail;
+    rc = kind == CSD_HTTP_KIND_CHAT ? parse_chat(root, req, e)
+                                    : parse_completion(root, vocab_size, req, e);
+    if (rc) goto fail;
+    json_decref(root);
+    return 0;
+fail:
+    json_decref(root);
+    csd_http_req_fini(req);
+    req->kind = kind;
+    return rc;
+}
+
+void csd_http_req_fini(csd_http_req *req) {
+    if (!req) return;
+    csd_free(req->model);
+    csd_free(req->user);
+    for (int i = 0; i < req->n_stop; i++)
+        csd_free(req->stop[i]);
+    json_decref(req->messages);
+    json_decref(req->tools);
+    json_decref(req->tool_choice);
+    csd_free(req->prompt);
+    csd_free(req->prompt_ids);
+    memset(req, 0, sizeof *req);
+}

@@ -1,0 +1,697 @@
+/* server: libmicrohttpd front end of the OpenAI API (see server.h). One thread per connection: a
+ * handler parses the body, renders and tokenizes the prompt, submits it to the engine and then
+ * waits for its job (http_job.c), streaming SSE through a content-reader callback. Routing,
+ * authentication, limits, /health, /models and /metrics live here. Only src/http includes
+ * microhttpd.h. */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "http_internal.h"
+#include "openai_request.h"
+
+/* Bytes of SSE handed to MHD per content-reader call. */
+#define STREAM_BLOCK 16384
+/* Seconds clients should wait before retrying a 429 / 503. */
+#define RETRY_AFTER_FULL "1"
+#define RETRY_AFTER_LOADING "5"
+
+enum route {
+    ROUTE_NONE = 0,
+    ROUTE_CHAT,
+    ROUTE_COMPLETIONS,
+    ROUTE_MODELS,
+    ROUTE_MODEL_ONE, /* GET /v1/models/{id} */
+    ROUTE_HEALTH,
+    ROUTE_METRICS,
+    ROUTE_COUNT
+};
+
+/* HTTP status classes counted for /metrics. */
+enum status_class { SC_2XX = 0, SC_4XX, SC_5XX, SC_COUNT };
+
+struct csd_http_server {
+    struct MHD_Daemon *mhd;
+    _Atomic(csd_engine *) engine;
+    const csd_tok *tok;
+    const csd_chat_template *tmpl;
+    char *api_key;
+    char *model_name;
+    size_t max_body;
+    int port;
+    atomic_int stopping;
+    atomic_llong http_status[SC_COUNT];
+    atomic_llong http_by_code[600]; /* responses by status code (/metrics) */
+    atomic_llong client_cancels;    /* requests cancelled because the client went away */
+    long long started;              /* unix seconds, for /v1/models "created" */
+};
+
+/* Per connection (MHD's con_cls): the body being received. */
+typedef struct conn_state {
+    int route;
+    bool too_large;
+    bool replied; /* a response was queued on the first call (401, 413, ...) */
+    csd_http_buf body;
+} conn_state;
+
+/* Per streaming response: the job and the socket it watches. */
+typedef struct stream_state {
+    csd_http_server *srv;
+    csd_http_job *job;
+    int fd;
+    bool cancelled; /* the reader already cancelled the request (count it once) */
+} stream_state;
+
+void csd_http_opts_default(csd_http_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
+    o->max_connections = CSD_HTTP_DEFAULT_MAX_CONNECTIONS;
+    o->idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
+}
+
+/* ---- responses ---- */
+
+static enum MHD_Result send_body(csd_http_server *s, struct MHD_Connection *c, int status,
+                                 const char *ctype, const char *body, size_t len, const char *h1,
+                                 const char *v1) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)(uintptr_t)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (h1) MHD_add_response_header(r, h1, v1);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    atomic_fetch_add(&s->http_status[status < 300 ? SC_2XX : status < 500 ? SC_4XX : SC_5XX], 1);
+    if (status > 0 && status < 600) atomic_fetch_add(&s->http_by_code[status], 1);
+    return ret;
+}
+
+static enum MHD_Result send_json(csd_http_server *s, struct MHD_Connection *c, int status,
+                                 const char *json, const char *h1, const char *v1) {
+    return send_body(s, c, status, "application/json", json, strlen(json), h1, v1);
+}
+
+static enum MHD_Result send_error(csd_http_server *s, struct MHD_Connection *c,
+                                  const csd_http_error *e, const char *h1, const char *v1) {
+    char *json = csd_http_error_json(e);
+    enum MHD_Result ret = send_json(s, c, e->status, json ? json : "{\"error\":{}}", h1, v1);
+    free(json);
+    return ret;
+}
+
+static enum MHD_Result send_error_msg(csd_http_server *s, struct MHD_Connection *c, int status,
+                                      const char *type, const char *param, const char *code,
+                                      const char *msg, const char *h1, const char *v1) {
+    csd_http_error e;
+    csd_http_error_set(&e, status, type, param, code, "%s", msg);
+    return send_error(s, c, &e, h1, v1);
+}
+
+/* ---- routing and auth ---- */
+
+static int route_of(const char *url) {
+    /* the /v1 prefix is optional, as in llama-server */
+    if (strncmp(url, "/v1/", 4) == 0) url += 3;
+    if (!strcmp(url, "/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/completions")) return ROUTE_COMPLETIONS;
+    if (!strcmp(url, "/models")) return ROUTE_MODELS;
+    if (!strncmp(url, "/models/", 8) && url[8]) return ROUTE_MODEL_ONE;
+    if (!strcmp(url, "/health")) return ROUTE_HEALTH;
+    if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    return ROUTE_NONE;
+}
+
+static bool route_is_post(int route) { return route == ROUTE_CHAT || route == ROUTE_COMPLETIONS; }
+
+/* Constant-time comparison so the key cannot be guessed byte by byte from response times. */
+static bool same_secret(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = (unsigned char)(la != lb);
+    for (size_t i = 0; i < la; i++)
+        diff |= (unsigned char)(a[i] ^ b[lb ? i % lb : 0]);
+    return diff == 0;
+}
+
+static bool authorized(const csd_http_server *s, struct MHD_Connection *c, int route) {
+    if (!s->api_key || route == ROUTE_HEALTH || route == ROUTE_METRICS) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ')
+        h++;
+    return same_secret(h, s->api_key);
+}
+
+/* ---- GET endpoints ---- */
+
+static json_t *model_object(const csd_http_server *s) {
+    csd_engine *e = atomic_load(&s->engine);
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s}", "id", s->model_name, "object", "model", "created",
+                          (json_int_t)s->started, "owned_by", "cascadia");
+    if (m && e) json_object_set_new(m, "max_model_len", json_integer(csd_engine_max_ctx(e)));
+    return m;
+}
+
+static enum MHD_Result handle_models(csd_http_server *s, struct MHD_Connection *c, const char *url,
+                                     int route) {
+    json_t *root;
+    if (route == ROUTE_MODEL_ONE) {
+        const char *id = strstr(url, "/models/") + 8;
+        if (strcmp(id, s->model_name) != 0) {
+            char msg[200];
+            snprintf(msg, sizeof msg, "The model '%.100s' does not exist", id);
+            return send_error_msg(s, c, 404, "invalid_request_error", "model", "model_not_found",
+                                  msg, NULL, NULL);
+        }
+        root = model_object(s);
+    } else {
+        root = json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(s));
+    }
+    char *body = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    enum MHD_Result ret =
+        body ? send_json(s, c, 200, body, NULL, NULL)
+             : send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
+    free(body);
+    return ret;
+}
+
+static enum MHD_Result handle_health(csd_http_server *s, struct MHD_Connection *c) {
+    csd_engine *e = atomic_load(&s->engine);
+    if (e && csd_engine_ready(e)) return send_json(s, c, 200, "{\"status\":\"ok\"}", NULL, NULL);
+    return send_json(s, c, 503, "{\"status\":\"loading\"}", "Retry-After", RETRY_AFTER_LOADING);
+}
+
+static void metric(csd_http_buf *b, const char *name, const char *type, const char *help,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Appends "# HELP", "# TYPE" and the sample lines (fmt gives the lines, each ending in \n). */
+static void metric(csd_http_buf *b, const char *name, const char *type, const char *help,
+                   const char *fmt, ...) {
+    char line[1024];
+    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    if (n > 0) csd_http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    va_list ap;
+    va_start(ap, fmt);
+    n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0) csd_http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static enum MHD_Result handle_metrics(csd_http_server *s, struct MHD_Connection *c) {
+    csd_engine_stats st;
+    memset(&st, 0, sizeof st);
+    csd_engine *e = atomic_load(&s->engine);
+    if (e) csd_engine_get_stats(e, &st);
+    csd_http_buf b = {0};
+    metric(&b, "cascadia_ready", "gauge", "1 when the model is loaded and every pipeline is ready.",
+           "cascadia_ready %d\n", e && csd_engine_ready(e) ? 1 : 0);
+    metric(&b, "cascadia_requests_total", "counter", "Generation requests admitted to the engine.",
+           "cascadia_requests_total %lld\n", (long long)st.requests_total);
+    metric(&b, "cascadia_requests_rejected_total", "counter",
+           "Generation requests refused because every slot and the queue were full (HTTP 429).",
+           "cascadia_requests_rejected_total %lld\n", (long long)st.requests_rejected);
+    metric(&b, "cascadia_requests_client_cancelled_total", "counter",
+           "Requests cancelled because the client disconnected.",
+           "cascadia_requests_client_cancelled_total %lld\n",
+           (long long)atomic_load(&s->client_cancels));
+    metric(&b, "cascadia_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+           "cascadia_prompt_tokens_total %lld\n", (long long)st.prompt_tokens_total);
+    metric(&b, "cascadia_completion_tokens_total", "counter", "Generated tokens.",
+           "cascadia_completion_tokens_total %lld\n", (long long)st.completion_tokens_total);
+    metric(&b, "cascadia_time_to_first_token_seconds", "summary",
+           "Time from submission to the first generated token.",
+           "cascadia_time_to_first_token_seconds_sum %.9f\n"
+           "cascadia_time_to_first_token_seconds_count %lld\n",
+           st.ttft_sum_s, (long long)st.ttft_count);
+    metric(&b, "cascadia_inter_token_latency_seconds", "summary",
+           "Time between consecutive generated tokens of a request.",
+           "cascadia_inter_token_latency_seconds_sum %.9f\n"
+           "cascadia_inter_token_latency_seconds_count %lld\n",
+           st.itl_sum_s, (long long)st.itl_count);
+    metric(&b, "cascadia_step_duration_seconds", "summary", "Duration of batched forward steps.",
+           "cascadia_step_duration_seconds_sum %.9f\ncascadia_step_duration_seconds_count %lld\n",
+           st.step_sum_s, (long long)st.step_count);
+    metric(&b, "cascadia_queue_depth", "gauge", "Requests waiting for a slot.",
+           "cascadia_queue_depth %d\n", st.queue_depth);
+    metric(&b, "cascadia_active_requests", "gauge", "Requests holding a slot (prefill or decode).",
+           "cascadia_active_requests %d\n", st.active);
+    metric(&b, "cascadia_slots", "gauge", "Request slots over all pipelines.",
+           "cascadia_slots %d\n", st.slots);
+    char line[128];
+    static const char http_head[] =
+        "# HELP cascadia_http_responses_total HTTP responses by status code.\n"
+        "# TYPE cascadia_http_responses_total counter\n";
+    csd_http_buf_append(&b, http_head, sizeof http_head - 1);
+    for (int code = 100; code < 600; code++) {
+        long long n = atomic_load(&s->http_by_code[code]);
+        if (!n) continue;
+        int len = snprintf(line, sizeof line, "cascadia_http_responses_total{code=\"%d\"} %lld\n",
+                           code, n);
+        csd_http_buf_append(&b, line, (size_t)len);
+    }
+    enum MHD_Result ret = send_body(s, c, 200, "text/plain; version=0.0.4; charset=utf-8",
+                                    b.data ? b.data : "", b.len, NULL, NULL);
+    csd_http_buf_fini(&b);
+    return ret;
+}
+
+/* ---- generation endpoints ---- */
+
+static bool starts_with(const char *s, const char *prefix) {
+    return prefix[0] && strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* Renders the chat template and tokenizes. The template normally writes BOS itself; only when it
+ * does not (its text does not start with the BOS string) do the tokenizer's rules add one. */
+static int chat_prompt(const csd_http_server *s, const csd_http_req *req, int32_t **ids, size_t *n,
+                       csd_http_error *e) {
+    if (!s->tmpl)
+        return csd_http_error_set(e, 400, NULL, "messages", "unsupported_value",
+                                  "this model has no chat template: use /v1/completions");
+    csd_chat_apply_params ap;
+    memset(&ap, 0, sizeof ap);
+    ap.messages = req->messages;
+    ap.tools = req->tools;
+    ap.add_generation_prompt = true;
+    ap.bos_token = csd_tok_bos_text(s->tok);
+    ap.eos_token = csd_tok_eos_text(s->tok);
+    json_t *extra = NULL;
+    if (req->tool_choice) {
+        extra = json_object();
+        json_object_set(extra, "tool_choice", req->tool_choice);
+        ap.extra = extra;
+    }
+    char *text = NULL;
+    csd_err err = {0};
+    int rc = csd_chat_template_apply(s->tmpl, &ap, &text, &err);
+    json_decref(extra);
+    if (rc)
+        return csd_http_error_set(e, 400, NULL, "messages", "invalid_value",
+                                  "the chat template failed on these messages: %s", err.msg);
+    bool add_special = !starts_with(text, csd_tok_bos_text(s->tok));
+    rc = csd_tok_encode(s->tok, text, strlen(text), add_special, true, ids, n, &err);
+    csd_free(text);
+    if (rc)
+        return csd_http_error_set(e, 400, NULL, "messages", "invalid_value",
+                                  "could not tokenize the prompt: %s", err.msg);
+    return 0;
+}
+
+static int completion_prompt(const csd_http_server *s, const csd_http_req *req, int32_t **ids,
+                             size_t *n, csd_http_error *e) {
+    if (req->prompt_ids) {
+        *ids = csd_alloc_array((size_t)req->n_prompt_ids, sizeof **ids);
+        if (!*ids) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        memcpy(*ids, req->prompt_ids, (size_t)req->n_prompt_ids * sizeof **ids);
+        *n = (size_t)req->n_prompt_ids;
+        return 0;
+    }
+    csd_err err = {0};
+    /* the same tokenization as `cascadia run -p` (the tokenizer's BOS rules, special strings
+     * taken literally), so greedy output matches it */
+    if (csd_tok_encode(s->tok, req->prompt, req->prompt_len, true, false, ids, n, &err))
+        return csd_http_error_set(e, 400, NULL, "prompt", "invalid_value",
+                                  "could not tokenize the prompt: %s", err.msg);
+    if (*n == 0)
+        return csd_http_error_set(e, 400, NULL, "prompt", "invalid_value", "'prompt' is empty");
+    return 0;
+}
+
+static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    stream_state *ss = cls;
+    ssize_t n = csd_http_job_read(ss->job, buf, max < STREAM_BLOCK ? max : STREAM_BLOCK, ss->fd,
+                                  &ss->srv->stopping);
+    if (n > 0) return n;
+    if (n < 0) {
+        if (!ss->cancelled) atomic_fetch_add(&ss->srv->client_cancels, 1);
+        ss->cancelled = true;
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    return MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+/* MHD calls this when the response is finished or the connection failed mid-stream. */
+static void stream_free(void *cls) {
+    stream_state *ss = cls;
+    pthread_mutex_lock(&ss->job->mu);
+    bool done = ss->job->done;
+    pthread_mutex_unlock(&ss->job->mu);
+    if (!done && !ss->cancelled) { /* a write failed before the end: the client went away */
+        csd_engine_cancel(ss->job->engine, ss->job->engine_id);
+        atomic_fetch_add(&ss->srv->client_cancels, 1);
+    }
+    csd_http_job_release(ss->job);
+    csd_free(ss);
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c, csd_http_job *j) {
+    stream_state *ss = csd_alloc(sizeof *ss);
+    if (!ss) {
+        csd_engine_cancel(j->engine, j->engine_id);
+        csd_http_job_release(j);
+        return send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
+    }
+    ss->srv = s;
+    ss->job = j;
+    ss->fd = conn_fd(c);
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
+                                                               stream_reader, ss, stream_free);
+    if (!r) {
+        stream_free(ss);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    MHD_add_response_header(r, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    atomic_fetch_add(&s->http_status[SC_2XX], 1);
+    atomic_fetch_add(&s->http_by_code[200], 1);
+    return ret;
+}
+
+static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection *c, int route,
+                                       const conn_state *cs) {
+    csd_engine *engine = atomic_load(&s->engine);
+    if (!engine || !csd_engine_ready(engine))
+        return send_error_msg(s, c, 503, "server_error", NULL, "model_loading",
+                              "the model is still loading; retry shortly", "Retry-After",
+                              RETRY_AFTER_LOADING);
+    int kind = route == ROUTE_CHAT ? CSD_HTTP_KIND_CHAT : CSD_HTTP_KIND_COMPLETION;
+    csd_http_req req;
+    csd_http_error e;
+    if (csd_http_req_parse(&req, kind, cs->body.data, cs->body.len, csd_tok_vocab_size(s->tok), &e))
+        return send_error(s, c, &e, NULL, NULL);
+    enum MHD_Result ret;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    csd_http_job *j = NULL;
+    if (req.model && strcmp(req.model, s->model_name) != 0) {
+        csd_http_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
+                           "The model '%.100s' does not exist (this server serves '%.100s')",
+                           req.model, s->model_name);
+        ret = send_error(s, c, &e, NULL, NULL);
+        goto done;
+    }
+    int rc = kind == CSD_HTTP_KIND_CHAT ? chat_prompt(s, &req, &ids, &n_ids, &e)
+                                        : completion_prompt(s, &req, &ids, &n_ids, &e);
+    if (rc) {
+        ret = send_error(s, c, &e, NULL, NULL);
+        goto done;
+    }
+    int64_t max_ctx = csd_engine_max_ctx(engine);
+    const char *prompt_field = kind == CSD_HTTP_KIND_CHAT ? "messages" : "prompt";
+    if ((int64_t)n_ids >= max_ctx) {
+        csd_http_error_set(
+            &e, 400, NULL, prompt_field, "context_length_exceeded",
+            "This model's maximum context length is %lld tokens, but the %s take %zu "
+            "tokens (at least one must remain for the completion)",
+            (long long)max_ctx, prompt_field, n_ids);
+        ret = send_error(s, c, &e, NULL, NULL);
+        goto done;
+    }
+    csd_req_params rp;
+    memset(&rp, 0, sizeof rp);
+    rp.sampling = req.sampling;
+    if (!req.has_seed) { /* a fresh seed per request, like OpenAI without a seed */
+        static atomic_ullong counter;
+        rp.sampling.seed = csd_now_ns() ^ (atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull);
+    }
+    /* without max_tokens, generate until the context is full (the engine stops there) */
+    rp.max_tokens = req.max_tokens > 0 ? req.max_tokens : max_ctx - (int64_t)n_ids;
+    rp.logprobs = req.logprobs;
+    rp.top_logprobs = req.top_logprobs;
+    if (csd_http_job_create(&j, &req, s->tok, s->model_name, engine, (int64_t)n_ids)) {
+        ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
+        goto done;
+    }
+    /* completions echo: the prompt text before the generated text */
+    char *echo = NULL;
+    if (req.echo && req.prompt)
+        echo = csd_strdup(req.prompt);
+    else if (req.echo)
+        csd_tok_decode(s->tok, ids, n_ids, false, &echo, NULL);
+    rc = csd_http_job_begin(j, echo ? echo : "", echo ? strlen(echo) : 0);
+    csd_free(echo);
+    if (rc) {
+        ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
+        goto done;
+    }
+    csd_req_callbacks cb = {csd_http_job_on_token, csd_http_job_on_done};
+    csd_err err = {0};
+    j->refs++; /* the engine's reference, dropped by on_done (not yet shared: no lock needed) */
+    rc = csd_engine_submit(engine, ids, (int64_t)n_ids, &rp, &cb, j, &j->engine_id, &err);
+    if (rc) {
+        j->refs--;
+        if (rc == CSD_EFULL) {
+            ret = send_error_msg(s, c, 429, "rate_limit_error", NULL, "server_busy",
+                                 "every slot and the queue are full; retry shortly", "Retry-After",
+                                 RETRY_AFTER_FULL);
+        } else if (rc == CSD_ERANGE || rc == CSD_EINVAL) {
+            csd_http_error_set(&e, 400, NULL, prompt_field, "invalid_value", "%s", err.msg);
+            ret = send_error(s, c, &e, NULL, NULL);
+        } else {
+            csd_http_error_set(&e, 500, "server_error", NULL, NULL, "%s", err.msg);
+            ret = send_error(s, c, &e, NULL, NULL);
+        }
+        goto done;
+    }
+    CSD_LOGD("request submitted req=%s kind=%s prompt=%zu stream=%d", j->id,
+             csd_http_kind_name(kind), n_ids, req.stream);
+    if (req.stream) {
+        ret = start_stream(s, c, j);
+        j = NULL; /* owned by the stream now */
+        goto done;
+    }
+    if (!csd_http_job_wait(j, conn_fd(c), &s->stopping)) {
+        atomic_fetch_add(&s->client_cancels, 1);
+        ret = MHD_NO; /* nobody to answer: close the connection */
+        goto done;
+    }
+    int status = 500;
+    char *body = csd_http_job_response(j, &status);
+    ret = body ? send_json(s, c, status, body, NULL, NULL)
+               : send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
+    free(body);
+done:
+    csd_http_job_release(j);
+    csd_free(ids);
+    csd_http_req_fini(&req);
+    return ret;
+}
+
+/* ---- MHD glue ---- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+    (void)version;
+    csd_http_server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) { /* first call: headers only */
+        cs = csd_alloc(sizeof *cs);
+        if (!cs) return MHD_NO;
+        *con_cls = cs;
+        cs->route = route_of(url);
+        if (cs->route == ROUTE_NONE) {
+            cs->replied = true;
+            return send_error_msg(s, c, 404, "invalid_request_error", NULL, "not_found",
+                                  "Unknown request URL; see /v1/models, /v1/chat/completions, "
+                                  "/v1/completions, /health, /metrics",
+                                  NULL, NULL);
+        }
+        bool post = route_is_post(cs->route);
+        if (strcmp(method, post ? "POST" : "GET") != 0 && !(!post && !strcmp(method, "HEAD"))) {
+            cs->replied = true;
+            return send_error_msg(s, c, 405, "invalid_request_error", NULL, "method_not_allowed",
+                                  post ? "Only POST is allowed here" : "Only GET is allowed here",
+                                  "Allow", post ? "POST" : "GET, HEAD");
+        }
+        if (!authorized(s, c, cs->route)) {
+            cs->replied = true;
+            return send_error_msg(s, c, 401, "invalid_request_error", NULL, "invalid_api_key",
+                                  "Missing or incorrect API key: send 'Authorization: Bearer KEY'",
+                                  "WWW-Authenticate", "Bearer");
+        }
+        /* a declared body far beyond the limit is refused now; a slightly larger one is read and
+         * dropped, so the client (still sending) reliably sees the 413 */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) / 16 > s->max_body) {
+            cs->replied = true;
+            char msg[128];
+            snprintf(msg, sizeof msg, "The request body is larger than %zu bytes", s->max_body);
+            return send_error_msg(s, c, 413, "invalid_request_error", NULL, "request_too_large",
+                                  msg, NULL, NULL);
+        }
+        return MHD_YES;
+    }
+    if (cs->replied) { /* discard any body of a request already answered */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!cs->too_large && cs->body.len + *upload_size > s->max_body) {
+            cs->too_large = true;
+            csd_http_buf_fini(&cs->body);
+        }
+        if (!cs->too_large && csd_http_buf_append(&cs->body, upload, *upload_size)) return MHD_NO;
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    /* the whole body is here */
+    cs->replied = true;
+    if (cs->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "The request body is larger than %zu bytes", s->max_body);
+        return send_error_msg(s, c, 413, "invalid_request_error", NULL, "request_too_large", msg,
+                              NULL, NULL);
+    }
+    switch (cs->route) {
+    case ROUTE_CHAT:
+    case ROUTE_COMPLETIONS: return handle_generate(s, c, cs->route, cs);
+    case ROUTE_MODELS:
+    case ROUTE_MODEL_ONE: return handle_models(s, c, url, cs->route);
+    case ROUTE_HEALTH: return handle_health(s, c);
+    case ROUTE_METRICS: return handle_metrics(s, c);
+    default: return MHD_NO;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    csd_http_buf_fini(&cs->body);
+    csd_free(cs);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    if (CSD_LOG_DEBUG > csd_log_level_current) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n')
+        msg[--n] = 0;
+    CSD_LOGD("microhttpd: %s", msg);
+}
+
+/* ---- lifecycle ---- */
+
+static int resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
+                   csd_err *err) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int gai = getaddrinfo(host, portstr, &hints, &res);
+    if (gai != 0 || !res)
+        return csd_err_set(err, CSD_EINVAL, "cannot resolve host '%s': %s", host,
+                           gai_strerror(gai));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, const csd_tok *tok,
+                           const csd_chat_template *tmpl, csd_err *err) {
+    *out = NULL;
+    csd_http_opts o;
+    csd_http_opts_default(&o);
+    if (opts) o = *opts;
+    if (!o.host) o.host = "127.0.0.1";
+    if (!o.max_body) o.max_body = CSD_HTTP_DEFAULT_MAX_BODY;
+    if (o.max_connections <= 0) o.max_connections = CSD_HTTP_DEFAULT_MAX_CONNECTIONS;
+    if (o.idle_timeout_s <= 0) o.idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
+    if (!tok) return csd_err_set(err, CSD_EINVAL, "server needs a tokenizer");
+    if (!o.model_name || !o.model_name[0])
+        return csd_err_set(err, CSD_EINVAL, "server needs a model name");
+    if (o.port < 0 || o.port > 65535)
+        return csd_err_set(err, CSD_ERANGE, "port %d out of range", o.port);
+    struct sockaddr_storage addr;
+    socklen_t addr_len = 0;
+    int rc = resolve(o.host, o.port, &addr, &addr_len, err);
+    if (rc) return rc;
+
+    csd_http_server *s = csd_alloc(sizeof *s);
+    if (!s) return csd_err_set(err, CSD_ENOMEM, "server");
+    s->tok = tok;
+    s->tmpl = tmpl;
+    s->max_body = o.max_body;
+    s->started = (long long)time(NULL);
+    s->model_name = csd_strdup(o.model_name);
+    if (o.api_key && o.api_key[0]) s->api_key = csd_strdup(o.api_key);
+    if (!s->model_name || (o.api_key && o.api_key[0] && !s->api_key)) {
+        rc = csd_err_set(err, CSD_ENOMEM, "server");
+        goto fail;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->mhd = MHD_start_daemon(
+        flags, (uint16_t)o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
+        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    if (!s->mhd) {
+        rc = csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
+                         o.host, o.port);
+        goto fail;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : o.port;
+    CSD_LOGI("http server listening host=%s port=%d model=%s auth=%s", o.host, s->port,
+             s->model_name, s->api_key ? "on" : "off");
+    *out = s;
+    return 0;
+fail:
+    csd_http_server_destroy(s);
+    return rc;
+}
+
+void csd_http_server_set_engine(csd_http_server *s, csd_engine *engine) {
+    atomic_store(&s->engine, engine);
+}
+
+int csd_http_server_port(const csd_http_server *s) { return s->port; }
+
+void csd_http_server_destroy(csd_http_server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, 1); /* waiting handlers cancel their requests and return */
+    if (s->mhd) MHD_stop_daemon(s->mhd);
+    csd_free(s->api_key);
+    csd_free(s->model_name);
+    csd_free(s);
+}

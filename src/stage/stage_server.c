@@ -1,0 +1,692 @@
+/* stage_server: accept loop, per-connection readers, one ordered compute queue (see the header). */
+#include "stage_server.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+#include "core/log.h"
+
+#define IDLE_POLL_MS 200        /* how often blocked loops look at the stop flag */
+#define BATCH_WAIT_MS 2000      /* longest wait for the rest of a BATCH_MORE group */
+#define CSD_STEP_MAX_BATCH_ITEMS 256 /* frames (requests) in one batched forward */
+
+typedef struct peer {
+    struct peer *next;
+    struct csd_stage_server *s;
+    csd_conn *conn;
+    pthread_t reader;
+    int role;                   /* enum csd_wire_role of the other side */
+    atomic_bool finished;       /* reader thread has exited */
+} peer;
+
+typedef struct item {
+    struct item *next;
+    peer *src;
+    csd_wire_hdr hdr;
+    uint8_t *data;              /* payload copy */
+    size_t cap;
+} item;
+
+typedef struct stage_req {
+    uint32_t id;
+    csd_kv *kv;                 /* NULL: free slot */
+    int hidden_dtype;           /* dtype of hidden states sent on */
+    uint64_t last_used;
+} stage_req;
+
+struct csd_stage_server {
+    csd_model *model;
+    csd_stage_opts opts;
+    csd_listener *listener;
+    atomic_bool stop;
+    pthread_mutex_t mu;         /* queue, peers, downstream */
+    pthread_mutex_t send_mu;    /* held while sending on the output link */
+    pthread_cond_t cv;
+    item *q_head, *q_tail, *free_items;
+    peer *peers;
+    peer *coord;                /* the coordinator's link: where the last stage answers */
+    csd_conn *down;             /* the next stage (non-last stages, after ROUTE) */
+    pthread_t compute;
+    bool compute_started;
+    /* compute thread only */
+    stage_req *reqs;
+    int n_reqs;
+    uint64_t use_clock;
+    item *batch[CSD_STEP_MAX_BATCH_ITEMS];
+    int32_t *ids;               /* (max_batch) */
+    float *hidden;              /* (max_batch, dim) input rows */
+    float *out;                 /* (max_batch, dim) output rows */
+    float *logits;              /* grown on demand */
+    size_t logits_cap;          /* floats */
+    csd_kv **batch_kv;          /* (max_batch) */
+    bool *want;                 /* (max_batch) */
+    uint8_t *send_buf;
+    size_t send_cap;
+    /* counters */
+    atomic_uint_fast64_t forward_ns, forward_tokens;
+};
+
+/* ---- small helpers ---- */
+
+static const csd_model_config *cfg_of(const csd_stage_server *s) { return csd_model_cfg(s->model); }
+static const csd_weights *w_of(const csd_stage_server *s) { return csd_model_weights(s->model); }
+
+static int ensure_send(csd_stage_server *s, size_t n, csd_err *err) {
+    if (n <= s->send_cap) return 0;
+    uint8_t *p = csd_alloc(n);
+    if (!p) return csd_err_set(err, CSD_ENOMEM, "send buffer of %zu bytes", n);
+    csd_free(s->send_buf);
+    s->send_buf = p;
+    s->send_cap = n;
+    return 0;
+}
+
+static stage_req *find_req(csd_stage_server *s, uint32_t id) {
+    for (int i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i].kv && s->reqs[i].id == id) return &s->reqs[i];
+    return NULL;
+}
+
+static uint64_t kv_bytes(const csd_stage_server *s, const stage_req *r) {
+    return (uint64_t)csd_kv_capacity(r->kv) * csd_model_kv_bytes_per_token(s->model);
+}
+
+/* Sends a frame where this stage's output goes: the next stage, or (last stage, or no next stage
+ * yet) the coordinator. send_mu keeps the link alive while we use it: the accept loop and ROUTE
+ * take it before they close or replace a link. */
+static int send_out(csd_stage_server *s, const csd_wire_hdr *h, const void *payload, size_t len,
+                    bool errors_to_coord, csd_err *err) {
+    pthread_mutex_lock(&s->send_mu);
+    pthread_mutex_lock(&s->mu);
+    csd_conn *c = w_of(s)->has_head ? (s->coord ? s->coord->conn : NULL) : s->down;
+    if (!c && errors_to_coord && s->coord) c = s->coord->conn;
+    pthread_mutex_unlock(&s->mu);
+    int rc = c ? csd_conn_send(c, h, payload, len, err)
+               : csd_err_set(err, CSD_ECLOSED, "no link to the next stage or the coordinator");
+    pthread_mutex_unlock(&s->send_mu);
+    return rc;
+}
+
+static void send_req_error(csd_stage_server *s, uint32_t req, int code, const char *text) {
+    CSD_LOGW("stage=%u req=%u error: %s", s->opts.stage_index, req, text);
+    uint8_t buf[CSD_WIRE_ERROR_HDR_SIZE + CSD_WIRE_MAX_ERROR_TEXT];
+    size_t len = 0;
+    if (csd_wire_encode_error(buf, sizeof buf, code, text, &len, NULL)) return;
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_ERROR, 0, req, 0, (uint32_t)len);
+    send_out(s, &h, buf, len, true, NULL);
+}
+
+static void forward_frame(csd_stage_server *s, const item *it) {
+    if (w_of(s)->has_head) return;
+    send_out(s, &it->hdr, it->data, it->hdr.payload_len, false, NULL);
+}
+
+/* ---- request control ---- */
+
+static void close_req(stage_req *r) {
+    csd_kv_destroy(r->kv);
+    r->kv = NULL;
+}
+
+/* Frees least-recently-used requests until `need` more bytes fit under the cap. */
+static bool make_room(csd_stage_server *s, uint64_t need) {
+    for (;;) {
+        uint64_t used = 0;
+        stage_req *lru = NULL;
+        for (int i = 0; i < s->n_reqs; i++) {
+            if (!s->reqs[i].kv) continue;
+            used += kv_bytes(s, &s->reqs[i]);
+            if (!lru || s->reqs[i].last_used < lru->last_used) lru = &s->reqs[i];
+        }
+        if (used + need <= s->opts.kv_mem_cap) return true;
+        if (!lru) return false;
+        CSD_LOGI("stage=%u evicting req=%u (least recently used) to fit a new request", s->opts.stage_index, lru->id);
+        close_req(lru);
+    }
+}
+
+static void handle_open(csd_stage_server *s, item *it) {
+    csd_wire_open o;
+    csd_err err = {0};
+    uint32_t id = it->hdr.request_id;
+    if (csd_wire_decode_open(it->data, it->hdr.payload_len, &o, &err)) {
+        send_req_error(s, id, CSD_EPROTO, err.msg);
+        return;
+    }
+    stage_req *r = find_req(s, id);
+    if (r) close_req(r); /* re-open: start over */
+    uint64_t need = (uint64_t)o.max_context * csd_model_kv_bytes_per_token(s->model);
+    if ((int64_t)o.max_context > csd_model_max_ctx(s->model)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "context %u exceeds this stage's limit of %lld tokens", o.max_context,
+                 (long long)csd_model_max_ctx(s->model));
+        send_req_error(s, id, CSD_ERANGE, msg);
+        return;
+    }
+    stage_req *slot = NULL;
+    for (int i = 0; i < s->n_reqs && !slot; i++)
+        if (!s->reqs[i].kv) slot = &s->reqs[i];
+    if (!slot || !make_room(s, need)) {
+        if (!slot) { /* every slot busy: evict the least recently used */
+            stage_req *lru = &s->reqs[0];
+            for (int i = 1; i < s->n_reqs; i++)
+                if (s->reqs[i].last_used < lru->last_used) lru = &s->reqs[i];
+            close_req(lru);
+            slot = lru;
+        }
+        if (!make_room(s, need)) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "request needs %.1f MiB of KV cache, the stage's cap is %.1f MiB",
+                     (double)need / (1 << 20), (double)s->opts.kv_mem_cap / (1 << 20));
+            send_req_error(s, id, CSD_EFULL, msg);
+            return;
+        }
+    }
+    if (csd_kv_create(&slot->kv, s->model, o.max_context, &err)) {
+        send_req_error(s, id, err.code, err.msg);
+        return;
+    }
+    slot->id = id;
+    slot->hidden_dtype = o.hidden_dtype;
+    slot->last_used = ++s->use_clock;
+    forward_frame(s, it);
+}
+
+static void handle_control(csd_stage_server *s, item *it) {
+    stage_req *r = find_req(s, it->hdr.request_id);
+    if (it->hdr.type == CSD_WIRE_CLOSE) {
+        if (r) close_req(r);
+    } else if (it->hdr.type == CSD_WIRE_TRUNCATE) {
+        uint32_t keep = 0;
+        csd_err err = {0};
+        if (csd_wire_decode_truncate(it->data, it->hdr.payload_len, &keep, &err))
+            send_req_error(s, it->hdr.request_id, CSD_EPROTO, err.msg);
+        else if (r && csd_kv_truncate(r->kv, keep))
+            send_req_error(s, it->hdr.request_id, CSD_ERANGE, "truncate beyond the request's length");
+    } else if (it->hdr.type == CSD_WIRE_ERROR) {
+        /* an upstream stage failed this request: pass it on toward the coordinator */
+    }
+    if (it->hdr.type == CSD_WIRE_ERROR && w_of(s)->has_head)
+        send_out(s, &it->hdr, it->data, it->hdr.payload_len, true, NULL);
+    else
+        forward_frame(s, it);
+}
+
+/* ---- forward ---- */
+
+/* Loads the rows of one FORWARD frame into the batch at offset *fill. */
+static int load_rows(csd_stage_server *s, item *it, stage_req *r, int64_t *fill, csd_err *err) {
+    csd_wire_act act;
+    int rc = csd_wire_decode_act(it->data, it->hdr.payload_len, &act, err);
+    if (rc) return rc;
+    int64_t n = act.n_tokens, dim = cfg_of(s)->dim;
+    if (*fill + n > csd_model_max_batch(s->model))
+        return csd_err_set(err, CSD_ERANGE, "frame of %lld tokens exceeds the stage's batch of %lld",
+                           (long long)n, (long long)csd_model_max_batch(s->model));
+    if (w_of(s)->has_embed) {
+        if (act.kind != CSD_WIRE_ACT_TOKENS) return csd_err_set(err, CSD_EPROTO, "stage 0 expects token ids");
+        rc = csd_wire_act_ids(&act, (uint32_t *)(s->ids + *fill), (uint32_t)n, err);
+        for (int64_t i = 0; !rc && i < n; i++)
+            if (s->ids[*fill + i] < 0 || s->ids[*fill + i] >= cfg_of(s)->vocab_size)
+                rc = csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary", s->ids[*fill + i]);
+    } else {
+        if (act.kind != CSD_WIRE_ACT_HIDDEN || act.dim != (uint32_t)dim)
+            return csd_err_set(err, CSD_EPROTO, "expected hidden states of width %lld", (long long)dim);
+        rc = csd_wire_act_to_f32(&act, s->hidden + *fill * dim, (size_t)(n * dim), err);
+    }
+    if (rc) return rc;
+    /* A position below the request's length rewinds it (a retried or speculative step). */
+    if ((int64_t)it->hdr.position < csd_kv_len(r->kv)) csd_kv_truncate(r->kv, it->hdr.position);
+    if ((int64_t)it->hdr.position != csd_kv_len(r->kv))
+        return csd_err_set(err, CSD_EPROTO, "position %u but the request holds %lld tokens", it->hdr.position,
+                           (long long)csd_kv_len(r->kv));
+    bool all = it->hdr.flags & CSD_WIRE_FLAG_ALL_TOKENS;
+    for (int64_t i = 0; i < n; i++) {
+        s->batch_kv[*fill + i] = r->kv;
+        s->want[*fill + i] = all || i == n - 1;
+    }
+    *fill += n;
+    return 0;
+}
+
+static int ensure_logits(csd_stage_server *s, size_t floats, csd_err *err) {
+    if (floats <= s->logits_cap) return 0;
+    float *p = csd_alloc_array(floats, sizeof(float));
+    if (!p) return csd_err_set(err, CSD_ENOMEM, "logits buffer");
+    csd_free(s->logits);
+    s->logits = p;
+    s->logits_cap = floats;
+    return 0;
+}
+
+static int32_t argmax_row(const float *x, int64_t n) {
+    int32_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = (int32_t)i;
+    return best;
+}
+
+/* Sends the results of item k whose output rows start at row (hidden) or logit row lrow. */
+static int send_output(csd_stage_server *s, item *it, stage_req *r, int64_t row, int64_t n, int64_t lrow,
+                       int64_t n_logit_rows, csd_err *err) {
+    const csd_model_config *c = cfg_of(s);
+    size_t len = 0;
+    csd_wire_hdr h;
+    int rc;
+    if (!w_of(s)->has_head) {
+        size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_HIDDEN, r->hidden_dtype, (uint32_t)n, (uint32_t)c->dim);
+        if ((rc = ensure_send(s, need, err))) return rc;
+        rc = csd_wire_encode_rows_f32(s->send_buf, s->send_cap, CSD_WIRE_ACT_HIDDEN, r->hidden_dtype,
+                                      s->out + row * c->dim, (uint32_t)n, (uint32_t)c->dim, &len, err);
+        h = csd_wire_hdr_make(CSD_WIRE_FORWARD, it->hdr.flags, it->hdr.request_id, it->hdr.position, (uint32_t)len);
+    } else if (it->hdr.flags & CSD_WIRE_FLAG_OUT_SAMPLE) {
+        uint32_t ids[CSD_WIRE_MAX_TOKENS > 512 ? 512 : CSD_WIRE_MAX_TOKENS];
+        for (int64_t i = 0; i < n_logit_rows; i++) ids[i] = (uint32_t)argmax_row(s->logits + (lrow + i) * c->vocab_size, c->vocab_size);
+        if ((rc = ensure_send(s, 64 + (size_t)n_logit_rows * 4, err))) return rc;
+        rc = csd_wire_encode_ids(s->send_buf, s->send_cap, CSD_WIRE_ACT_SAMPLED, ids, (uint32_t)n_logit_rows, &len, err);
+        h = csd_wire_hdr_make(CSD_WIRE_RESULT, it->hdr.flags, it->hdr.request_id, it->hdr.position, (uint32_t)len);
+    } else {
+        size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_LOGITS, CSD_DTYPE_F32, (uint32_t)n_logit_rows,
+                                                (uint32_t)c->vocab_size);
+        if (need == 0) return csd_err_set(err, CSD_ERANGE, "logits of %lld rows exceed a frame", (long long)n_logit_rows);
+        if ((rc = ensure_send(s, need, err))) return rc;
+        rc = csd_wire_encode_rows_f32(s->send_buf, s->send_cap, CSD_WIRE_ACT_LOGITS, CSD_DTYPE_F32,
+                                      s->logits + lrow * c->vocab_size, (uint32_t)n_logit_rows,
+                                      (uint32_t)c->vocab_size, &len, err);
+        h = csd_wire_hdr_make(CSD_WIRE_RESULT, it->hdr.flags, it->hdr.request_id, it->hdr.position, (uint32_t)len);
+    }
+    if (rc) return rc;
+    return send_out(s, &h, s->send_buf, len, false, err);
+}
+
+/* Runs items[0..n) (consecutive FORWARD frames) as one batched forward and sends their outputs. */
+static void run_batch(csd_stage_server *s, item **items, int n) {
+    csd_err err = {0};
+    int64_t fill = 0;
+    int64_t starts[CSD_STEP_MAX_BATCH_ITEMS], ends[CSD_STEP_MAX_BATCH_ITEMS];
+    stage_req *reqs[CSD_STEP_MAX_BATCH_ITEMS];
+    int ok[CSD_STEP_MAX_BATCH_ITEMS];
+    int64_t rows_before = 0;
+    for (int k = 0; k < n; k++) {
+        starts[k] = fill;
+        reqs[k] = find_req(s, items[k]->hdr.request_id);
+        ok[k] = 0;
+        if (!reqs[k]) {
+            send_req_error(s, items[k]->hdr.request_id, CSD_ENOTFOUND, "request is not open on this stage (evicted or never opened)");
+            continue;
+        }
+        if (load_rows(s, items[k], reqs[k], &fill, &err)) {
+            send_req_error(s, items[k]->hdr.request_id, err.code, err.msg);
+            fill = starts[k];
+            continue;
+        }
+        ends[k] = fill;
+        ok[k] = 1;
+        reqs[k]->last_used = ++s->use_clock;
+    }
+    if (fill == 0) return;
+    int64_t logit_rows = 0;
+    for (int64_t i = 0; i < fill; i++) logit_rows += s->want[i];
+    if (w_of(s)->has_head && ensure_logits(s, (size_t)(logit_rows * cfg_of(s)->vocab_size), &err)) {
+        for (int k = 0; k < n; k++)
+            if (ok[k]) send_req_error(s, items[k]->hdr.request_id, err.code, err.msg);
+        return;
+    }
+    csd_batch b = {fill, s->ids, s->hidden, s->batch_kv, s->want};
+    uint64_t t0 = csd_now_ns();
+    int rc = csd_model_forward(s->model, &b, w_of(s)->has_head ? s->logits : s->out, &err);
+    atomic_fetch_add(&s->forward_ns, csd_now_ns() - t0);
+    atomic_fetch_add(&s->forward_tokens, (uint64_t)fill);
+    for (int k = 0; k < n; k++) {
+        if (!ok[k]) continue;
+        int64_t end = ends[k], rows = 0;
+        for (int64_t i = starts[k]; i < end; i++) rows += s->want[i];
+        if (rc) send_req_error(s, items[k]->hdr.request_id, err.code, err.msg);
+        else if (send_output(s, items[k], reqs[k], starts[k], end - starts[k], rows_before, rows, &err))
+            CSD_LOGW("stage=%u req=%u cannot send: %s", s->opts.stage_index, items[k]->hdr.request_id, err.msg);
+        rows_before += rows;
+    }
+}
+
+/* ---- the compute thread ---- */
+
+static item *pop_item(csd_stage_server *s, int wait_ms) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t deadline = csd_now_ns() + (uint64_t)wait_ms * 1000000ull;
+    while (!s->q_head && !atomic_load(&s->stop) && csd_now_ns() < deadline) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    item *it = s->q_head;
+    if (it) {
+        s->q_head = it->next;
+        if (!s->q_head) s->q_tail = NULL;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return it;
+}
+
+static void recycle(csd_stage_server *s, item *it) {
+    pthread_mutex_lock(&s->mu);
+    it->next = s->free_items;
+    s->free_items = it;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void *compute_main(void *arg) {
+    csd_stage_server *s = arg;
+    while (!atomic_load(&s->stop)) {
+        item *it = pop_item(s, IDLE_POLL_MS);
+        if (!it) continue;
+        if (it->hdr.type != CSD_WIRE_FORWARD) {
+            if (it->hdr.type == CSD_WIRE_OPEN) handle_open(s, it);
+            else handle_control(s, it);
+            recycle(s, it);
+            continue;
+        }
+        int n = 0;
+        s->batch[n++] = it;
+        while ((s->batch[n - 1]->hdr.flags & CSD_WIRE_FLAG_BATCH_MORE) && n < CSD_STEP_MAX_BATCH_ITEMS) {
+            item *more = pop_item(s, BATCH_WAIT_MS);
+            if (!more) break;
+            if (more->hdr.type != CSD_WIRE_FORWARD) { /* protocol slip: run what we have first */
+                run_batch(s, s->batch, n);
+                for (int k = 0; k < n; k++) recycle(s, s->batch[k]);
+                n = 0;
+                if (more->hdr.type == CSD_WIRE_OPEN) handle_open(s, more);
+                else handle_control(s, more);
+                recycle(s, more);
+                break;
+            }
+            s->batch[n++] = more;
+        }
+        if (n) run_batch(s, s->batch, n);
+        for (int k = 0; k < n; k++) recycle(s, s->batch[k]);
+    }
+    return NULL;
+}
+
+/* ---- connections ---- */
+
+static item *new_item(csd_stage_server *s, size_t len) {
+    pthread_mutex_lock(&s->mu);
+    item *it = s->free_items;
+    if (it) s->free_items = it->next;
+    pthread_mutex_unlock(&s->mu);
+    if (!it && !(it = csd_alloc(sizeof *it))) return NULL;
+    if (it->cap < len) {
+        csd_free(it->data);
+        it->data = csd_alloc(len);
+        it->cap = it->data ? len : 0;
+        if (!it->data) {
+            csd_free(it);
+            return NULL;
+        }
+    }
+    it->next = NULL;
+    return it;
+}
+
+static void enqueue(csd_stage_server *s, peer *p, const csd_wire_hdr *h, const uint8_t *data) {
+    item *it = new_item(s, h->payload_len);
+    if (!it) {
+        CSD_LOGE("stage=%u out of memory queueing a frame", s->opts.stage_index);
+        return;
+    }
+    it->src = p;
+    it->hdr = *h;
+    if (h->payload_len) memcpy(it->data, data, h->payload_len);
+    pthread_mutex_lock(&s->mu);
+    if (s->q_tail) s->q_tail->next = it;
+    else s->q_head = it;
+    s->q_tail = it;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ROUTE: connect to the next stage named by the coordinator and check it is the right one. */
+static int handle_route(csd_stage_server *s, const uint8_t *data, size_t len, csd_err *err) {
+    char addr[CSD_WIRE_MAX_ROUTE + 1];
+    int rc = csd_wire_decode_route(data, len, addr, sizeof addr, err);
+    if (rc) return rc;
+    if (w_of(s)->has_head) return csd_err_set(err, CSD_EPROTO, "the last stage has no next stage");
+    csd_conn *c = NULL;
+    if ((rc = csd_conn_connect(&c, addr, s->opts.link.timeout_ms, err))) return rc;
+    csd_wire_hello expect = {0}, peer_hello;
+    expect.proto_version = CSD_WIRE_VERSION;
+    expect.role = CSD_WIRE_ROLE_STAGE;
+    expect.stage_index = s->opts.stage_index + 1;
+    expect.layer_begin = (uint32_t)w_of(s)->layer_end;
+    expect.layer_end = CSD_WIRE_ANY;
+    memcpy(expect.model_hash, s->opts.model_hash, CSD_WIRE_HASH_SIZE);
+    rc = csd_conn_handshake_client(c, &s->opts.link, &expect, &peer_hello, err);
+    if (rc) {
+        csd_conn_destroy(c);
+        return csd_err_prefix(err, "next stage %s: ", addr);
+    }
+    pthread_mutex_lock(&s->send_mu); /* no send in progress on the old link */
+    pthread_mutex_lock(&s->mu);
+    csd_conn *old = s->down;
+    s->down = c;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->send_mu);
+    csd_conn_destroy(old);
+    CSD_LOGI("stage=%u routed to next stage at %s", s->opts.stage_index, addr);
+    return 0;
+}
+
+static void reply_stats(csd_stage_server *s, peer *p) {
+    csd_wire_stats st = {0};
+    uint64_t used = 0, total = s->opts.kv_mem_cap;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i].kv) {
+            st.open_requests++;
+            used += (uint64_t)csd_kv_capacity(s->reqs[i].kv) * csd_model_kv_bytes_per_token(s->model);
+        }
+    pthread_mutex_unlock(&s->mu);
+    csd_conn_counters cc;
+    csd_conn_get_counters(p->conn, &cc);
+    st.frames_in = cc.frames_in;
+    st.frames_out = cc.frames_out;
+    st.bytes_in = cc.bytes_in;
+    st.bytes_out = cc.bytes_out;
+    st.kv_bytes_used = used;
+    st.kv_bytes_total = total;
+    st.forward_ns = atomic_load(&s->forward_ns);
+    st.forward_tokens = atomic_load(&s->forward_tokens);
+    uint8_t buf[CSD_WIRE_STATS_SIZE];
+    size_t len = 0;
+    if (csd_wire_encode_stats(buf, sizeof buf, &st, &len, NULL) == 0) {
+        csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_STATS_REPLY, 0, 0, 0, (uint32_t)len);
+        csd_conn_send(p->conn, &h, buf, len, NULL);
+    }
+}
+
+static void *reader_main(void *arg) {
+    peer *p = arg;
+    csd_stage_server *s = p->s;
+    csd_netbuf buf = {0};
+    csd_wire_hello self = {0}, other;
+    self.proto_version = CSD_WIRE_VERSION;
+    self.role = CSD_WIRE_ROLE_STAGE;
+    self.caps = CSD_WIRE_CAP_HIDDEN_F32 | CSD_WIRE_CAP_HIDDEN_BF16 | CSD_WIRE_CAP_TRUNCATE |
+                (w_of(s)->has_head ? CSD_WIRE_CAP_SAMPLE : 0);
+    self.stage_index = s->opts.stage_index;
+    self.layer_begin = (uint32_t)w_of(s)->layer_begin;
+    self.layer_end = (uint32_t)w_of(s)->layer_end;
+    memcpy(self.model_hash, s->opts.model_hash, CSD_WIRE_HASH_SIZE);
+    csd_err err = {0};
+    if (csd_conn_handshake_server(p->conn, &s->opts.link, &self, &other, &err)) {
+        CSD_LOGW("stage=%u refused %s: %s", s->opts.stage_index, csd_conn_peer(p->conn), err.msg);
+        atomic_store(&p->finished, true);
+        return NULL;
+    }
+    p->role = other.role;
+    if (p->role == CSD_WIRE_ROLE_COORD) {
+        pthread_mutex_lock(&s->mu);
+        s->coord = p;
+        pthread_mutex_unlock(&s->mu);
+    }
+    CSD_LOGI("stage=%u connected %s role=%s", s->opts.stage_index, csd_conn_peer(p->conn), csd_wire_role_name(p->role));
+    while (!atomic_load(&s->stop)) {
+        csd_wire_hdr h;
+        int rc = csd_conn_recv(p->conn, &h, &buf, IDLE_POLL_MS, &err);
+        if (rc == CSD_ETIMEOUT) continue;
+        if (rc) {
+            if (rc != CSD_ECLOSED) CSD_LOGW("stage=%u link %s: %s", s->opts.stage_index, csd_conn_peer(p->conn), err.msg);
+            break;
+        }
+        if (h.type == CSD_WIRE_PING) {
+            csd_wire_hdr pong = csd_wire_hdr_make(CSD_WIRE_PONG, 0, h.request_id, 0, h.payload_len);
+            csd_conn_send(p->conn, &pong, buf.data, h.payload_len, NULL);
+        } else if (h.type == CSD_WIRE_STATS) {
+            reply_stats(s, p);
+        } else if (h.type == CSD_WIRE_ROUTE) {
+            if (handle_route(s, buf.data, h.payload_len, &err)) csd_conn_send_error(p->conn, 0, err.code, err.msg, NULL);
+        } else if (h.type == CSD_WIRE_OPEN || h.type == CSD_WIRE_FORWARD || h.type == CSD_WIRE_TRUNCATE ||
+                   h.type == CSD_WIRE_CLOSE || (h.type == CSD_WIRE_ERROR && h.request_id != 0)) {
+            enqueue(s, p, &h, buf.data);
+        } else {
+            CSD_LOGW("stage=%u unexpected %s from %s", s->opts.stage_index, csd_wire_type_name(h.type),
+                     csd_conn_peer(p->conn));
+        }
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->coord == p) s->coord = NULL;
+    pthread_mutex_unlock(&s->mu);
+    csd_netbuf_fini(&buf);
+    atomic_store(&p->finished, true);
+    return NULL;
+}
+
+/* Joins and frees readers whose links ended. */
+static void reap_peers(csd_stage_server *s, bool all) {
+    pthread_mutex_lock(&s->mu);
+    peer **pp = &s->peers;
+    while (*pp) {
+        peer *p = *pp;
+        if (all) csd_conn_shutdown(p->conn);
+        if (all || atomic_load(&p->finished)) {
+            *pp = p->next;
+            pthread_mutex_unlock(&s->mu);
+            pthread_join(p->reader, NULL);
+            pthread_mutex_lock(&s->send_mu); /* the compute thread may be answering on it */
+            pthread_mutex_unlock(&s->send_mu);
+            csd_conn_destroy(p->conn);
+            csd_free(p);
+            pthread_mutex_lock(&s->mu);
+            continue;
+        }
+        pp = &p->next;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---- lifecycle ---- */
+
+int csd_stage_server_create(csd_stage_server **out, csd_model *model, const csd_stage_opts *opts, csd_err *err) {
+    *out = NULL;
+    csd_stage_server *s = csd_alloc(sizeof *s);
+    if (!s) return csd_err_set(err, CSD_ENOMEM, "stage server");
+    s->model = model;
+    s->opts = *opts;
+    if (s->opts.max_requests <= 0) s->opts.max_requests = 64;
+    if (s->opts.kv_mem_cap == 0) s->opts.kv_mem_cap = 4ull << 30;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->send_mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    int64_t mb = csd_model_max_batch(model), dim = csd_model_cfg(model)->dim;
+    s->n_reqs = s->opts.max_requests;
+    s->reqs = csd_alloc_array((size_t)s->n_reqs, sizeof(stage_req));
+    s->ids = csd_alloc_array((size_t)mb, sizeof(int32_t));
+    s->hidden = csd_alloc_array((size_t)(mb * dim), sizeof(float));
+    s->out = csd_alloc_array((size_t)(mb * dim), sizeof(float));
+    s->batch_kv = csd_alloc_array((size_t)mb, sizeof(csd_kv *));
+    s->want = csd_alloc_array((size_t)mb, sizeof(bool));
+    int rc = s->reqs && s->ids && s->hidden && s->out && s->batch_kv && s->want
+                 ? 0 : csd_err_set(err, CSD_ENOMEM, "stage buffers");
+    if (!rc) rc = csd_listener_open(&s->listener, opts->listen, err);
+    if (!rc && pthread_create(&s->compute, NULL, compute_main, s) != 0)
+        rc = csd_err_set(err, CSD_EIO, "cannot start the compute thread");
+    if (rc) {
+        csd_stage_server_destroy(s);
+        return rc;
+    }
+    s->compute_started = true;
+    *out = s;
+    return 0;
+}
+
+uint16_t csd_stage_server_port(const csd_stage_server *s) { return csd_listener_port(s->listener); }
+
+int csd_stage_server_run(csd_stage_server *s, csd_err *err) {
+    while (!atomic_load(&s->stop)) {
+        csd_conn *c = NULL;
+        int rc = csd_listener_accept(s->listener, &c, IDLE_POLL_MS, err);
+        reap_peers(s, false);
+        if (rc == CSD_ETIMEOUT) continue;
+        if (rc) {
+            CSD_LOGW("stage=%u accept: %s", s->opts.stage_index, err->msg);
+            continue;
+        }
+        peer *p = csd_alloc(sizeof *p);
+        if (!p) {
+            csd_conn_destroy(c);
+            continue;
+        }
+        p->s = s;
+        p->conn = c;
+        if (pthread_create(&p->reader, NULL, reader_main, p) != 0) {
+            csd_conn_destroy(c);
+            csd_free(p);
+            continue;
+        }
+        pthread_mutex_lock(&s->mu);
+        p->next = s->peers;
+        s->peers = p;
+        pthread_mutex_unlock(&s->mu);
+    }
+    return 0;
+}
+
+void csd_stage_server_stop(csd_stage_server *s) { atomic_store(&s->stop, true); }
+
+void csd_stage_server_destroy(csd_stage_server *s) {
+    if (!s) return;
+    atomic_store(&s->stop, true);
+    reap_peers(s, true);
+    if (s->compute_started) pthread_join(s->compute, NULL);
+    csd_conn_destroy(s->down);
+    csd_listener_destroy(s->listener);
+    for (item *lists[2] = {s->q_head, s->free_items}, **l = lists; l < lists + 2; l++)
+        for (item *it = *l, *next; it; it = next) {
+            next = it->next;
+            csd_free(it->data);
+            csd_free(it);
+        }
+    for (int i = 0; s->reqs && i < s->n_reqs; i++) csd_kv_destroy(s->reqs[i].kv);
+    csd_free(s->reqs);
+    csd_free(s->ids);
+    csd_free(s->hidden);
+    csd_free(s->out);
+    csd_free(s->batch_kv);
+    csd_free(s->want);
+    csd_free(s->logits);
+    csd_free(s->send_buf);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->send_mu);
+    pthread_cond_destroy(&s->cv);
+    csd_free(s);
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# `cascadia export` cuts a synthesized model into stage shards + manifest.json; `cascadia inspect`
+# reads the manifest (and checks it against the files), the directory and a shard (verifying every
+# checksum); a flipped or truncated shard is refused naming the file; planner errors are clear.
+source "$(dirname "$0")/e2e_lib.sh"
+[ -x "$CASCADIA" ] || skip "$CASCADIA not built"
+"$CASCADIA" export --help >/dev/null 2>&1 || skip "the export command is not in this binary's command table yet"
+
+M="$WORK/model"
+"$CASCADIA" synth --arch qwen3 --preset tiny --out "$M" 2>/dev/null || fail "synth failed"
+pass=0
+ok() { pass=$((pass + 1)); }
+has() { grep -qF -- "$2" <<<"$1" || fail "$3: output lacks '$2':
+$1"; }
+
+# Two stages at int8.
+out=$("$CASCADIA" export "$M" --stages 2 --precision int8 --out "$WORK/exp" 2>"$WORK/log") || fail "export: $(cat "$WORK/log")"
+has "$out" "2 stages, int8" "export"
+for f in manifest.json stage-0.shard stage-1.shard config.json tokenizer.json tokenizer_config.json; do
+    [ -s "$WORK/exp/$f" ] || fail "export did not write $f"
+done
+grep -q "stage 2/2" "$WORK/log" || fail "no per-stage log line: $(cat "$WORK/log")"
+ok
+
+# inspect on the manifest, the directory and a shard.
+man=$("$CASCADIA" inspect "$WORK/exp/manifest.json") || fail "inspect manifest failed"
+has "$man" "precision       int8" "inspect manifest"
+has "$man" "stage-0.shard    [0, 2)" "inspect manifest"
+has "$man" "stage-1.shard    [2, 4)" "inspect manifest"
+has "$man" "check           ok" "inspect manifest"
+dir=$("$CASCADIA" inspect "$WORK/exp") || fail "inspect dir failed"
+[ "$dir" = "$man" ] || fail "inspect DIR and DIR/manifest.json differ"
+shard=$("$CASCADIA" inspect "$WORK/exp/stage-1.shard") || fail "inspect shard failed"
+has "$shard" "stage           1 of 2" "inspect shard"
+has "$shard" "layers          [2, 4) of 4, final norm + head" "inspect shard"
+has "$shard" "every checksum verified" "inspect shard"
+h1=$(grep "^model hash" <<<"$man" | awk '{print $3}')
+h2=$(grep "^model hash" <<<"$shard" | awk '{print $3}')
+[ -n "$h1" ] && [ "$h1" = "$h2" ] || fail "model hash differs: manifest '$h1' shard '$h2'"
+model=$("$CASCADIA" inspect "$M") || fail "inspect MODEL_DIR failed"
+has "$model" "tensors" "inspect model dir"
+ok
+
+# A flipped byte deep in the tensor data: named file and tensor. A truncated shard: named file.
+cp -r "$WORK/exp" "$WORK/bad"
+size=$(stat -c %s "$WORK/bad/stage-1.shard")
+printf '\x5a' | dd of="$WORK/bad/stage-1.shard" bs=1 seek=$((size - 100)) conv=notrunc status=none
+if err=$("$CASCADIA" inspect "$WORK/bad/stage-1.shard" 2>&1); then fail "corrupted shard accepted"; fi
+has "$err" "$WORK/bad/stage-1.shard: tensor '" "corrupted shard"
+has "$err" "is corrupted" "corrupted shard"
+truncate -s $((size / 2)) "$WORK/bad/stage-1.shard"
+if err=$("$CASCADIA" inspect "$WORK/bad/stage-1.shard" 2>&1); then fail "truncated shard accepted"; fi
+has "$err" "truncated" "truncated shard"
+if err=$("$CASCADIA" inspect "$WORK/bad" 2>&1); then fail "manifest of a truncated shard accepted"; fi
+has "$err" "stage-1.shard" "manifest check"
+ok
+
+# Planning: auto on machines too small, N above the layer count, auto that fits on one machine.
+if err=$("$CASCADIA" export "$M" --stages auto --memory 10M,10M --precision f32 --out "$WORK/x" 2>&1); then
+    fail "impossible plan accepted"; fi
+has "$err" "missing" "impossible plan"
+if err=$("$CASCADIA" export "$M" --stages 5 --precision f32 --out "$WORK/x" 2>&1); then fail "5 stages of 4 layers accepted"; fi
+has "$err" "use 1 to 4" "too many stages"
+out=$("$CASCADIA" export "$M" --stages auto --memory 1G,1G --precision int4 --ctx 256 --out "$WORK/auto" 2>/dev/null) ||
+    fail "auto export failed"
+has "$out" "1 stage, int4" "auto export"
+"$CASCADIA" inspect "$WORK/auto" >/dev/null || fail "inspect auto export failed"
+ok
+
+echo "$pass passed, 0 failed"

@@ -1,0 +1,197 @@
+/* test_http_server: the HTTP layer before a model is ready (no engine): /health and the API answer
+ * 503 with Retry-After, /metrics says not ready, and routing, methods, the API key and the body
+ * limit give 404/405/401/413 with OpenAI error bodies. Loopback, ephemeral port, bounded waits. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "http/server.h"
+#include "tok/tokenizer.h"
+
+/* A tiny SentencePiece-style tokenizer (the server only needs one to exist here). */
+static const char tiny_tok[] =
+    "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, {\"id\": 1, "
+    "\"content\": \"<s>\", \"special\": true}], \"normalizer\": null, \"pre_tokenizer\": null, "
+    "\"decoder\": null, \"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": "
+    "{\"<unk>\": 0, \"<s>\": 1, \"a\": 2, \"b\": 3}, \"merges\": []}}";
+
+typedef struct fixture {
+    csd_tok *tok;
+    csd_http_server *srv;
+    int port;
+} fixture;
+
+static int setup(void **state) {
+    fixture *f = csd_alloc(sizeof *f);
+    csd_err err = {0};
+    if (csd_tok_load_mem(&f->tok, tiny_tok, strlen(tiny_tok), NULL, 0, &err)) {
+        printf("tokenizer: %s\n", err.msg);
+        return -1;
+    }
+    csd_http_opts o;
+    csd_http_opts_default(&o);
+    o.port = 0;
+    o.api_key = "k3y";
+    o.model_name = "tiny";
+    o.max_body = 1024;
+    if (csd_http_server_create(&f->srv, &o, f->tok, NULL, &err)) {
+        printf("server: %s\n", err.msg);
+        return -1;
+    }
+    f->port = csd_http_server_port(f->srv);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    csd_http_server_destroy(f->srv);
+    csd_tok_destroy(f->tok);
+    csd_free(f);
+    return 0;
+}
+
+/* Sends req (a whole HTTP/1.1 request) and reads the response until the server closes. */
+static int roundtrip(int port, const char *req, char *resp, size_t cap) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    size_t len = strlen(req);
+    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
+    size_t n = 0;
+    while (n + 1 < cap) {
+        ssize_t r = recv(fd, resp + n, cap - 1 - n, 0);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    resp[n] = 0;
+    close(fd);
+    int status = 0;
+    sscanf(resp, "HTTP/1.%*d %d", &status);
+    return status;
+}
+
+static const char *body_of(const char *resp) {
+    const char *b = strstr(resp, "\r\n\r\n");
+    return b ? b + 4 : "";
+}
+
+static void test_health_loading(void **state) {
+    fixture *f = *state;
+    char resp[8192];
+    int st = roundtrip(f->port, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                       resp, sizeof resp);
+    assert_int_equal(st, 503);
+    assert_string_equal(body_of(resp), "{\"status\":\"loading\"}");
+    assert_non_null(strcasestr(resp, "\r\nRetry-After: "));
+}
+
+static void test_api_loading(void **state) {
+    fixture *f = *state;
+    char resp[8192];
+    const char *req = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                      "Authorization: Bearer k3y\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 2\r\n\r\n{}";
+    assert_int_equal(roundtrip(f->port, req, resp, sizeof resp), 503);
+    assert_non_null(strcasestr(resp, "\r\nRetry-After: "));
+    assert_non_null(strstr(body_of(resp), "\"error\""));
+}
+
+static void test_metrics_not_ready(void **state) {
+    fixture *f = *state;
+    char resp[16384];
+    assert_int_equal(roundtrip(f->port,
+                               "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               resp, sizeof resp),
+                     200);
+    assert_non_null(strstr(resp, "\ncascadia_ready 0\n"));
+    assert_non_null(strstr(resp, "# TYPE cascadia_requests_total counter\n"));
+    assert_non_null(strstr(resp, "cascadia_time_to_first_token_seconds_count 0\n"));
+}
+
+static void test_routes_methods_auth_limits(void **state) {
+    fixture *f = *state;
+    char resp[8192];
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v2/nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               resp, sizeof resp),
+                     404);
+    assert_non_null(strstr(body_of(resp), "\"type\":\"invalid_request_error\""));
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: Bearer k3y\r\n\r\n",
+                               resp, sizeof resp),
+                     405);
+    assert_non_null(strcasestr(resp, "\r\nAllow: POST"));
+    assert_int_equal(roundtrip(f->port,
+                               "DELETE /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               resp, sizeof resp),
+                     405);
+    /* no key, a wrong key, a key without Bearer */
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               resp, sizeof resp),
+                     401);
+    assert_non_null(strstr(body_of(resp), "invalid_api_key"));
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: Bearer k3yy\r\n\r\n",
+                               resp, sizeof resp),
+                     401);
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: k3y\r\n\r\n",
+                               resp, sizeof resp),
+                     401);
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: Bearer k3y\r\n\r\n",
+                               resp, sizeof resp),
+                     200);
+    assert_non_null(strstr(body_of(resp), "\"id\":\"tiny\""));
+    assert_int_equal(roundtrip(f->port,
+                               "GET /v1/models/other HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: Bearer k3y\r\n\r\n",
+                               resp, sizeof resp),
+                     404);
+    assert_non_null(strstr(body_of(resp), "model_not_found"));
+    /* body limit (1024 here): declared far beyond, and actually sent beyond */
+    assert_int_equal(roundtrip(f->port,
+                               "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: Bearer k3y\r\nContent-Length: 100000000\r\n\r\n",
+                               resp, sizeof resp),
+                     413);
+    char big[4096];
+    int n = snprintf(big, sizeof big,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                     "Authorization: Bearer k3y\r\nContent-Length: 2000\r\n\r\n");
+    memset(big + n, 'x', 2000);
+    big[n + 2000] = 0;
+    assert_int_equal(roundtrip(f->port, big, resp, sizeof resp), 413);
+    assert_non_null(strstr(body_of(resp), "request_too_large"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_health_loading),
+        cmocka_unit_test(test_api_loading),
+        cmocka_unit_test(test_metrics_not_ready),
+        cmocka_unit_test(test_routes_methods_auth_limits),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

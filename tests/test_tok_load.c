@@ -1,0 +1,248 @@
+/* test_tok_load: tokenizer.json parsing from memory: both merge formats, added tokens with
+ * lstrip/rstrip, template BOS/EOS vs config flags, and malformed or unsupported files refused with
+ * a clean error (code + message, nothing leaked; run under ASan in CI). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/file_map.h"
+#include "test_util.h"
+#include "tok/tokenizer.h"
+
+/* A tiny SentencePiece-style tokenizer; MERGES is spliced in. */
+#define TINY(MERGES, ADDED, EXTRA)                                                              \
+    "{\"added_tokens\": [" ADDED "], " EXTRA                                                    \
+    "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"Prepend\", "       \
+    "\"prepend\": \"_\"}, {\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, "           \
+    "\"content\": \"_\"}]}, \"pre_tokenizer\": null, \"decoder\": {\"type\": \"Sequence\", "    \
+    "\"decoders\": [{\"type\": \"Replace\", \"pattern\": {\"String\": \"_\"}, \"content\": \" " \
+    "\"}, "                                                                                     \
+    "{\"type\": \"Fuse\"}, {\"type\": \"Strip\", \"content\": \" \", \"start\": 1, \"stop\": "  \
+    "0}]}, "                                                                                    \
+    "\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "       \
+    "\"<s>\": 1, \"_\": 2, \"a\": 3, \"b\": 4, \"ab\": 5, \"_ab\": 6, \"<X>\": 7}, "            \
+    "\"merges\": " MERGES "}}"
+
+#define SPECIALS                                                                                 \
+    "{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, {\"id\": 1, \"content\": \"<s>\", " \
+    "\"special\": true}"
+
+static csd_tok *load_ok(const char *json, const char *cfg) {
+    csd_tok *tok = NULL;
+    csd_err err = {0};
+    int rc = csd_tok_load_mem(&tok, json, strlen(json), cfg, cfg ? strlen(cfg) : 0, &err);
+    if (rc) printf("unexpected failure: %s\n", err.msg);
+    assert_int_equal(rc, 0);
+    return tok;
+}
+
+static void encode_expect(const csd_tok *tok, const char *s, bool add, const int32_t *want,
+                          size_t n) {
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    assert_int_equal(csd_tok_encode(tok, s, strlen(s), add, true, &ids, &n_ids, NULL), 0);
+    assert_int_equal(n_ids, n);
+    for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], want[i]);
+    csd_free(ids);
+}
+
+static void both_merge_formats(void **state) {
+    (void)state;
+    const char *forms[] = {TINY("[\"a b\", \"_ ab\"]", SPECIALS, ""),
+                           TINY("[[\"a\", \"b\"], [\"_\", \"ab\"]]", SPECIALS, "")};
+    for (int f = 0; f < 2; f++) {
+        csd_tok *tok = load_ok(forms[f], NULL);
+        const int32_t want[] = {6, 6, 2, 3}; /* "_ab" "_ab" "_" "a" */
+        encode_expect(tok, "ab ab a", false, want, 4);
+        char *text = NULL;
+        assert_int_equal(csd_tok_decode(tok, want, 4, false, &text, NULL), 0);
+        assert_string_equal(text, "ab ab a");
+        csd_free(text);
+        /* "c" is unknown, there is no byte fallback: unk (runs of unk fuse only with fuse_unk) */
+        const int32_t unk[] = {2, 0, 0};
+        encode_expect(tok, "cc", false, unk, 3);
+        csd_tok_destroy(tok);
+    }
+}
+
+static void bos_rules(void **state) {
+    (void)state;
+    const char *tmpl = "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": "
+                       "[{\"SpecialToken\": {\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": "
+                       "{\"id\": \"A\", \"type_id\": 0}}], \"special_tokens\": {\"<s>\": {\"id\": "
+                       "\"<s>\", \"ids\": [1], \"tokens\": [\"<s>\"]}}},";
+    char json[4096];
+    snprintf(json, sizeof json, "%s", TINY("[\"a b\", \"_ ab\"]", SPECIALS, "%s"));
+    char full[4096];
+    snprintf(full, sizeof full, json, tmpl);
+    csd_tok *tok = load_ok(full, NULL); /* the template adds <s> */
+    const int32_t with[] = {1, 6}, without[] = {6};
+    encode_expect(tok, "ab", true, with, 2);
+    encode_expect(tok, "ab", false, without, 1);
+    assert_int_equal(csd_tok_bos(tok), 1);
+    csd_tok_destroy(tok);
+    /* explicit config flags win (as LlamaTokenizer does): no BOS, but EOS "<X>" */
+    tok = load_ok(full, "{\"bos_token\": \"<s>\", \"eos_token\": {\"content\": \"<X>\"}, "
+                        "\"add_bos_token\": false, \"add_eos_token\": true, \"model_max_length\": "
+                        "1000000000000000019884624838656, \"chat_template\": \"{{ x }}\"}");
+    const int32_t eos[] = {6, 7};
+    encode_expect(tok, "ab", true, eos, 2);
+    assert_int_equal(csd_tok_eos(tok), 7);
+    assert_true(csd_tok_is_eog(tok, 7));
+    assert_string_equal(csd_tok_eos_text(tok), "<X>");
+    assert_string_equal(csd_tok_chat_template(tok), "{{ x }}");
+    csd_tok_destroy(tok);
+}
+
+static void added_tokens_strip(void **state) {
+    (void)state;
+    /* <X> strips spaces on its left only; <s> is special (not matched with parse_special off) */
+    const char *json = TINY("[\"a b\", \"_ ab\"]",
+                            SPECIALS ", {\"id\": 7, \"content\": \"<X>\", "
+                                     "\"lstrip\": true, \"normalized\": false}",
+                            "");
+    csd_tok *tok = load_ok(json, NULL);
+    const int32_t want[] = {6, 7, 2, 2, 3}; /* as the reference: " a" is normalized to "__a" */
+    encode_expect(tok, "ab   <X> a", false, want, 5);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(csd_tok_encode(tok, "<s>", 3, false, false, &ids, &n, NULL), 0);
+    assert_true(n > 1); /* read as text: "_", "<", "s", ">" pieces (unknown -> unk) */
+    csd_free(ids);
+    assert_false(csd_tok_is_special(tok, 7));
+    assert_true(csd_tok_is_special(tok, 1));
+    csd_tok_destroy(tok);
+}
+
+/* (?i:...) folds ASCII only, as the reference does, and leaves \p{...} names alone */
+static void regex_case_folding(void **state) {
+    (void)state;
+    const char *json =
+        "{\"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+        "\"pattern\": {\"Regex\": \"(?i:'s|\\\\p{Lu}x)|\\\\p{L}+\"}, \"behavior\": \"Isolated\"}, "
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": false}]}, "
+        "\"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", \"vocab\": "
+        "{\"'\": 0, \"S\": 1, \"s\": 2, \"'S\": 3, \"\u00c5\": 4, \"\u00bf\": 5, \"'\u00c5\": 6, "
+        "\"A\": 7, \"X\": 8, \"AX\": 9}, \"merges\": [[\"'\", \"S\"], [\"'\", \"\u00c5\"], [\"A\", "
+        "\"X\"]]}}";
+    csd_tok *tok = load_ok(json, NULL);
+    const int32_t folded[] = {3};
+    encode_expect(tok, "'S", false, folded, 1);
+    /* U+017F (long s) is not folded to s: "'" and "\u017f" are separate pieces */
+    const int32_t longs[] = {0, 4, 5};
+    encode_expect(tok, "'\xC5\xBF", false, longs, 3);
+    const int32_t ax[] = {9};
+    encode_expect(tok, "AX", false, ax, 1);
+    char *text = NULL;
+    assert_int_equal(csd_tok_decode(tok, longs, 3, false, &text, NULL), 0);
+    assert_string_equal(text, "'\xC5\xBF");
+    csd_free(text);
+    csd_tok_destroy(tok);
+}
+
+/* Metaspace pre-tokenizer (prepend_scheme "first": only the first section gets "_") and decoder;
+ * expected ids and texts are the reference's */
+static void metaspace(void **state) {
+    (void)state;
+    const char *json =
+        "{\"added_tokens\": [" SPECIALS "], \"pre_tokenizer\": {\"type\": \"Metaspace\", "
+        "\"replacement\": \"_\", \"prepend_scheme\": \"first\", \"split\": false}, \"decoder\": "
+        "{\"type\": \"Metaspace\", \"replacement\": \"_\", \"prepend_scheme\": \"first\"}, "
+        "\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
+        "\"<s>\": 1, \"_\": 2, \"a\": 3, \"b\": 4, \"ab\": 5, \"_ab\": 6}, \"merges\": [\"a b\", "
+        "\"_ ab\"]}}";
+    csd_tok *tok = load_ok(json, NULL);
+    const char *in[] = {"ab ab", "<s>ab ab", " ab", "ab<s>ab"};
+    const int32_t want[4][3] = {{6, 6}, {1, 5, 6}, {6}, {6, 1, 5}};
+    const size_t nwant[] = {2, 3, 1, 3};
+    const char *text[] = {"ab ab", "<s>ab ab", "ab", "ab<s>ab"};
+    for (int i = 0; i < 4; i++) {
+        encode_expect(tok, in[i], false, want[i], nwant[i]);
+        char *out = NULL;
+        assert_int_equal(csd_tok_decode(tok, want[i], nwant[i], false, &out, NULL), 0);
+        assert_string_equal(out, text[i]);
+        csd_free(out);
+    }
+    csd_tok_destroy(tok);
+}
+
+static void expect_refused(const char *json, int code, const char *needle) {
+    csd_tok *tok = (csd_tok *)1;
+    csd_err err = {0};
+    int rc = csd_tok_load_mem(&tok, json, strlen(json), NULL, 0, &err);
+    if (rc != code || !strstr(err.msg, needle))
+        printf("input %.80s: rc %d msg '%s' (want %d, '%s')\n", json, rc, err.msg, code, needle);
+    assert_int_equal(rc, code);
+    assert_null(tok);
+    assert_non_null(strstr(err.msg, needle));
+}
+
+static void malformed_refused(void **state) {
+    (void)state;
+    expect_refused("", CSD_EFORMAT, "tokenizer.json");
+    expect_refused("{", CSD_EFORMAT, "line");
+    expect_refused("[]", CSD_EFORMAT, "no model");
+    expect_refused("{\"model\": {}}", CSD_EUNSUPPORTED, "BPE");
+    expect_refused("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", CSD_EUNSUPPORTED,
+                   "Unigram");
+    expect_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}, \"merges\": []}}",
+                   CSD_EFORMAT, "bad id");
+    expect_refused(
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 99999999999}, \"merges\": []}}",
+        CSD_EFORMAT, "bad id");
+    expect_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [7]}}",
+                   CSD_EFORMAT, "merge 0");
+    expect_refused("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": {}}}",
+                   CSD_EFORMAT, "merges");
+    expect_refused(
+        "{\"added_tokens\": [{\"id\": 1}], \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+        "\"merges\": []}}",
+        CSD_EFORMAT, "added_tokens[0]");
+    expect_refused(
+        "{\"normalizer\": {\"type\": \"NFKD\"}, \"model\": {\"type\": \"BPE\", \"vocab\": "
+        "{\"a\": 0}, \"merges\": []}}",
+        CSD_EUNSUPPORTED, "NFKD");
+    expect_refused("{\"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"Regex\": \"(\"}}, "
+                   "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}",
+                   CSD_EFORMAT, "regex");
+    expect_refused("{\"decoder\": {\"type\": \"CTC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": "
+                   "{\"a\": 0}, \"merges\": []}}",
+                   CSD_EUNSUPPORTED, "CTC");
+    /* a real file cut in half */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", CSD_STORIES_DIR);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        char *buf = NULL;
+        size_t len = 0;
+        assert_int_equal(csd_file_read_all(path, 1 << 24, &buf, &len, NULL), 0);
+        buf[len / 2] = '\0';
+        expect_refused(buf, CSD_EFORMAT, "line");
+        csd_free(buf);
+    }
+    /* a config that is not an object */
+    csd_tok *tok = NULL;
+    csd_err err = {0};
+    const char *json = TINY("[]", SPECIALS, "");
+    assert_int_equal(csd_tok_load_mem(&tok, json, strlen(json), "[1]", 3, &err), CSD_EFORMAT);
+    assert_non_null(strstr(err.msg, "tokenizer_config.json"));
+    assert_null(tok);
+    /* a directory without tokenizer.json */
+    assert_int_not_equal(csd_tok_load(&tok, "/nonexistent-dir", &err), 0);
+    assert_null(tok);
+    csd_tok_destroy(NULL);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(both_merge_formats), cmocka_unit_test(bos_rules),
+        cmocka_unit_test(added_tokens_strip), cmocka_unit_test(regex_case_folding),
+        cmocka_unit_test(metaspace),
+        cmocka_unit_test(malformed_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
