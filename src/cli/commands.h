@@ -23,5 +23,7 @@ int csd_cmd_export(int argc, char **argv);
 int csd_cmd_worker(int argc, char **argv);
 int csd_cmd_serve(int argc, char **argv);
 int csd_cmd_keygen(int argc, char **argv);
+int csd_cmd_bench(int argc, char **argv);
+int csd_cmd_perplexity(int argc, char **argv);
 
 #endif
