@@ -79,8 +79,8 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
     }
     if (!strcmp(flag, "--kv-type")) {
         int d = csd_dtype_parse(value);
-        if (d != 0 && d != 1) {
-            fprintf(stderr, "cascadia %s: --kv-type must be f32 or f16, got '%s'\n", cmd, value ? value : "");
+        if (d != CSD_DTYPE_F32 && d != CSD_DTYPE_F16 && d != CSD_DTYPE_Q8) {
+            fprintf(stderr, "cascadia %s: --kv-type must be f32, f16 or q8, got '%s'\n", cmd, value ? value : "");
             return -1;
         }
         opts->kv_dtype = d;

@@ -24,7 +24,7 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
     "  --precision P     f32|f16|bf16|int8|int4 (default: the file's dtype)\n"               \
     "  --threads N       worker threads (default: all cores)\n"                              \
     "  --ctx N           context length (default: the model's, capped at 4096)\n"            \
-    "  --kv-type T       f32|f16 KV cache (default: f32 for f32 weights, else f16)\n"
+    "  --kv-type T       f32|f16|q8 KV cache (default: f32 for f32 weights, else f16)\n"
 
 void csd_cli_error(const char *cmd, const csd_err *err);
 

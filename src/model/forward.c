@@ -38,37 +38,41 @@ static void rope_apply(float *vec, int64_t n_heads, int64_t hd, const float *cos
     }
 }
 
-static void kv_store(csd_kv *kv, int64_t layer, int64_t pos, const float *k, const float *v) {
-    int64_t off = (layer * kv->cap + pos) * kv->kv_dim;
+/* K and V of one token into the cache: f32, f16, or q8 (int8 per head row with an f32 scale,
+ * absmax: half the memory of f16 for a small, measured quality cost; docs/kernels.md). */
+static void quantize_head_q8(int8_t *q, float *scale, const float *x, int64_t hd) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < hd; i++) amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+    float d = amax / 127.0f, inv = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int64_t i = 0; i < hd; i++) q[i] = (int8_t)lrintf(x[i] * inv);
+    *scale = d;
+}
+
+static void kv_store(csd_kv *kv, int64_t layer, int64_t pos, const float *k, const float *v, int64_t hd) {
+    int64_t row = layer * kv->cap + pos, off = row * kv->kv_dim;
     if (kv->dtype == CSD_DTYPE_F32) {
         memcpy((float *)kv->k + off, k, (size_t)kv->kv_dim * sizeof(float));
         memcpy((float *)kv->v + off, v, (size_t)kv->kv_dim * sizeof(float));
+    } else if (kv->dtype == CSD_DTYPE_F16) {
+        csd_f32_to_f16_vec((uint16_t *)kv->k + off, k, kv->kv_dim);
+        csd_f32_to_f16_vec((uint16_t *)kv->v + off, v, kv->kv_dim);
     } else {
-        csd_f32_to_f16_row((uint16_t *)kv->k + off, k, kv->kv_dim);
-        csd_f32_to_f16_row((uint16_t *)kv->v + off, v, kv->kv_dim);
+        int64_t heads = kv->kv_dim / hd;
+        for (int64_t h = 0; h < heads; h++) {
+            quantize_head_q8((int8_t *)kv->k + off + h * hd, kv->k_scale + row * heads + h, k + h * hd, hd);
+            quantize_head_q8((int8_t *)kv->v + off + h * hd, kv->v_scale + row * heads + h, v + h * hd, hd);
+        }
     }
 }
 
-static float dot_kv(const float *q, const void *base, int dtype, int64_t off, int64_t n) {
+static float dot_q8(const float *q, const int8_t *k, int64_t n) {
     float acc = 0.0f;
-    if (dtype == CSD_DTYPE_F32) {
-        const float *k = (const float *)base + off;
-        for (int64_t i = 0; i < n; i++) acc += q[i] * k[i];
-    } else {
-        const uint16_t *k = (const uint16_t *)base + off;
-        for (int64_t i = 0; i < n; i++) acc += q[i] * csd_f16_to_f32(k[i]);
-    }
+    for (int64_t i = 0; i < n; i++) acc += q[i] * (float)k[i];
     return acc;
 }
 
-static void axpy_kv(float *y, float a, const void *base, int dtype, int64_t off, int64_t n) {
-    if (dtype == CSD_DTYPE_F32) {
-        const float *v = (const float *)base + off;
-        for (int64_t i = 0; i < n; i++) y[i] += a * v[i];
-    } else {
-        const uint16_t *v = (const uint16_t *)base + off;
-        for (int64_t i = 0; i < n; i++) y[i] += a * csd_f16_to_f32(v[i]);
-    }
+static void axpy_q8(float *y, float a, const int8_t *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * (float)x[i];
 }
 
 typedef struct attn_job {
@@ -88,9 +92,15 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     const float *q = m->q + tok * m->q_dim + h * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int64_t base = layer * kv->cap * kv->kv_dim + kvh * hd;
+    int64_t n_kvh = kv->kv_dim / hd, srow = layer * kv->cap * n_kvh + kvh; /* q8 scales */
     float max = -INFINITY;
     for (int64_t t = first; t <= pos; t++) {
-        float s = dot_kv(q, kv->k, kv->dtype, base + t * kv->kv_dim, hd) * scale;
+        int64_t off = base + t * kv->kv_dim;
+        float s;
+        if (kv->dtype == CSD_DTYPE_F32) s = csd_dot_f32(q, (const float *)kv->k + off, hd);
+        else if (kv->dtype == CSD_DTYPE_F16) s = csd_dot_f32_f16(q, (const uint16_t *)kv->k + off, hd);
+        else s = dot_q8(q, (const int8_t *)kv->k + off, hd) * kv->k_scale[srow + t * n_kvh];
+        s *= scale;
         att[t] = s;
         if (s > max) max = s;
     }
@@ -102,8 +112,13 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     float inv = (float)(1.0 / sum);
     float *out = m->xb + tok * m->q_dim + h * hd;
     memset(out, 0, (size_t)hd * sizeof(float));
-    for (int64_t t = first; t <= pos; t++)
-        axpy_kv(out, att[t] * inv, kv->v, kv->dtype, base + t * kv->kv_dim, hd);
+    for (int64_t t = first; t <= pos; t++) {
+        int64_t off = base + t * kv->kv_dim;
+        float p = att[t] * inv;
+        if (kv->dtype == CSD_DTYPE_F32) csd_axpy_f32(out, p, (const float *)kv->v + off, hd);
+        else if (kv->dtype == CSD_DTYPE_F16) csd_axpy_f16(out, p, (const uint16_t *)kv->v + off, hd);
+        else axpy_q8(out, p * kv->v_scale[srow + t * n_kvh], (const int8_t *)kv->v + off, hd);
+    }
 }
 
 static void attention_worker(void *ctx, int ith, int nth) {
@@ -141,7 +156,7 @@ static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
         const float *cos_t = m->rope_cos + t * (hd / 2), *sin_t = m->rope_sin + t * (hd / 2);
         rope_apply(q, c->n_heads, hd, cos_t, sin_t);
         rope_apply(k, c->n_kv_heads, hd, cos_t, sin_t);
-        kv_store(b->kv[t], li, m->pos[t], k, m->v + t * m->kv_dim);
+        kv_store(b->kv[t], li, m->pos[t], k, m->v + t * m->kv_dim, hd);
     }
     attn_job job = {m, b, li};
     csd_pool_run(m->pool, attention_worker, &job);

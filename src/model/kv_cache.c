@@ -1,10 +1,13 @@
 /* kv_cache: one sequence's keys and values for the layers of a stage. Allocated once at the
  * capacity asked for; truncate and prefix copy make speculative decoding and prefix reuse cheap. */
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "model_internal.h"
+
+size_t csd_kv_elem_bytes(int dtype) { return dtype == CSD_DTYPE_F32 ? 4 : dtype == CSD_DTYPE_F16 ? 2 : 1; }
 
 int csd_kv_create(csd_kv **out, const csd_model *m, int64_t max_ctx, csd_err *err) {
     *out = NULL;
@@ -17,12 +20,20 @@ int csd_kv_create(csd_kv **out, const csd_model *m, int64_t max_ctx, csd_err *er
     kv->dtype = m->kv_dtype;
     kv->n_layers = m->w.layer_end - m->w.layer_begin;
     kv->kv_dim = m->kv_dim;
+    kv->n_kv_heads = m->cfg.n_kv_heads;
     kv->cap = max_ctx;
-    size_t elem = kv->dtype == CSD_DTYPE_F32 ? 4 : 2;
+    size_t elem = csd_kv_elem_bytes(kv->dtype);
     size_t n = (size_t)(kv->n_layers * kv->cap * kv->kv_dim);
     kv->k = csd_alloc_array(n ? n : 1, elem);
     kv->v = csd_alloc_array(n ? n : 1, elem);
-    if (!kv->k || !kv->v) {
+    bool scales_ok = true;
+    if (kv->dtype == CSD_DTYPE_Q8) {
+        size_t ns = (size_t)(kv->n_layers * kv->cap * m->cfg.n_kv_heads);
+        kv->k_scale = csd_alloc_array(ns ? ns : 1, sizeof(float));
+        kv->v_scale = csd_alloc_array(ns ? ns : 1, sizeof(float));
+        scales_ok = kv->k_scale && kv->v_scale;
+    }
+    if (!kv->k || !kv->v || !scales_ok) {
         csd_kv_destroy(kv);
         return csd_err_set(err, CSD_ENOMEM, "kv cache of %zu bytes", 2 * n * elem);
     }
@@ -34,6 +45,8 @@ void csd_kv_destroy(csd_kv *kv) {
     if (!kv) return;
     csd_free(kv->k);
     csd_free(kv->v);
+    csd_free(kv->k_scale);
+    csd_free(kv->v_scale);
     csd_free(kv);
 }
 
@@ -51,12 +64,16 @@ int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err) 
         return csd_err_set(err, CSD_EMISMATCH, "kv caches of different shapes");
     if (n < 0 || n > src->len || n > dst->cap)
         return csd_err_set(err, CSD_ERANGE, "prefix of %lld positions does not fit", (long long)n);
-    size_t elem = src->dtype == CSD_DTYPE_F32 ? 4 : 2;
-    size_t row = (size_t)src->kv_dim * elem;
+    size_t row = (size_t)src->kv_dim * csd_kv_elem_bytes(src->dtype);
     for (int64_t l = 0; l < src->n_layers; l++) {
         size_t so = (size_t)(l * src->cap) * row, d_o = (size_t)(l * dst->cap) * row;
         memcpy((uint8_t *)dst->k + d_o, (const uint8_t *)src->k + so, (size_t)n * row);
         memcpy((uint8_t *)dst->v + d_o, (const uint8_t *)src->v + so, (size_t)n * row);
+        if (src->dtype == CSD_DTYPE_Q8) {
+            size_t sr = (size_t)src->n_kv_heads, ss = (size_t)(l * src->cap) * sr, ds = (size_t)(l * dst->cap) * sr;
+            memcpy(dst->k_scale + ds, src->k_scale + ss, (size_t)n * sr * sizeof(float));
+            memcpy(dst->v_scale + ds, src->v_scale + ss, (size_t)n * sr * sizeof(float));
+        }
     }
     dst->len = n;
     return 0;

@@ -29,8 +29,8 @@ int csd_model_init_runtime(csd_model *m, const csd_model_opts *opts, csd_err *er
                                                               : CSD_MODEL_DEFAULT_MAX_CTX;
     if (m->max_ctx > CSD_MAX_CONTEXT)
         return csd_err_set(err, CSD_ERANGE, "context %lld exceeds %d", (long long)m->max_ctx, CSD_MAX_CONTEXT);
-    if (m->kv_dtype != CSD_DTYPE_F32 && m->kv_dtype != CSD_DTYPE_F16)
-        return csd_err_set(err, CSD_EINVAL, "KV cache type must be f32 or f16, not %s",
+    if (m->kv_dtype != CSD_DTYPE_F32 && m->kv_dtype != CSD_DTYPE_F16 && m->kv_dtype != CSD_DTYPE_Q8)
+        return csd_err_set(err, CSD_EINVAL, "KV cache type must be f32, f16 or q8, not %s",
                            csd_dtype_name(m->kv_dtype));
     int rc = csd_pool_create(&m->pool, opts->n_threads, err);
     if (rc) return rc;
@@ -117,6 +117,7 @@ size_t csd_model_weight_bytes(const csd_model *m) {
 }
 
 size_t csd_model_kv_bytes_per_token(const csd_model *m) {
-    size_t elem = m->kv_dtype == CSD_DTYPE_F32 ? 4 : 2;
-    return 2 * (size_t)(m->w.layer_end - m->w.layer_begin) * (size_t)m->kv_dim * elem;
+    size_t per_layer = (size_t)m->kv_dim * csd_kv_elem_bytes(m->kv_dtype);
+    if (m->kv_dtype == CSD_DTYPE_Q8) per_layer += (size_t)m->cfg.n_kv_heads * sizeof(float);
+    return 2 * (size_t)(m->w.layer_end - m->w.layer_begin) * per_layer;
 }

@@ -27,7 +27,7 @@
 
 typedef struct csd_model_opts {
     int precision;           /* CSD_DTYPE_* for layer weights; -1: the file's dtype */
-    int kv_dtype;            /* CSD_DTYPE_F32 or _F16; -1: f32 for f32 weights, else f16 */
+    int kv_dtype;            /* CSD_DTYPE_F32, _F16 or _Q8; -1: f32 for f32 weights, else f16 */
     int64_t layer_begin;     /* -1: 0 */
     int64_t layer_end;       /* -1: n_layers */
     int n_threads;           /* 0: all cores */

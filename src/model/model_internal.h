@@ -11,7 +11,7 @@ struct csd_model {
     void **owned;        /* buffers this model frees (converted weights); NULL when borrowed */
     int n_owned, cap_owned;
     int precision;       /* CSD_DTYPE_* of layer matrices */
-    int kv_dtype;        /* CSD_DTYPE_F32 or _F16 */
+    int kv_dtype;        /* CSD_DTYPE_F32, _F16 or _Q8 */
     int64_t max_batch;
     int64_t max_ctx;
     int64_t q_dim;       /* n_heads * head_dim */
@@ -35,14 +35,20 @@ struct csd_model {
 };
 
 struct csd_kv {
-    int dtype;           /* CSD_DTYPE_F32 or _F16 */
+    int dtype;           /* CSD_DTYPE_F32, _F16 or _Q8 */
     int64_t n_layers;    /* layers of the owning stage */
     int64_t kv_dim;
+    int64_t n_kv_heads;
     int64_t cap;         /* positions allocated */
     int64_t len;         /* positions filled */
     void *k;             /* (n_layers, cap, kv_dim) */
     void *v;             /* (n_layers, cap, kv_dim) */
+    float *k_scale;      /* q8 only: (n_layers, cap, n_kv_heads) */
+    float *v_scale;      /* q8 only */
 };
+
+/* Bytes of one element of a KV cache of dtype (q8: the int8 value; scales are extra). */
+size_t csd_kv_elem_bytes(int dtype);
 
 /* Fills inv_freq from the config (RoPE theta and scaling). */
 void csd_rope_init_freqs(const csd_model_config *cfg, float *inv_freq);

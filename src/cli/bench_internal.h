@@ -1,0 +1,64 @@
+/* bench_internal: what the parts of `cascadia bench` share: the parsed flags, the seeded token
+ * generator, and the three measurements (memory bandwidth; the engine under concurrency; the fleet
+ * breakdown). cmd_bench.c parses flags and runs the single-model benchmark (prompt processing,
+ * generation, roofline); bench_membw.c and bench_engine.c hold the rest. See docs/benchmarks.md. */
+#ifndef CSD_BENCH_INTERNAL_H
+#define CSD_BENCH_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/err.h"
+#include "core/pool.h"
+#include "fleet_setup.h"
+#include "model/model.h"
+
+/* Concurrency levels one run may list (--concurrency 1,2,4,...). */
+#define CSD_BENCH_MAX_LEVELS 16
+/* Most concurrent streams one level may ask for (the engine's slots). */
+#define CSD_BENCH_MAX_STREAMS 256
+
+typedef struct csd_bench_args {
+    const char *model_dir;        /* NULL with --fleet */
+    csd_model_opts model;         /* --precision, -t/--threads, --ctx, --kv-type */
+    int64_t n_prompt;             /* -p: prompt tokens of the pp test (0: skip it) */
+    int64_t n_gen;                /* -n: generated tokens of the tg test (0: skip it) */
+    int reps;                     /* -r: repetitions of every test */
+    bool json;                    /* one JSON object (or list) on stdout instead of a table */
+    uint64_t seed;                /* token ids are drawn from it */
+    int64_t membw_mib;            /* size of the bandwidth test's buffer (0: skip the test) */
+    int levels[CSD_BENCH_MAX_LEVELS]; /* --concurrency */
+    int n_levels;
+    int64_t stream_prompt;        /* prompt tokens of each concurrent stream */
+    csd_cli_fleet fleet;
+} csd_bench_args;
+
+/* A tiny seeded generator (splitmix64) for reproducible random token ids. */
+static inline uint64_t csd_bench_rand(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Fills ids with n token ids in [0, vocab), avoiding the first few (special) ids. */
+void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *state);
+
+/* Mean and sample standard deviation of v[0..n). */
+void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd);
+
+/* Read bandwidth in GB/s (1e9 bytes/s) over a buffer of mib MiB, best of reps passes, every pool
+ * thread reading its own contiguous slice (STREAM "read": a sum). The buffer is written first by
+ * the same threads (first touch), so it is backed by real pages. */
+int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_err *err);
+
+/* `--concurrency`: the engine over a local pipeline (model_dir) or the fleet. Prints the table or
+ * the JSON list. Returns the exit code. */
+int csd_cli_bench_concurrency(csd_bench_args *a);
+
+/* `--fleet` without --concurrency: single-stream generation through the fleet and the per-token
+ * breakdown. Returns the exit code. */
+int csd_cli_bench_fleet(csd_bench_args *a);
+
+#endif
