@@ -27,6 +27,7 @@ typedef struct collected {
     pthread_cond_t cv;
     bool done;
     int stop_after; /* on_token asks to stop after this many (0: never) */
+    int64_t cached_tokens;
 } collected;
 
 static bool on_token(void *ctx, const csd_token_event *ev) {
@@ -40,6 +41,7 @@ static void on_done(void *ctx, const csd_req_result *res) {
     pthread_mutex_lock(&c->mu);
     c->end = res->end;
     c->completion_tokens = res->completion_tokens;
+    c->cached_tokens = res->cached_tokens;
     c->done = true;
     pthread_cond_signal(&c->cv);
     pthread_mutex_unlock(&c->mu);
@@ -237,11 +239,62 @@ static void test_refusals(void **state) {
     csd_engine_destroy(e);
 }
 
+/* Runs prompt through e and waits: the tokens and how many prompt tokens came from the cache. */
+static void run_prompt(csd_engine *e, const int32_t *prompt, int n, collected *c) {
+    csd_err err = {0};
+    csd_req_params p = params_for(0, 10);
+    csd_req_callbacks cb = {on_token, on_done};
+    collected_init(c);
+    assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, c, NULL, &err), 0);
+    wait_done(c);
+    assert_int_equal(c->n, 10);
+}
+
+static void test_prefix_cache(void **state) {
+    fixture *f = *state;
+    int32_t doc[48], other[48];
+    for (int i = 0; i < 48; i++) doc[i] = (int32_t)(1 + (i * 11) % 280);
+    memcpy(other, doc, sizeof doc);
+    for (int i = 30; i < 48; i++) other[i] = (int32_t)(2 + (i * 5) % 250); /* same first 30 tokens */
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    csd_err err = {0};
+    /* without a cache: the reference outputs */
+    csd_engine *plain = NULL;
+    collected want_doc, want_other;
+    assert_int_equal(csd_engine_create(&plain, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    run_prompt(plain, doc, 48, &want_doc);
+    run_prompt(plain, other, 48, &want_other);
+    assert_int_equal(want_doc.cached_tokens, 0);
+    csd_engine_destroy(plain);
+    /* with a cache: the same outputs, computed from the cached prefix */
+    csd_engine *e = NULL;
+    o.prefix_cache = 2;
+    o.prefix_min = 8;
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    collected cold, warm, partial;
+    run_prompt(e, doc, 48, &cold);
+    assert_int_equal(cold.cached_tokens, 0);
+    run_prompt(e, doc, 48, &warm);
+    assert_int_equal(warm.cached_tokens, 47); /* all but the last prompt token */
+    assert_memory_equal(warm.ids, want_doc.ids, 10 * sizeof(int32_t));
+    run_prompt(e, other, 48, &partial);
+    assert_int_equal(partial.cached_tokens, 30);
+    assert_memory_equal(partial.ids, want_other.ids, 10 * sizeof(int32_t));
+    csd_engine_stats st;
+    csd_engine_get_stats(e, &st);
+    assert_int_equal(st.prefix_hits, 2);
+    assert_int_equal(st.prefix_tokens, 77);
+    assert_true(st.prefix_entries >= 1 && st.prefix_entries <= 2);
+    csd_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_stop_eog_and_cancel),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_prefix_cache),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

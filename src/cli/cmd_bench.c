@@ -1,11 +1,293 @@
-/* cmd_bench: placeholder while the command is being written (replaced by its owner). */
+/* cmd_bench: `cascadia bench`: speed as llama-bench measures it. Prompt processing (one batched
+ * forward of -p random tokens) and generation (-n single-token steps) in tokens/s, and the
+ * generation roofline: weight bytes read per token over a memory bandwidth measured here.
+ * --concurrency runs the continuous-batching engine; --fleet measures a fleet (bench_engine.c).
+ * Results go to stdout (a table, or JSON with --json); progress goes to stderr. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "bench_internal.h"
+#include "cli_util.h"
 #include "commands.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/dtype.h"
+
+static const char *const bench_usage =
+    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json]\n"
+    "       cascadia bench MODEL_DIR --concurrency 1,2,4,8,16 [-n 64] [options]\n"
+    "       cascadia bench --fleet H:P,... --manifest DIR [--local-stage 0] (--key F | --insecure)\n"
+    "                      [-n 128] [--concurrency LIST]\n"
+    "  -p N                prompt tokens of the prompt-processing test (default 512, 0 = skip)\n"
+    "  -n N                generated tokens (default 128; 64 with --concurrency)\n"
+    "  -t, --threads N     threads (default: all cores)\n"
+    "  -r N                repetitions of each test (default 3)\n"
+    "  --json              one JSON object (a list with --concurrency) instead of the table\n"
+    "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
+    "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
+    "  --membw-mib N       buffer of the bandwidth test in MiB (default 1024, 0 = skip)\n"
+    "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_FLAGS_HELP
+    CSD_CLI_FLEET_FLAGS_HELP;
+
+void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *state) {
+    const int64_t skip = vocab > 300 ? 259 : 0; /* special and byte tokens */
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = (int32_t)(skip + (int64_t)(csd_bench_rand(state) % (uint64_t)(vocab - skip)));
+}
+
+void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd) {
+    double s = 0, q = 0;
+    for (int i = 0; i < n; i++) s += v[i];
+    *mean = n ? s / n : 0;
+    for (int i = 0; i < n; i++) q += (v[i] - *mean) * (v[i] - *mean);
+    *sd = n > 1 ? sqrt(q / (n - 1)) : 0;
+}
+
+static bool parse_levels(const char *text, csd_bench_args *a) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    if (!csd_cli_id_list("bench", "--concurrency", text, &ids, &n)) return false;
+    bool ok = n <= CSD_BENCH_MAX_LEVELS;
+    for (int64_t i = 0; ok && i < n; i++) ok = ids[i] >= 1 && ids[i] <= CSD_BENCH_MAX_STREAMS;
+    if (!ok)
+        fprintf(stderr, "cascadia bench: --concurrency takes up to %d levels in 1..%d\n",
+                CSD_BENCH_MAX_LEVELS, CSD_BENCH_MAX_STREAMS);
+    for (int64_t i = 0; ok && i < n; i++) a->levels[i] = ids[i];
+    a->n_levels = ok ? (int)n : 0;
+    csd_free(ids);
+    return ok;
+}
+
+/* Returns 0 to go on, -1 after --help, or the exit code. */
+static int parse_args(int argc, char **argv, csd_bench_args *a) {
+    memset(a, 0, sizeof *a);
+    csd_model_opts_default(&a->model);
+    csd_cli_fleet_init(&a->fleet);
+    a->n_prompt = 512;
+    a->n_gen = -1;
+    a->reps = 3;
+    a->seed = 42;
+    a->membw_mib = 1024;
+    a->stream_prompt = 16;
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
+        int64_t v;
+        if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
+            fputs(bench_usage, stdout);
+            return -1;
+        } else if (!strcmp(f, "--json")) {
+            a->json = true;
+        } else if (!strcmp(f, "-p") || !strcmp(f, "-n") || !strcmp(f, "-r") ||
+                   !strcmp(f, "--membw-mib") || !strcmp(f, "--seed") ||
+                   !strcmp(f, "--stream-prompt")) {
+            int64_t hi = !strcmp(f, "--seed") ? INT64_MAX : 1 << 20;
+            int64_t lo = !strcmp(f, "-r") || !strcmp(f, "--stream-prompt") ? 1 : 0;
+            if (!csd_cli_int("bench", f, value, lo, hi, &v)) return 2;
+            if (!strcmp(f, "-p")) a->n_prompt = v;
+            else if (!strcmp(f, "-n")) a->n_gen = v;
+            else if (!strcmp(f, "-r")) a->reps = (int)(v < 1000 ? v : 1000);
+            else if (!strcmp(f, "--membw-mib")) a->membw_mib = v;
+            else if (!strcmp(f, "--seed")) a->seed = (uint64_t)v;
+            else a->stream_prompt = v;
+            i++;
+        } else if (!strcmp(f, "--concurrency")) {
+            if (!value || !parse_levels(value, a)) return 2;
+            i++;
+        } else if (f[0] == '-') {
+            bool takes = true;
+            int r = csd_cli_fleet_flag("bench", f, value, &a->fleet, &takes);
+            if (r == 1) {
+                i += takes;
+                continue;
+            }
+            if (r == 0) r = csd_cli_model_flag("bench", !strcmp(f, "-t") ? "--threads" : f, value, &a->model);
+            if (r < 0) return 2;
+            if (r == 0) {
+                fprintf(stderr, "cascadia bench: unknown option '%s'\n%s", f, bench_usage);
+                return 2;
+            }
+            i++;
+        } else if (!a->model_dir) {
+            a->model_dir = f;
+        } else {
+            fprintf(stderr, "cascadia bench: unexpected argument '%s'\n", f);
+            return 2;
+        }
+    }
+    if (!csd_cli_fleet_check("bench", &a->fleet)) return 2;
+    if (a->fleet.fleet && a->model_dir) {
+        fprintf(stderr, "cascadia bench: give MODEL_DIR or --fleet/--manifest, not both\n");
+        return 2;
+    }
+    if (!a->model_dir && !a->fleet.fleet) {
+        fprintf(stderr, "cascadia bench: MODEL_DIR (or --fleet/--manifest) is required\n%s", bench_usage);
+        return 2;
+    }
+    if (a->n_gen < 0) a->n_gen = a->n_levels ? 64 : 128;
+    if (a->n_levels && a->n_gen < 2) {
+        fprintf(stderr, "cascadia bench: --concurrency needs -n >= 2\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* What the single-model benchmark measured. */
+typedef struct bench_result {
+    double pp_tps, pp_sd;
+    double tg_tps, tg_sd;
+    size_t weight_bytes;  /* read per generated token: layers + final norm + head */
+    double membw_gbs;
+} bench_result;
+
+/* Bytes a generation step reads: every layer matrix and norm, the final norm and the head. The
+ * embedding table is not read whole (one row per token), so it does not count. */
+static size_t bytes_per_token(const csd_model *m) {
+    const csd_weights *w = csd_model_weights(m);
+    size_t total = csd_model_weight_bytes(m);
+    if (w->has_embed) total -= w->embed.nbytes;
+    if (w->has_head && w->has_embed && w->head.data == w->embed.data) total += w->head.nbytes;
+    return total;
+}
+
+static int run_pp(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
+                  float *logits, csd_err *err) {
+    for (int r = 0; r < a->reps; r++) {
+        csd_kv_truncate(kv, 0);
+        uint64_t t0 = csd_now_ns();
+        int rc = csd_model_forward_seq(m, kv, ids, NULL, a->n_prompt, logits, err);
+        if (rc) return rc;
+        v[r] = (double)a->n_prompt / ((double)(csd_now_ns() - t0) * 1e-9);
+    }
+    return 0;
+}
+
+static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
+                  float *logits, csd_err *err) {
+    for (int r = 0; r < a->reps; r++) {
+        csd_kv_truncate(kv, 0);
+        uint64_t t0 = csd_now_ns();
+        for (int64_t i = 0; i < a->n_gen; i++) {
+            int rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
+            if (rc) return rc;
+        }
+        v[r] = (double)a->n_gen / ((double)(csd_now_ns() - t0) * 1e-9);
+    }
+    return 0;
+}
+
+static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res, csd_err *err) {
+    const csd_model_config *c = csd_model_cfg(m);
+    int64_t n_ids = a->n_prompt > a->n_gen ? a->n_prompt : a->n_gen;
+    int32_t *ids = csd_alloc_array((size_t)(n_ids + 1), sizeof(int32_t));
+    float *logits = csd_alloc_array((size_t)c->vocab_size, sizeof(float));
+    double *v = csd_alloc_array((size_t)a->reps, sizeof(double));
+    csd_kv *kv = NULL;
+    int rc = ids && logits && v ? 0 : csd_err_set(err, CSD_ENOMEM, "benchmark buffers");
+    if (!rc) rc = csd_kv_create(&kv, m, a->n_prompt + a->n_gen + 16, err);
+    uint64_t rng = a->seed;
+    if (!rc) {
+        csd_cli_bench_random_ids(ids, n_ids + 1, c->vocab_size, &rng);
+        res->weight_bytes = bytes_per_token(m);
+        /* warm-up: page in every weight and the scratch, as llama-bench does */
+        int64_t warm = a->n_prompt > 0 ? (a->n_prompt < 32 ? a->n_prompt : 32) : 1;
+        rc = csd_model_forward_seq(m, kv, ids, NULL, warm, logits, err);
+    }
+    if (!rc && a->membw_mib > 0) {
+        fprintf(stderr, "measuring memory bandwidth (%lld MiB, %d threads)\n", (long long)a->membw_mib,
+                csd_pool_size(csd_model_pool(m)));
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, err);
+    }
+    if (!rc && a->n_prompt > 0) {
+        fprintf(stderr, "pp%lld x %d\n", (long long)a->n_prompt, a->reps);
+        rc = run_pp(m, kv, ids, a, v, logits, err);
+        if (!rc) csd_cli_bench_stats(v, a->reps, &res->pp_tps, &res->pp_sd);
+    }
+    if (!rc && a->n_gen > 0) {
+        fprintf(stderr, "tg%lld x %d\n", (long long)a->n_gen, a->reps);
+        rc = run_tg(m, kv, ids, a, v, logits, err);
+        if (!rc) csd_cli_bench_stats(v, a->reps, &res->tg_tps, &res->tg_sd);
+    }
+    if (!rc && a->membw_mib > 0) { /* again after the tests: the best of both, as the load drifts */
+        double again = 0;
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, err);
+        if (again > res->membw_gbs) res->membw_gbs = again;
+    }
+    csd_kv_destroy(kv);
+    csd_free(v);
+    csd_free(logits);
+    csd_free(ids);
+    return rc;
+}
+
+/* The last path component of dir (for the table's model column). */
+static const char *base_name(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    const char *s = dir;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (dir[i] == '/') s = dir + i + 1;
+    return s;
+}
+
+static void print_result(const csd_bench_args *a, const csd_model *m, const bench_result *r) {
+    const char *prec = csd_dtype_name(csd_model_precision(m));
+    int threads = csd_pool_size(csd_model_pool((csd_model *)m));
+    double roof = r->membw_gbs > 0 && r->weight_bytes ? r->membw_gbs * 1e9 / (double)r->weight_bytes : 0;
+    double frac = roof > 0 ? r->tg_tps / roof : 0;
+    if (a->json) {
+        printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
+               "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, "
+               "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
+               "\"weight_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
+               "\"roofline_fraction\": %.4f}\n",
+               base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
+               (long long)a->n_prompt, (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps,
+               r->tg_sd, r->weight_bytes, r->membw_gbs, roof, frac);
+        return;
+    }
+    printf("| model | precision | size | threads | test | t/s |\n");
+    printf("| --- | --- | ---: | ---: | ---: | ---: |\n");
+    double mib = (double)csd_model_weight_bytes(m) / (1 << 20);
+    if (a->n_prompt > 0)
+        printf("| %s | %s | %.1f MiB | %d | pp%lld | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
+               threads, (long long)a->n_prompt, r->pp_tps, r->pp_sd);
+    if (a->n_gen > 0)
+        printf("| %s | %s | %.1f MiB | %d | tg%lld | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
+               threads, (long long)a->n_gen, r->tg_tps, r->tg_sd);
+    if (a->membw_mib > 0 && a->n_gen > 0)
+        printf("\nroofline: %.1f MiB read per token / %.2f GB/s read bandwidth (%d threads) = %.2f t/s; "
+               "generation reaches %.1f%% of it (kernels %s)\n",
+               (double)r->weight_bytes / (1 << 20), r->membw_gbs, threads, roof, 100 * frac, csd_kern_name());
+}
 
 int csd_cmd_bench(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    fprintf(stderr, "cascadia bench: not available yet\n");
-    return 1;
+    csd_bench_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc < 0 ? 0 : rc;
+    csd_kern_init();
+    if (a.n_levels) return csd_cli_bench_concurrency(&a);
+    if (a.fleet.fleet) return csd_cli_bench_fleet(&a);
+    csd_err err = {0};
+    csd_model *model = NULL;
+    /* llama-bench's sizing: the context holds the longest test, one batch holds the prompt */
+    if (a.model.max_ctx <= 0) a.model.max_ctx = a.n_prompt + a.n_gen + 16;
+    if (a.n_prompt > CSD_MODEL_DEFAULT_MAX_BATCH) a.model.max_batch = a.n_prompt;
+    uint64_t t0 = csd_now_ns();
+    rc = csd_model_load_hf(&model, a.model_dir, &a.model, &err);
+    if (!rc) {
+        fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n", a.model_dir,
+                (double)(csd_now_ns() - t0) * 1e-9, csd_dtype_name(csd_model_precision(model)),
+                (double)csd_model_weight_bytes(model) / (1 << 20), csd_pool_size(csd_model_pool(model)),
+                csd_kern_name());
+        bench_result res;
+        memset(&res, 0, sizeof res);
+        rc = bench_model(model, &a, &res, &err);
+        if (!rc) print_result(&a, model, &res);
+    }
+    if (rc) csd_cli_error("bench", &err);
+    csd_model_destroy(model);
+    return rc ? 1 : 0;
 }

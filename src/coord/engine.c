@@ -34,6 +34,7 @@ typedef struct req {
     int state;
     bool opened;              /* pipeline state exists */
     bool in_flight;           /* part of a step not yet ended */
+    int64_t cached_tokens;    /* prompt positions copied from the prefix cache */
     atomic_bool cancel;
     uint64_t t_submit, t_admit, t_first, t_last;
 } req;
@@ -46,6 +47,15 @@ typedef struct inflight_step {
     uint64_t t_begin;
 } inflight_step;
 
+/* A finished request whose prompt's KV is kept in every stage, for requests that start the same. */
+typedef struct cache_entry {
+    struct cache_entry *next;
+    uint32_t id;              /* its pipeline request id (still open) */
+    int32_t *tokens;          /* its prompt (owned) */
+    int64_t n;
+    uint64_t last_used;
+} cache_entry;
+
 typedef struct worker {
     struct csd_engine *e;
     csd_pipeline *pipe;
@@ -55,6 +65,8 @@ typedef struct worker {
     inflight_step *steps;                   /* ring of max_in_flight */
     int head, count;
     float *scratch_logits;                  /* (vocab) raw copy for logprobs */
+    cache_entry *cache;                     /* prefix cache, this pipeline's */
+    int n_cache;
 } worker;
 
 struct csd_engine {
@@ -80,6 +92,32 @@ void csd_engine_opts_default(csd_engine_opts *o) {
     o->parallel = 4;
     o->queue_max = 64;
     o->prefill_chunk = 256;
+    o->prefix_min = 16;
+}
+
+/* ---- prefix cache ---- */
+
+static void drop_entry(worker *w, cache_entry *c) {
+    for (cache_entry **p = &w->cache; *p; p = &(*p)->next) {
+        if (*p == c) {
+            *p = c->next;
+            break;
+        }
+    }
+    w->n_cache--;
+    w->pipe->ops->close(w->pipe, c->id);
+    csd_free(c->tokens);
+    csd_free(c);
+}
+
+/* Keeps a finished request's prompt KV (truncated to the prompt) instead of closing it. Takes the
+ * prompt array from r. Returns false when the request should simply be closed. */
+static bool retain_prompt(worker *w, struct req *r);
+
+static int64_t common_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t n = 0, lim = na < nb ? na : nb;
+    while (n < lim && a[n] == b[n]) n++;
+    return n;
 }
 
 static void req_free(req *r) {
@@ -93,7 +131,8 @@ static void req_free(req *r) {
 
 static void finish(worker *w, req *r, int end, int code, const char *msg) {
     csd_engine *e = w->e;
-    if (r->opened) w->pipe->ops->close(w->pipe, (uint32_t)r->id);
+    bool kept = r->opened && (end == CSD_REQ_END_STOP || end == CSD_REQ_END_LENGTH) && retain_prompt(w, r);
+    if (r->opened && !kept) w->pipe->ops->close(w->pipe, (uint32_t)r->id);
     csd_req_result res = {0};
     res.end = end;
     res.prompt_tokens = r->n_prompt;
@@ -102,6 +141,7 @@ static void finish(worker *w, req *r, int end, int code, const char *msg) {
     res.queue_s = r->t_admit ? (double)(r->t_admit - r->t_submit) * 1e-9 : (double)(now - r->t_submit) * 1e-9;
     res.ttft_s = r->t_first ? (double)(r->t_first - r->t_submit) * 1e-9 : 0;
     res.total_s = (double)(now - r->t_submit) * 1e-9;
+    res.cached_tokens = r->cached_tokens;
     res.code = code;
     if (msg) snprintf(res.message, sizeof res.message, "%s", msg);
     pthread_mutex_lock(&e->mu);
@@ -109,6 +149,65 @@ static void finish(worker *w, req *r, int end, int code, const char *msg) {
     pthread_mutex_unlock(&e->mu);
     r->cb.on_done(r->ctx, &res);
     req_free(r);
+}
+
+static bool retain_prompt(worker *w, req *r) {
+    csd_engine *e = w->e;
+    if (e->opts.prefix_cache <= 0 || r->n_prompt < e->opts.prefix_min || !w->pipe->ops->copy_prefix) return false;
+    for (cache_entry *c = w->cache; c; c = c->next) /* the same prompt is cached already */
+        if (c->n == r->n_prompt && common_prefix(c->tokens, c->n, r->prompt, r->n_prompt) == c->n) {
+            c->last_used = csd_now_ns();
+            return false;
+        }
+    csd_err err = {0};
+    if (w->pipe->ops->truncate(w->pipe, (uint32_t)r->id, r->n_prompt, &err)) return false;
+    cache_entry *c = csd_alloc(sizeof *c);
+    if (!c) return false;
+    c->id = (uint32_t)r->id;
+    c->tokens = r->prompt; /* ownership moves to the cache */
+    c->n = r->n_prompt;
+    c->last_used = csd_now_ns();
+    r->prompt = NULL;
+    c->next = w->cache;
+    w->cache = c;
+    w->n_cache++;
+    while (w->n_cache > e->opts.prefix_cache) { /* evict the least recently used */
+        cache_entry *lru = w->cache;
+        for (cache_entry *x = w->cache; x; x = x->next)
+            if (x->last_used < lru->last_used) lru = x;
+        drop_entry(w, lru);
+    }
+    return true;
+}
+
+/* Starts a new request from the longest cached prefix it shares (at least prefix_min tokens,
+ * and never the whole prompt: the last token must run to give the first logits). */
+static void reuse_prefix(worker *w, req *r) {
+    csd_engine *e = w->e;
+    cache_entry *best = NULL;
+    int64_t best_n = 0;
+    for (cache_entry *c = w->cache; c; c = c->next) {
+        int64_t n = common_prefix(c->tokens, c->n, r->prompt, r->n_prompt);
+        if (n > best_n) {
+            best = c;
+            best_n = n;
+        }
+    }
+    if (best_n > r->n_prompt - 1) best_n = r->n_prompt - 1;
+    if (!best || best_n < e->opts.prefix_min) return;
+    csd_err err = {0};
+    if (w->pipe->ops->copy_prefix(w->pipe, best->id, (uint32_t)r->id, best_n, &err)) {
+        CSD_LOGW("prefix cache: copy failed, computing the prompt instead: %s", err.msg);
+        drop_entry(w, best);
+        return;
+    }
+    best->last_used = csd_now_ns();
+    r->n_prefilled = best_n;
+    r->cached_tokens = best_n;
+    pthread_mutex_lock(&e->mu);
+    e->stats.prefix_hits++;
+    e->stats.prefix_tokens += best_n;
+    pthread_mutex_unlock(&e->mu);
 }
 
 /* Only the worker's own thread changes its active list, and always under the engine lock, so
@@ -170,6 +269,7 @@ static void prepare_requests(worker *w) {
                 continue;
             }
             r->opened = true;
+            reuse_prefix(w, r);
         }
     }
 }
@@ -323,6 +423,7 @@ static void *worker_main(void *arg) {
             complete_step(w, s);
         }
     }
+    while (w->cache) drop_entry(w, w->cache);
     while (w->active) { /* engine shutting down: everything left is cancelled */
         req *r = w->active;
         remove_active(w, r);
@@ -482,6 +583,8 @@ void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {
     pthread_mutex_lock(&e->mu);
     *st = e->stats;
     st->queue_depth = e->queue_len;
+    st->prefix_entries = 0;
+    for (int i = 0; i < e->n_workers; i++) st->prefix_entries += e->workers[i].n_cache;
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -22,6 +22,9 @@ typedef struct csd_engine_opts {
     int queue_max;         /* waiting requests beyond the slots before submit says CSD_EFULL; default 64 */
     int64_t max_ctx;       /* per request; 0: the pipeline's */
     int64_t prefill_chunk; /* prompt tokens per step while others decode; default 256 */
+    int prefix_cache;      /* finished prompts kept (KV in every stage) for reuse, per pipeline;
+                            * the pipeline needs parallel + prefix_cache request slots. 0: off */
+    int64_t prefix_min;    /* shortest shared prefix worth reusing, in tokens; default 16 */
 } csd_engine_opts;
 
 void csd_engine_opts_default(csd_engine_opts *o);
@@ -56,6 +59,7 @@ typedef struct csd_req_result {
     double queue_s;            /* submit to admission */
     double ttft_s;             /* submit to first token */
     double total_s;
+    int64_t cached_tokens;     /* prompt tokens reused from the prefix cache */
     int code;                  /* CSD_E* when end == ERROR */
     char message[CSD_ERR_MSG_MAX];
 } csd_req_result;
@@ -81,6 +85,9 @@ typedef struct csd_engine_stats {
     int64_t itl_count;
     double step_sum_s;         /* batched forward steps */
     int64_t step_count;
+    int64_t prefix_hits;       /* requests that reused a cached prefix */
+    int64_t prefix_tokens;     /* prompt tokens they did not recompute */
+    int prefix_entries;        /* prompts held in the cache now */
 } csd_engine_stats;
 
 typedef struct csd_engine csd_engine;

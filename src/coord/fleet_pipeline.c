@@ -429,6 +429,21 @@ static int fleet_truncate(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *e
     return rc ? rc : send_first(f, &h, buf, len, err);
 }
 
+static int fleet_copy_prefix(csd_pipeline *p, uint32_t src, uint32_t dst, int64_t n, csd_err *err) {
+    fleet *f = (fleet *)p;
+    local_req *ls = find_local(f, src), *ld = find_local(f, dst);
+    if (!ls || !ld) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", ls ? dst : src);
+    if (n < 0 || n > ls->len) return csd_err_set(err, CSD_ERANGE, "prefix of %lld tokens", (long long)n);
+    int rc = ld->kv ? csd_kv_copy_prefix(ld->kv, ls->kv, n, err) : 0;
+    uint8_t buf[CSD_WIRE_COPY_PREFIX_SIZE];
+    size_t len = 0;
+    if (!rc) rc = csd_wire_encode_copy_prefix(buf, sizeof buf, src, (uint32_t)n, &len, err);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_COPY_PREFIX, 0, dst, 0, (uint32_t)len);
+    if (!rc) rc = send_first(f, &h, buf, len, err);
+    if (!rc) ld->len = n;
+    return rc;
+}
+
 /* Stage 0 in this process: ids of all entries -> hidden rows, one batched forward. */
 static int run_local_stage(fleet *f, const csd_step_entry *e, int n, csd_err *err) {
     int64_t fill = 0;
@@ -585,8 +600,10 @@ static void fleet_destroy(csd_pipeline *p) {
     csd_free(f);
 }
 
-static const csd_pipeline_ops fleet_ops = {fleet_open,     fleet_forward,  fleet_step_begin, fleet_step_end,
-                                           fleet_truncate, fleet_close,    fleet_destroy,    fleet_ready};
+static const csd_pipeline_ops fleet_ops = {
+    .open = fleet_open,         .forward = fleet_forward,   .step_begin = fleet_step_begin,
+    .step_end = fleet_step_end, .truncate = fleet_truncate, .copy_prefix = fleet_copy_prefix,
+    .close = fleet_close,       .destroy = fleet_destroy,   .ready = fleet_ready};
 
 int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, csd_model *local0, int max_requests,
                               csd_err *err) {

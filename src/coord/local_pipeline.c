@@ -103,6 +103,13 @@ static int local_truncate(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *e
     return 0;
 }
 
+static int local_copy_prefix(csd_pipeline *p, uint32_t src, uint32_t dst, int64_t n, csd_err *err) {
+    local_pipeline *lp = (local_pipeline *)p;
+    local_slot *s = find_slot(lp, src), *d = find_slot(lp, dst);
+    if (!s || !d) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", s ? dst : src);
+    return csd_kv_copy_prefix(d->kv, s->kv, n, err);
+}
+
 static void local_close(csd_pipeline *p, uint32_t req) {
     local_slot *s = find_slot((local_pipeline *)p, req);
     if (!s) return;
@@ -121,9 +128,10 @@ static void local_destroy(csd_pipeline *p) {
     csd_free(lp);
 }
 
-static const csd_pipeline_ops local_ops = {local_open,     local_forward,  local_step_begin,
-                                           local_step_end, local_truncate, local_close,
-                                           local_destroy,  NULL};
+static const csd_pipeline_ops local_ops = {
+    .open = local_open,         .forward = local_forward,         .step_begin = local_step_begin,
+    .step_end = local_step_end, .truncate = local_truncate,       .copy_prefix = local_copy_prefix,
+    .close = local_close,       .destroy = local_destroy,         .ready = NULL};
 
 int csd_local_pipeline_create(csd_pipeline **out, csd_model *model, int max_requests, csd_err *err) {
     *out = NULL;

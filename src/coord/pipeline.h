@@ -40,6 +40,8 @@ typedef struct csd_pipeline_ops {
     int (*step_end)(csd_pipeline *p, csd_err *err);
     /* Forgets positions >= pos of req. */
     int (*truncate)(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *err);
+    /* dst (open, empty) takes the first n positions of src's KV in every stage (prefix cache). */
+    int (*copy_prefix)(csd_pipeline *p, uint32_t src, uint32_t dst, int64_t n, csd_err *err);
     /* Frees req's state everywhere. */
     void (*close)(csd_pipeline *p, uint32_t req);
     void (*destroy)(csd_pipeline *p);

@@ -35,6 +35,7 @@
 #define CSD_WIRE_OPEN_SIZE 32u
 #define CSD_WIRE_ACT_HDR_SIZE 12u
 #define CSD_WIRE_TRUNCATE_SIZE 4u
+#define CSD_WIRE_COPY_PREFIX_SIZE 8u
 #define CSD_WIRE_STATS_SIZE 72u
 #define CSD_WIRE_PING_SIZE 8u
 #define CSD_WIRE_ERROR_HDR_SIZE 6u
@@ -57,7 +58,8 @@ enum csd_wire_type {
     CSD_WIRE_PING = 12,       /* liveness: u64 echoed back in PONG */
     CSD_WIRE_PONG = 13,
     CSD_WIRE_ROUTE = 14,      /* coordinator -> stage: send your RESULTs to the stage at "host:port" */
-    CSD_WIRE_TYPE_COUNT = 15
+    CSD_WIRE_COPY_PREFIX = 15,/* request_id gets the first n positions of another request (prefix cache) */
+    CSD_WIRE_TYPE_COUNT = 16
 };
 
 /* FORWARD/RESULT header flags: what the last stage returns. Exactly one OUT_* bit is set;
@@ -228,6 +230,13 @@ int csd_wire_decode_stats(const uint8_t *in, size_t len, csd_wire_stats *out, cs
 int csd_wire_encode_route(uint8_t *out, size_t cap, const char *addr, size_t *len, csd_err *err);
 int csd_wire_decode_route(const uint8_t *in, size_t len, char *addr, size_t addr_cap,
                           csd_err *err);
+
+/* COPY_PREFIX: request_id (already open) takes the first n_tokens positions of src_request's KV
+ * cache, in every stage: a prompt prefix computed once serves every request that shares it. */
+int csd_wire_encode_copy_prefix(uint8_t *out, size_t cap, uint32_t src_request, uint32_t n_tokens,
+                                size_t *len, csd_err *err);
+int csd_wire_decode_copy_prefix(const uint8_t *in, size_t len, uint32_t *src_request,
+                                uint32_t *n_tokens, csd_err *err);
 
 /* PING and PONG carry one u64 (the sender's clock, echoed). */
 int csd_wire_encode_ping(uint8_t *out, size_t cap, uint64_t stamp, size_t *len, csd_err *err);

@@ -208,6 +208,20 @@ static void handle_control(csd_stage_server *s, item *it) {
             send_req_error(s, it->hdr.request_id, CSD_EPROTO, err.msg);
         else if (r && csd_kv_truncate(r->kv, keep))
             send_req_error(s, it->hdr.request_id, CSD_ERANGE, "truncate beyond the request's length");
+    } else if (it->hdr.type == CSD_WIRE_COPY_PREFIX) {
+        uint32_t src = 0, n = 0;
+        csd_err err = {0};
+        stage_req *from = NULL;
+        int rc = csd_wire_decode_copy_prefix(it->data, it->hdr.payload_len, &src, &n, &err);
+        if (!rc && (!r || !(from = find_req(s, src))))
+            rc = csd_err_set(&err, CSD_ENOTFOUND, "copy prefix: request %u is not open on this stage",
+                             r ? src : it->hdr.request_id);
+        if (!rc) rc = csd_kv_copy_prefix(r->kv, from->kv, n, &err);
+        if (rc) {
+            send_req_error(s, it->hdr.request_id, rc, err.msg);
+            return; /* the coordinator fails the request; later stages never see it */
+        }
+        from->last_used = ++s->use_clock;
     } else if (it->hdr.type == CSD_WIRE_ERROR) {
         /* an upstream stage failed this request: pass it on toward the coordinator */
     }
@@ -556,7 +570,8 @@ static void *reader_main(void *arg) {
         } else if (h.type == CSD_WIRE_ROUTE) {
             if (handle_route(s, buf.data, h.payload_len, &err)) csd_conn_send_error(p->conn, 0, err.code, err.msg, NULL);
         } else if (h.type == CSD_WIRE_OPEN || h.type == CSD_WIRE_FORWARD || h.type == CSD_WIRE_TRUNCATE ||
-                   h.type == CSD_WIRE_CLOSE || (h.type == CSD_WIRE_ERROR && h.request_id != 0)) {
+                   h.type == CSD_WIRE_CLOSE || h.type == CSD_WIRE_COPY_PREFIX ||
+                   (h.type == CSD_WIRE_ERROR && h.request_id != 0)) {
             enqueue(s, p, &h, buf.data);
         } else {
             CSD_LOGW("stage=%u unexpected %s from %s", s->opts.stage_index, csd_wire_type_name(h.type),
