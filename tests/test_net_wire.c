@@ -31,7 +31,8 @@ static void test_hdr_roundtrip_every_type(void **state) {
         [CSD_WIRE_RESULT] = 12 + 8,              [CSD_WIRE_TRUNCATE] = 4,
         [CSD_WIRE_CLOSE] = 0,                    [CSD_WIRE_STATS] = 0,
         [CSD_WIRE_STATS_REPLY] = CSD_WIRE_STATS_SIZE, [CSD_WIRE_PING] = 8,
-        [CSD_WIRE_PONG] = 8,                     [CSD_WIRE_ROUTE] = 2 + 14};
+        [CSD_WIRE_PONG] = 8,                     [CSD_WIRE_ROUTE] = 2 + 14,
+        [CSD_WIRE_COPY_PREFIX] = CSD_WIRE_COPY_PREFIX_SIZE};
     for (int t = 1; t < CSD_WIRE_TYPE_COUNT; t++) {
         uint16_t flags = (t == CSD_WIRE_FORWARD || t == CSD_WIRE_RESULT)
                              ? (CSD_WIRE_FLAG_OUT_LOGITS | CSD_WIRE_FLAG_ALL_TOKENS)
@@ -319,6 +320,24 @@ static int dec_route(const uint8_t *in, size_t len, void *out, csd_err *err) {
     return csd_wire_decode_route(in, len, out, CSD_WIRE_MAX_ROUTE + 1, err);
 }
 
+static void test_copy_prefix_roundtrip(void **state) {
+    (void)state;
+    uint8_t b[CSD_WIRE_COPY_PREFIX_SIZE];
+    size_t len = 0;
+    uint32_t src = 0, n = 0;
+    assert_int_equal(csd_wire_encode_copy_prefix(b, sizeof b, 77, 2000, &len, NULL), 0);
+    assert_int_equal(len, CSD_WIRE_COPY_PREFIX_SIZE);
+    assert_int_equal(csd_wire_decode_copy_prefix(b, len, &src, &n, NULL), 0);
+    assert_int_equal(src, 77);
+    assert_int_equal(n, 2000);
+    csd_err err = {0};
+    assert_int_equal(csd_wire_decode_copy_prefix(b, len - 1, &src, &n, &err), CSD_EPROTO); /* short */
+    csd_wire_put_u32(b + 4, CSD_WIRE_MAX_CONTEXT + 1);                                  /* too long */
+    assert_int_equal(csd_wire_decode_copy_prefix(b, len, &src, &n, &err), CSD_EPROTO);
+    assert_non_null(strstr(err.msg, "COPY_PREFIX"));
+    assert_int_equal(csd_wire_encode_copy_prefix(b, 4, 1, 1, &len, NULL), CSD_EINVAL);    /* no room */
+}
+
 static void test_route_roundtrip(void **state) {
     (void)state;
     uint8_t b[CSD_WIRE_ROUTE_HDR_SIZE + CSD_WIRE_MAX_ROUTE];
@@ -539,6 +558,7 @@ int main(void) {
         cmocka_unit_test(test_open_roundtrip),
         cmocka_unit_test(test_small_messages_roundtrip),
         cmocka_unit_test(test_route_roundtrip),
+        cmocka_unit_test(test_copy_prefix_roundtrip),
         cmocka_unit_test(test_act_ids_roundtrip),
         cmocka_unit_test(test_act_rows_roundtrip),
         cmocka_unit_test(test_act_limits),
