@@ -48,6 +48,10 @@ grep -q -- "--chat-template" "$WORK/notmpl.log" || fail "no clear error for a mi
 export CASCADIA_API_KEY=secret
 start_server main tiny --chat-template chatml
 BASE="http://127.0.0.1:$PORT_main"
+if timeout 20 "$CASCADIA" serve tiny --chat-template chatml --port "$PORT_main" 2>"$WORK/dup.log"; then
+    fail "a second server started on a port already in use"
+fi
+grep -q "cannot listen" "$WORK/dup.log" || fail "no clear error for a port in use: $(cat "$WORK/dup.log")"
 
 doc_curl=$(sed -n '/^curl -s http:\/\/127.0.0.1:8080\/v1\/chat\/completions/p' "$CSD_SOURCE_DIR/docs/api.md")
 [ -n "$doc_curl" ] || fail "no curl example in docs/api.md"

@@ -33,7 +33,9 @@ static uint64_t rng_next(rng *r) {
 }
 
 /* Uniform in (-1, 1). */
-static float rng_sym(rng *r) { return (float)((int64_t)(rng_next(r) >> 40) - 8388608) / 8388608.0f; }
+static float rng_sym(rng *r) {
+    return (float)((int64_t)(rng_next(r) >> 40) - 8388608) / 8388608.0f;
+}
 
 /* Seeded, checked non-constant data (mean of |x| well away from 0 and not all equal). */
 static float *make_data(int64_t n, uint64_t seed) {
@@ -262,7 +264,8 @@ static void test_vector_helpers(void **state) {
         for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
             int64_t n = ns[k];
             float *a = make_data(n, 10 + k), *b = make_data(n, 20 + k);
-            uint16_t *h = csd_alloc_array((size_t)n + 1, 2), *h2 = csd_alloc_array((size_t)n + 1, 2);
+            uint16_t *h = csd_alloc_array((size_t)n + 1, 2),
+                     *h2 = csd_alloc_array((size_t)n + 1, 2);
             float *y1 = make_data(n, 30 + k), *y2 = make_data(n, 30 + k);
             ref->f32_to_f16(h, b, n);
             h[n] = 0x1234;

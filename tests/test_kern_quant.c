@@ -62,8 +62,8 @@ static void test_sizes(void **state) {
 }
 
 /* Max and RMS error of quantize + dequantize, relative to the group absmax and the data RMS. */
-static void roundtrip(int dtype, int64_t rows, int64_t cols, const float *src, double *max_rel_group,
-                      double *rms_rel) {
+static void roundtrip(int dtype, int64_t rows, int64_t cols, const float *src,
+                      double *max_rel_group, double *rms_rel) {
     size_t nb = csd_qmat_bytes(dtype, rows, cols);
     void *buf = csd_alloc(nb);
     float *out = csd_alloc_array((size_t)cols, sizeof *out);

@@ -1,6 +1,7 @@
 /* Quality of quantized models against f32 (model/quality.h): the metric functions on hand-made
  * distributions, then stories260K teacher-forced over golden.json's greedy_ids at INT8 and INT4,
- * with a plain-absmax quantizer (written here, same layout) as the baseline the kernels must beat. */
+ * with a plain-absmax quantizer (written here, same layout) as the baseline the kernels must
+ * beat. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -9,6 +10,8 @@
 
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -73,9 +76,9 @@ static void test_argmax_first_on_ties(void **state) {
 static void test_accumulate_counts(void **state) {
     (void)state;
     const float ref[3 * 4] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
-    const float test[3 * 4] = {0, 0, 0, 0,   /* uniform: argmax 0 == ref's 0 */
-                               5, 1, 1, 1,   /* argmax 0: agrees */
-                               0, 0, 3, 0};  /* argmax 2: disagrees */
+    const float test[3 * 4] = {0, 0, 0, 0,  /* uniform: argmax 0 == ref's 0 */
+                               5, 1, 1, 1,  /* argmax 0: agrees */
+                               0, 0, 3, 0}; /* argmax 2: disagrees */
     const int32_t next[3] = {1, 0, 3};
     double scratch[8];
     csd_quality_stats s = {0};
@@ -150,7 +153,8 @@ static void absmax_quantize(int dtype, const float *src, int64_t rows, int64_t c
             scales[g] = dh;
             uint8_t *out = row + (size_t)g * gbytes;
             if (dtype == CSD_DTYPE_Q4) {
-                for (int j = 0; j < 64; j++) out[j] = (uint8_t)((q[j] + 8) | ((q[j + 64] + 8) << 4));
+                for (int j = 0; j < 64; j++)
+                    out[j] = (uint8_t)((q[j] + 8) | ((q[j + 64] + 8) << 4));
             } else {
                 for (int j = 0; j < CSD_QUANT_GROUP; j++) out[j] = (uint8_t)(int8_t)q[j];
             }
@@ -159,7 +163,8 @@ static void absmax_quantize(int dtype, const float *src, int64_t rows, int64_t c
 }
 
 /* A model whose matrices are the f32 reference's, absmax-quantized to dtype (embeddings and head at
- * 8 bits, as the loader does under int4). It borrows ref's norms; bufs receives what to csd_free. */
+ * 8 bits, as the loader does under int4). It borrows ref's norms; bufs receives what to
+ * csd_free. */
 typedef struct absmax_model {
     csd_model *m;
     void *bufs[64];
@@ -186,8 +191,10 @@ static void absmax_create(absmax_model *am, csd_model *ref, int dtype) {
     assert_non_null(layers);
     am->bufs[am->n_bufs++] = layers;
     absmax_matrix(am, CSD_DTYPE_Q8, &rw->embed, &w.embed);
-    if (rw->head.data == rw->embed.data) w.head = w.embed;
-    else absmax_matrix(am, CSD_DTYPE_Q8, &rw->head, &w.head);
+    if (rw->head.data == rw->embed.data)
+        w.head = w.embed;
+    else
+        absmax_matrix(am, CSD_DTYPE_Q8, &rw->head, &w.head);
     for (int64_t l = 0; l < nl; l++) {
         const csd_layer_weights *s = &rw->layers[l];
         csd_layer_weights *d = &layers[l];
@@ -205,7 +212,8 @@ static void absmax_create(absmax_model *am, csd_model *ref, int dtype) {
     csd_model_opts_default(&opts);
     opts.n_threads = 2;
     csd_err err = {0};
-    if (csd_model_create(&am->m, csd_model_cfg(ref), &w, &opts, &err)) fail_msg("create: %s", err.msg);
+    if (csd_model_create(&am->m, csd_model_cfg(ref), &w, &opts, &err))
+        fail_msg("create: %s", err.msg);
 }
 
 static void absmax_destroy(absmax_model *am) {
@@ -225,10 +233,18 @@ static csd_quality_stats measure(csd_model *ref, csd_model *test, const int32_t 
 }
 
 static void report(const char *name, const csd_quality_stats *s) {
-    printf("stories260K %-13s ppl_ref %.5f ppl %.5f mean_kl %.6f max_kl %.5f top1 %.2f%% (%lld/%lld)\n",
+    printf("stories260K %-13s ppl_ref %.5f ppl %.5f mean_kl %.6f max_kl %.5f top1 %.2f%% "
+           "(%lld/%lld)\n",
            name, csd_quality_ppl_ref(s), csd_quality_ppl_test(s), csd_quality_mean_kl(s), s->kl_max,
            100.0 * csd_quality_top1(s), (long long)s->top1_agree, (long long)s->positions);
     fflush(stdout);
+}
+
+/* Prints a missed bound with its figure; returns whether value is on the right side. */
+static bool within(const char *what, double value, double bound, bool at_least) {
+    bool ok = at_least ? value >= bound : value <= bound;
+    if (!ok) printf("MISSED %s: %.6f, bound %s %.6f\n", what, value, at_least ? ">=" : "<=", bound);
+    return ok;
 }
 
 /* The reference against itself: KL exactly 0, full agreement, equal perplexities, and windows that
@@ -244,7 +260,8 @@ static void test_self_and_windows(void **state) {
     assert_true(s.kl_sum == 0.0);
     assert_int_equal(s.top1_agree, s.positions);
     assert_true(csd_quality_ppl_ref(&s) == csd_quality_ppl_test(&s));
-    assert_true(csd_quality_ppl_ref(&s) > 1.0 && csd_quality_ppl_ref(&s) < 10.0); /* its own greedy text */
+    /* Its own greedy text: confident, but not certain. */
+    assert_true(csd_quality_ppl_ref(&s) > 1.0 && csd_quality_ppl_ref(&s) < 10.0);
     csd_quality_stats w;
     csd_err err = {0};
     int64_t n_windows = 0;
@@ -286,11 +303,62 @@ static void test_int8_int4_against_f32(void **state) {
     report("int8-absmax", &b8);
     report("int4", &s4);
     report("int4-absmax", &b4);
-    /* Bounds from the issue "Quantized CPU kernels", section Quality. */
-    assert_true(csd_quality_mean_kl(&s8) <= 0.001);
-    assert_true(csd_quality_top1(&s8) >= 0.97);
-    assert_true(csd_quality_mean_kl(&s4) <= 0.06);
-    assert_true(csd_quality_top1(&s4) >= 0.93);
+    /* Bounds from the issue "Quantized CPU kernels", section Quality (all checked, then
+     * reported). */
+    int failed = 0;
+    failed += !within("int8 mean KL", csd_quality_mean_kl(&s8), 0.001, false);
+    failed += !within("int8 top-1", csd_quality_top1(&s8), 0.97, true);
+    failed += !within("int4 mean KL", csd_quality_mean_kl(&s4), 0.06, false);
+    failed += !within("int4 top-1", csd_quality_top1(&s4), 0.93, true);
+    absmax_destroy(&a4);
+    absmax_destroy(&a8);
+    csd_model_destroy(q4);
+    csd_model_destroy(q8);
+    csd_model_destroy(ref);
+    if (failed) fail_msg("%d quality bound(s) missed (figures above)", failed);
+}
+
+/* tests/data/quality_text.txt (~1000 tokens, two 512-token windows), tokenized by the cascadia
+ * binary (this test links csd_model only). The bounds of the issue are for the golden sequence;
+ * here the figures are printed for docs/quality.md, and INT4 must beat plain absmax. */
+#define LONG_MAX_IDS 4096
+
+static int tokenize_long_text(int32_t *ids) {
+    /* CSD_BINARY and the paths come from CMake; single quotes keep spaces in them intact. */
+    const char *cmd = "'" CSD_BINARY "' tokenize '" CSD_STORIES_DIR "' < '" CSD_SOURCE_DIR
+                      "/tests/data/quality_text.txt'";
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int n = 0;
+    while (n < LONG_MAX_IDS && fscanf(p, "%d", &ids[n]) == 1) n++;
+    assert_int_equal(pclose(p), 0);
+    return n;
+}
+
+static void test_long_text(void **state) {
+    (void)state;
+    CSD_REQUIRE_FILE(CSD_STORIES_DIR "/tokenizer.json");
+    CSD_REQUIRE_FILE(CSD_BINARY);
+    csd_kern_init();
+    static int32_t ids[LONG_MAX_IDS];
+    int n = tokenize_long_text(ids);
+    assert_true(n > 512 && n < LONG_MAX_IDS); /* more than one window */
+    csd_model *ref = load(CSD_DTYPE_F32);
+    int64_t window = csd_model_max_ctx(ref) < 512 ? csd_model_max_ctx(ref) : 512;
+    csd_model *q8 = load(CSD_DTYPE_Q8), *q4 = load(CSD_DTYPE_Q4);
+    absmax_model a8, a4;
+    absmax_create(&a8, ref, CSD_DTYPE_Q8);
+    absmax_create(&a4, ref, CSD_DTYPE_Q4);
+    csd_quality_stats s8 = measure(ref, q8, ids, n, window), s4 = measure(ref, q4, ids, n, window);
+    csd_quality_stats b8 = measure(ref, a8.m, ids, n, window),
+                      b4 = measure(ref, a4.m, ids, n, window);
+    printf("quality_text.txt: %d tokens, window %lld\n", n, (long long)window);
+    report("int8", &s8);
+    report("int8-absmax", &b8);
+    report("int4", &s4);
+    report("int4-absmax", &b4);
+    assert_true(csd_quality_mean_kl(&s4) < csd_quality_mean_kl(&b4));
+    assert_true(csd_quality_ppl_test(&s4) < csd_quality_ppl_test(&b4));
     absmax_destroy(&a4);
     absmax_destroy(&a8);
     csd_model_destroy(q4);
@@ -307,6 +375,7 @@ int main(void) {
         cmocka_unit_test(test_accumulate_counts),
         cmocka_unit_test(test_self_and_windows),
         cmocka_unit_test(test_int8_int4_against_f32),
+        cmocka_unit_test(test_long_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

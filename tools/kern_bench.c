@@ -123,7 +123,9 @@ int main(int argc, char **argv) {
                 int reps = quick ? 20 : REPS;
                 static read_job rj;
                 for (int i = 0; i < reps; i++) { /* a plain read of other copies, interleaved */
-                    rj.p = (const uint64_t *)(const void *)(big + (size_t)((i + n_copies / 2) % n_copies) * nb);
+                    rj.p = (const uint64_t *)(const void *)(big + (size_t)((i + n_copies / 2) %
+                                                                           n_copies) *
+                                                                      nb);
                     rj.n = (int64_t)(nb / 8);
                     uint64_t a = csd_now_ns();
                     csd_pool_run(pool, read_part, &rj);

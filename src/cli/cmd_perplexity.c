@@ -1,7 +1,7 @@
-/* cmd_perplexity: `cascadia perplexity MODEL_DIR --precision P (FILE | --ids 1,2,3)`: loads the model
- * twice, at f32 (the reference) and at P, runs both teacher-forced over the same tokens and prints
- * perplexity of each, mean KL(P_f32 || P_P) and top-1 agreement. The metrics are model/quality.h;
- * this file only parses flags, tokenizes and prints. See docs/quality.md. */
+/* cmd_perplexity: `cascadia perplexity MODEL_DIR --precision P (FILE | --ids 1,2,3)`: loads the
+ * model twice, at f32 (the reference) and at P, runs both teacher-forced over the same tokens and
+ * prints perplexity of each, mean KL(P_f32 || P_P) and top-1 agreement. The metrics are
+ * model/quality.h; this file only parses flags, tokenizes and prints. See docs/quality.md. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +33,8 @@ static const char *const ppl_usage =
 
 typedef struct ppl_args {
     const char *dir, *file, *ids_text;
-    int precision;   /* CSD_DTYPE_* under test, -1 until given */
-    int64_t window;  /* 0: default */
+    int precision;  /* CSD_DTYPE_* under test, -1 until given */
+    int64_t window; /* 0: default */
     bool json;
     csd_model_opts opts;
 } ppl_args;
@@ -59,14 +59,16 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
         } else if (!strcmp(f, "--precision")) {
             a->precision = csd_dtype_parse(value);
             if (a->precision < 0) {
-                fprintf(stderr, "cascadia perplexity: --precision: unknown '%s'\n", value ? value : "");
+                fprintf(stderr, "cascadia perplexity: --precision: unknown '%s'\n",
+                        value ? value : "");
                 return 2;
             }
             i++;
         } else if (f[0] == '-') {
             int r = csd_cli_model_flag("perplexity", f, value, &a->opts);
             if (r <= 0) {
-                if (r == 0) fprintf(stderr, "cascadia perplexity: unknown option '%s'\n%s", f, ppl_usage);
+                if (r == 0)
+                    fprintf(stderr, "cascadia perplexity: unknown option '%s'\n%s", f, ppl_usage);
                 return 2;
             }
             i++;
@@ -80,15 +82,18 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
         }
     }
     if (!a->dir || a->precision < 0 || (!a->file == !a->ids_text)) {
-        fprintf(stderr, "cascadia perplexity: MODEL_DIR, --precision and one of FILE or --ids are "
-                        "required\n%s", ppl_usage);
+        fprintf(stderr,
+                "cascadia perplexity: MODEL_DIR, --precision and one of FILE or --ids are "
+                "required\n%s",
+                ppl_usage);
         return 2;
     }
     return 0;
 }
 
 /* Tokenizes the file with the model's tokenizer, BOS first when the tokenizer has one. */
-static int tokenize_file(const char *dir, const char *path, int32_t **ids, int64_t *n, csd_err *err) {
+static int tokenize_file(const char *dir, const char *path, int32_t **ids, int64_t *n,
+                         csd_err *err) {
     char *text = NULL;
     size_t len = 0;
     csd_tok *tok = NULL;
@@ -130,13 +135,12 @@ static void print_table(const ppl_args *a, const csd_quality_stats *s, int64_t w
 
 static int print_json(const ppl_args *a, const csd_quality_stats *s, int64_t window,
                       int64_t n_windows, csd_err *err) {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:I}", "model", a->dir,
-                          "precision", csd_dtype_name(a->precision), "positions",
-                          (json_int_t)s->positions, "windows", (json_int_t)n_windows, "ctx",
-                          (json_int_t)window, "ppl_ref", csd_quality_ppl_ref(s), "ppl_test",
-                          csd_quality_ppl_test(s), "mean_kl", csd_quality_mean_kl(s), "max_kl",
-                          s->kl_max, "top1", csd_quality_top1(s), "top1_agree",
-                          (json_int_t)s->top1_agree);
+    json_t *o = json_pack(
+        "{s:s, s:s, s:I, s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:I}", "model", a->dir, "precision",
+        csd_dtype_name(a->precision), "positions", (json_int_t)s->positions, "windows",
+        (json_int_t)n_windows, "ctx", (json_int_t)window, "ppl_ref", csd_quality_ppl_ref(s),
+        "ppl_test", csd_quality_ppl_test(s), "mean_kl", csd_quality_mean_kl(s), "max_kl", s->kl_max,
+        "top1", csd_quality_top1(s), "top1_agree", (json_int_t)s->top1_agree);
     char *text = o ? json_dumps(o, JSON_REAL_PRECISION(10)) : NULL;
     json_decref(o);
     if (!text) return csd_err_set(err, CSD_ENOMEM, "json output");
@@ -158,7 +162,8 @@ int csd_cmd_perplexity(int argc, char **argv) {
     csd_quality_stats s = {0};
     int64_t window = a.window, n_windows = 0;
     csd_kern_init();
-    if (!rc && n < 2) rc = csd_err_set(&err, CSD_EINVAL, "need at least 2 tokens, got %lld", (long long)n);
+    if (!rc && n < 2)
+        rc = csd_err_set(&err, CSD_EINVAL, "need at least 2 tokens, got %lld", (long long)n);
     /* Reference: f32 weights and f32 KV, whatever the flags say about the model under test. */
     csd_model_opts ropts = a.opts;
     ropts.precision = CSD_DTYPE_F32;
@@ -169,14 +174,20 @@ int csd_cmd_perplexity(int argc, char **argv) {
         int64_t model_ctx = csd_model_max_ctx(ref);
         window = model_ctx < PPL_DEFAULT_WINDOW ? model_ctx : PPL_DEFAULT_WINDOW;
     }
+    if (!rc && window > csd_model_cfg(ref)->max_seq_len)
+        fprintf(stderr,
+                "cascadia perplexity: warning: --ctx %lld exceeds the trained context %lld\n",
+                (long long)window, (long long)csd_model_cfg(ref)->max_seq_len);
     if (!rc && window > n) window = n; /* a short text needs no larger KV cache */
     csd_model_opts topts = a.opts;
     topts.precision = a.precision;
     topts.max_ctx = window;
     if (!rc) rc = csd_model_load_hf(&test, a.dir, &topts, &err);
     if (!rc) rc = csd_quality_measure(ref, test, ids, n, window, &s, &n_windows, &err);
-    if (!rc && a.json) rc = print_json(&a, &s, window, n_windows, &err);
-    else if (!rc) print_table(&a, &s, window, n_windows);
+    if (!rc && a.json)
+        rc = print_json(&a, &s, window, n_windows, &err);
+    else if (!rc)
+        print_table(&a, &s, window, n_windows);
     if (rc) csd_cli_error("perplexity", &err);
     csd_model_destroy(test);
     csd_model_destroy(ref);

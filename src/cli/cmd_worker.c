@@ -109,13 +109,20 @@ int csd_cmd_worker(int argc, char **argv) {
         sopts.stage_index = h->stage_index;
         memcpy(sopts.model_hash, h->model_hash, CSD_WIRE_HASH_SIZE);
         rc = csd_stage_server_create(&server, model, &sopts, &err);
-        if (!rc)
-            fprintf(stderr, "worker: stage %u of %u, layers [%lld, %lld)%s%s, %s, %.1f MiB weights, loaded in %.2f s, "
-                    "listening on port %u (%s)\n", h->stage_index, h->stage_count, (long long)h->layer_begin,
+        if (!rc) {
+            double kv_tok = (double)csd_model_kv_bytes_per_token(model);
+            uint64_t cap = sopts.kv_mem_cap ? sopts.kv_mem_cap : 4ull << 30;
+            fprintf(stderr, "worker: stage %u of %u, layers [%lld, %lld)%s%s, %s, loaded in %.2f s\n"
+                    "worker: memory: weights %.1f MiB, KV %.1f KiB/token (%s) = %.1f MiB per %lld-token request, "
+                    "cap %.0f MiB\n"
+                    "worker: listening on port %u (%s)\n", h->stage_index, h->stage_count, (long long)h->layer_begin,
                     (long long)h->layer_end, h->has_embed ? " +embeddings" : "", h->has_head ? " +head" : "",
-                    csd_dtype_name(h->precision), (double)csd_model_weight_bytes(model) / (1 << 20),
-                    (double)(csd_now_ns() - t0) * 1e-9, csd_stage_server_port(server),
+                    csd_dtype_name(h->precision), (double)(csd_now_ns() - t0) * 1e-9,
+                    (double)csd_model_weight_bytes(model) / (1 << 20), kv_tok / 1024,
+                    csd_dtype_name(csd_model_kv_dtype(model)), kv_tok * (double)csd_model_max_ctx(model) / (1 << 20),
+                    (long long)csd_model_max_ctx(model), (double)cap / (1 << 20), csd_stage_server_port(server),
                     insecure ? "insecure" : "encrypted");
+        }
     }
     if (!rc) {
         running_server = server;

@@ -218,6 +218,7 @@ static void remove_active(worker *w, req *r) {
         if (*p == r) {
             *p = r->next;
             w->n_active--;
+            w->e->stats.active--;
             break;
         }
     }
@@ -247,7 +248,9 @@ static void admit(worker *w) {
         while (*tail) tail = &(*tail)->next;
         *tail = r;
         w->n_active++;
+        e->stats.active++;
     }
+    e->stats.queue_depth = e->queue_len;
 }
 
 /* Opens pipeline state for newly admitted requests and ends cancelled ones. */
@@ -388,9 +391,6 @@ static void *worker_main(void *arg) {
             admit(w);
         }
         bool stopping = e->stopping;
-        e->stats.active = 0;
-        for (int i = 0; i < e->n_workers; i++) e->stats.active += e->workers[i].n_active;
-        e->stats.queue_depth = e->queue_len;
         pthread_mutex_unlock(&e->mu);
         if (stopping && w->count == 0) break;
         prepare_requests(w);

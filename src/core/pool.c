@@ -143,7 +143,8 @@ void csd_pool_run(csd_pool *pool, csd_pool_fn fn, void *ctx) {
     fn(ctx, 0, pool->n_threads);
     /* Workers normally finish within microseconds; if one was preempted (more runnable threads
      * than cores), yielding gives it this core instead of spinning away the time slice. */
-    for (unsigned spins = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+    for (unsigned spins = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0;
+         spins++) {
         cpu_relax();
         if (spins % 256 == 0) sched_yield();
     }

@@ -663,8 +663,9 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
         flags, (uint16_t)o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s,
-        MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+    /* no MHD_OPTION_LISTENING_ADDRESS_REUSE: on Linux it is SO_REUSEPORT, which would let a second
+     * server silently share the port; MHD's default SO_REUSEADDR is enough for restarts */
     if (!s->mhd) {
         rc = csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
                          o.host, o.port);

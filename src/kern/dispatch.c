@@ -38,7 +38,9 @@ static cpu_features detect(void) {
     f.f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return f;
     unsigned xlo, xhi;
-    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0)); /* which register state the OS saves */
+    __asm__ volatile("xgetbv"
+                     : "=a"(xlo), "=d"(xhi)
+                     : "c"(0)); /* which register state the OS saves */
     (void)xhi;
     bool os_ymm = (xlo & 0x6) == 0x6, os_zmm = (xlo & 0xe6) == 0xe6;
     if (!os_ymm) return f;

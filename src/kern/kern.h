@@ -12,8 +12,8 @@
 #include "core/err.h"
 #include "core/pool.h"
 
-/* A weight matrix in memory. data layout depends on dtype (see quant.h); for F32/F16/BF16 it is plain
- * row-major. Borrowed: the owner (model weights or a mapped shard) keeps it alive. */
+/* A weight matrix in memory. data layout depends on dtype (see quant.h); for F32/F16/BF16 it is
+ * plain row-major. Borrowed: the owner (model weights or a mapped shard) keeps it alive. */
 typedef struct csd_qmat {
     int dtype;     /* enum csd_dtype */
     int64_t rows;  /* output features */
@@ -43,8 +43,8 @@ size_t csd_matmul_scratch_bytes(int64_t cols, int64_t n_tok);
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
                 void *scratch);
 
-/* Vector helpers for attention (F16 or F32 KV cache), dispatched like the matmul. Each table sums in
- * its own fixed order (the result depends only on the inputs and n, never on threads or batch);
+/* Vector helpers for attention (F16 or F32 KV cache), dispatched like the matmul. Each table sums
+ * in its own fixed order (the result depends only on the inputs and n, never on threads or batch);
  * tables differ from each other only by float rounding. */
 /* Returns sum_i a[i] * b[i]. */
 float csd_dot_f32(const float *a, const float *b, int64_t n);
@@ -54,7 +54,8 @@ float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n);
 void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* y[i] += a * f32(x[i]), x in IEEE half (the multiply-add may be fused). */
 void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
-/* out[i] = half(in[i]), round to nearest even; bit-identical to csd_f32_to_f16 in every table. */
+/* out[i] = half(in[i]), round to nearest even; bit-identical to csd_f32_to_f16 in every table
+ * (NaN payloads aside). */
 void csd_f32_to_f16_vec(uint16_t *out, const float *in, int64_t n);
 
 #endif

@@ -47,8 +47,8 @@ static float grid_error(const float *w, float d, float qmin, float qmax) {
 /* d rounded through f16, the precision it is stored in. */
 static float f16_round(float d) { return csd_f16_to_f32(csd_f32_to_f16(d)); }
 
-/* Chooses the group scale: absmax (the baseline), then clipped scales d = s * amax * c / qspan for a
- * small fixed grid of c, with s chosen so the largest-magnitude weight lands on the wider side of
+/* Chooses the group scale: absmax (the baseline), then clipped scales d = s * amax * c / qspan for
+ * a small fixed grid of c, with s chosen so the largest-magnitude weight lands on the wider side of
  * the grid, then one least-squares refit of d for the best assignment. Every candidate is judged
  * after rounding d to f16. Returns the f16 scale (0 for an all-zero group). */
 static uint16_t choose_scale(const float *w, int qmin, int qmax) {
@@ -157,11 +157,14 @@ int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, v
 }
 
 void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out) {
-    const uint8_t *p = (const uint8_t *)w->data + (size_t)row * csd_quant_row_bytes(w->dtype, w->cols);
+    const uint8_t *p =
+        (const uint8_t *)w->data + (size_t)row * csd_quant_row_bytes(w->dtype, w->cols);
     switch (w->dtype) {
     case CSD_DTYPE_F32: memcpy(out, p, (size_t)w->cols * sizeof(float)); return;
     case CSD_DTYPE_F16: csd_f16_to_f32_row(out, (const uint16_t *)(const void *)p, w->cols); return;
-    case CSD_DTYPE_BF16: csd_bf16_to_f32_row(out, (const uint16_t *)(const void *)p, w->cols); return;
+    case CSD_DTYPE_BF16:
+        csd_bf16_to_f32_row(out, (const uint16_t *)(const void *)p, w->cols);
+        return;
     case CSD_DTYPE_Q4:
     case CSD_DTYPE_Q8: {
         const uint16_t *scales = csd_quant_row_scales(w->dtype, p, w->cols);

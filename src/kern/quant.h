@@ -19,7 +19,8 @@
 
 /* Q4 group: 128 weights as 64 bytes. Byte j holds element j in its low nibble and element j + 64 in
  * its high nibble, both stored as q + 8 with q in [-8, 7]: one AND gives elements 0..63 and one
- * shift + AND gives 64..127, each in input order, ready for an unsigned x signed byte dot product. */
+ * shift + AND gives 64..127, each in input order, ready for an unsigned x signed byte dot product.
+ */
 typedef struct csd_q4_group {
     uint8_t qs[CSD_QUANT_GROUP / 2];
 } csd_q4_group;

@@ -78,20 +78,22 @@ static void avx2_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
+AI __m256i load32(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+
 /* Integer dot of one 128-element group as 8 int32 lanes. */
 AI __m256i group_dot(const int q4, const __m256i w[4], const int8_t *xg) {
     const __m256i ones = _mm256_set1_epi16(1);
     if (q4) { /* nibbles <= 15: four vpmaddubsw results fit in int16 (4 * 2 * 15 * 127) */
-        __m256i p = _mm256_maddubs_epi16(w[0], _mm256_loadu_si256((const __m256i *)(const void *)xg));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[1], _mm256_loadu_si256((const __m256i *)(const void *)(xg + 32))));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[2], _mm256_loadu_si256((const __m256i *)(const void *)(xg + 64))));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[3], _mm256_loadu_si256((const __m256i *)(const void *)(xg + 96))));
+        __m256i p = _mm256_maddubs_epi16(w[0], load32(xg));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[1], load32(xg + 32)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[2], load32(xg + 64)));
+        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[3], load32(xg + 96)));
         return _mm256_madd_epi16(p, ones);
     }
     __m256i s = _mm256_setzero_si256();
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) { /* |w| * sign(w) x: 2 * 127 * 127 fits int16, one at a time */
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(const void *)(xg + 32 * k));
+        __m256i xv = load32(xg + 32 * k);
         __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(xv, w[k]));
         s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
     }
@@ -256,14 +258,16 @@ AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        __m256 b0 = f16 ? load_f16x8((const uint16_t *)b + i, 8) : _mm256_loadu_ps((const float *)b + i);
+        __m256 b0 =
+            f16 ? load_f16x8((const uint16_t *)b + i, 8) : _mm256_loadu_ps((const float *)b + i);
         __m256 b1 = f16 ? load_f16x8((const uint16_t *)b + i + 8, 8)
                         : _mm256_loadu_ps((const float *)b + i + 8);
         acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), b0, acc0);
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), b1, acc1);
     }
     for (; i < n; i += 8) {
-        __m256 bv = f16 ? load_f16x8((const uint16_t *)b + i, n - i) : load_f32x8((const float *)b + i, n - i);
+        __m256 bv = f16 ? load_f16x8((const uint16_t *)b + i, n - i)
+                        : load_f32x8((const float *)b + i, n - i);
         acc0 = _mm256_fmadd_ps(load_f32x8(a + i, n - i), bv, acc0);
     }
     return hsum8(_mm256_add_ps(acc0, acc1));
@@ -287,7 +291,8 @@ static void avx2_axpy_f32(float *y, float a, const float *x, int64_t n) {
     __m256 av = _mm256_set1_ps(a);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(av, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] = __builtin_fmaf(a, x[i], y[i]);
 }
 

@@ -103,7 +103,8 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
             __m512 dwv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, dws[r] + gb));
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++)
-                _mm512_store_ps(sc[r][t], _mm512_mul_ps(dwv, _mm512_maskz_loadu_ps(gm, dxs[t] + gb)));
+                _mm512_store_ps(sc[r][t],
+                                _mm512_mul_ps(dwv, _mm512_maskz_loadu_ps(gm, dxs[t] + gb)));
         }
         for (int64_t gi = 0; gi < gn; gi++) {
             const int64_t g = gb + gi;
@@ -301,8 +302,8 @@ AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
     for (; i + 64 <= n; i += 64) {
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
-            __m512 bv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256(
-                                  (const __m256i *)(const void *)((const uint16_t *)b + i + 16 * k)))
+            __m512 bv = f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((
+                                  const __m256i *)(const void *)((const uint16_t *)b + i + 16 * k)))
                             : _mm512_loadu_ps((const float *)b + i + 16 * k);
             acc[k] = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16 * k), bv, acc[k]);
         }
@@ -316,7 +317,9 @@ AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
     return hsum(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
 }
 
-static float avx512_dot_f32(const float *a, const float *b, int64_t n) { return dot_any(0, a, b, n); }
+static float avx512_dot_f32(const float *a, const float *b, int64_t n) {
+    return dot_any(0, a, b, n);
+}
 
 static float avx512_dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
     return dot_any(1, a, b, n);

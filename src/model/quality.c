@@ -81,9 +81,9 @@ static int check_models(csd_model *ref, csd_model *test, int64_t window, csd_err
             return csd_err_set(err, CSD_EINVAL, "quality: the %s model is a partial stage",
                                k ? "test" : "reference");
         if (window > csd_model_max_ctx(ms[k]))
-            return csd_err_set(err, CSD_ERANGE, "quality: window %lld exceeds the %s model's context %lld",
-                               (long long)window, k ? "test" : "reference",
-                               (long long)csd_model_max_ctx(ms[k]));
+            return csd_err_set(
+                err, CSD_ERANGE, "quality: window %lld exceeds the %s model's context %lld",
+                (long long)window, k ? "test" : "reference", (long long)csd_model_max_ctx(ms[k]));
     }
     if (csd_model_cfg(ref)->vocab_size != csd_model_cfg(test)->vocab_size)
         return csd_err_set(err, CSD_EMISMATCH, "quality: vocabularies differ (%lld vs %lld)",
@@ -104,18 +104,23 @@ int csd_quality_measure(csd_model *ref, csd_model *test, const int32_t *ids, int
                         int64_t window, csd_quality_stats *out, int64_t *n_windows, csd_err *err) {
     *out = (csd_quality_stats){0};
     if (n_windows) *n_windows = 0;
-    if (n < 2) return csd_err_set(err, CSD_EINVAL, "quality: need at least 2 tokens, got %lld", (long long)n);
-    if (window < 2) return csd_err_set(err, CSD_EINVAL, "quality: window %lld < 2", (long long)window);
+    if (n < 2)
+        return csd_err_set(err, CSD_EINVAL, "quality: need at least 2 tokens, got %lld",
+                           (long long)n);
+    if (window < 2)
+        return csd_err_set(err, CSD_EINVAL, "quality: window %lld < 2", (long long)window);
     int rc = check_models(ref, test, window, err);
     if (rc) return rc;
     int64_t vocab = csd_model_cfg(ref)->vocab_size;
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= vocab)
-            return csd_err_set(err, CSD_ERANGE, "quality: token %lld (id %d) outside the vocabulary of %lld",
+            return csd_err_set(err, CSD_ERANGE,
+                               "quality: token %lld (id %d) outside the vocabulary of %lld",
                                (long long)i, ids[i], (long long)vocab);
     /* Tokens per forward call: both batch limits and the logits cap. */
-    int64_t chunk = csd_model_max_batch(ref) < csd_model_max_batch(test) ? csd_model_max_batch(ref)
-                                                                       : csd_model_max_batch(test);
+    int64_t chunk = csd_model_max_batch(ref) < csd_model_max_batch(test)
+                        ? csd_model_max_batch(ref)
+                        : csd_model_max_batch(test);
     int64_t cap = (int64_t)(CSD_QUALITY_CHUNK_BYTES / ((size_t)vocab * sizeof(float)));
     if (chunk > cap) chunk = cap > 0 ? cap : 1;
     if (chunk > window) chunk = window;
@@ -128,8 +133,8 @@ int csd_quality_measure(csd_model *ref, csd_model *test, const int32_t *ids, int
         rc = csd_err_set(err, CSD_ENOMEM, "quality: buffers for %lld tokens", (long long)chunk);
     if (!rc) rc = csd_kv_create(&kv_ref, ref, window, err);
     if (!rc) rc = csd_kv_create(&kv_test, test, window, err);
-    /* Window w covers [start, start + len) and scores the predictions of tokens start+1 .. start+len-1;
-     * the next window starts at its last token, which becomes context. */
+    /* Window w covers [start, start + len) and scores the predictions of tokens start+1 ..
+     * start+len-1; the next window starts at its last token, which becomes context. */
     for (int64_t start = 0; !rc && start < n - 1; start += window - 1) {
         int64_t len = n - start < window ? n - start : window;
         rc = csd_kv_truncate(kv_ref, 0);
@@ -143,9 +148,11 @@ int csd_quality_measure(csd_model *ref, csd_model *test, const int32_t *ids, int
             const int32_t *chunk_ids = ids + start + off;
             rc = forward_all(ref, kv_ref, kvs, chunk_ids, c, lr, err);
             if (!rc) rc = forward_all(test, kv_test, kvs, chunk_ids, c, lt, err);
-            int64_t scored = len - 1 - off < c ? len - 1 - off : c; /* the last token predicts nothing */
+            /* The window's last token predicts nothing. */
+            int64_t scored = len - 1 - off < c ? len - 1 - off : c;
             if (!rc && scored > 0)
-                rc = csd_quality_accumulate(out, lr, lt, vocab, chunk_ids + 1, scored, scratch, err);
+                rc =
+                    csd_quality_accumulate(out, lr, lt, vocab, chunk_ids + 1, scored, scratch, err);
         }
         if (!rc && n_windows) (*n_windows)++;
     }

@@ -1,7 +1,8 @@
 /* quality: how far a test model (any precision) is from a reference model (f32) on one token
  * sequence, teacher-forced: perplexity of each, mean KL(P_ref || P_test) per position and top-1
  * (argmax) agreement. Metric maths is in double; no sampling, no generation. See docs/quality.md.
- * Position t is scored when token t + 1 is known (it predicts it), so n tokens give n - 1 positions. */
+ * Position t is scored when token t + 1 is known (it predicts it), so n tokens give n - 1
+ * positions. */
 #ifndef CSD_QUALITY_H
 #define CSD_QUALITY_H
 
@@ -16,12 +17,12 @@
 
 /* Running sums over scored positions (open: callers may merge or print them). */
 typedef struct csd_quality_stats {
-    int64_t positions;   /* next-token predictions scored */
-    int64_t top1_agree;  /* positions where argmax(ref) == argmax(test) */
-    double nll_ref;      /* sum of -ln P_ref(next token), nats */
-    double nll_test;     /* sum of -ln P_test(next token), nats */
-    double kl_sum;       /* sum of KL(P_ref || P_test), nats */
-    double kl_max;       /* largest KL at one position, nats */
+    int64_t positions;  /* next-token predictions scored */
+    int64_t top1_agree; /* positions where argmax(ref) == argmax(test) */
+    double nll_ref;     /* sum of -ln P_ref(next token), nats */
+    double nll_test;    /* sum of -ln P_test(next token), nats */
+    double kl_sum;      /* sum of KL(P_ref || P_test), nats */
+    double kl_max;      /* largest KL at one position, nats */
 } csd_quality_stats;
 
 /* ---- metric primitives (pure functions, unit-tested on hand-made distributions) ---- */
@@ -49,9 +50,9 @@ double csd_quality_top1(const csd_quality_stats *s);
 
 /* ---- whole-sequence measurement ---- */
 
-/* Runs ref and test teacher-forced over ids[0, n) and fills *out (zeroed first). The sequence is cut
- * into windows of `window` tokens, each with a fresh KV cache; consecutive windows share one token
- * so every token after the first is predicted exactly once. window must be >= 2 and fit both
+/* Runs ref and test teacher-forced over ids[0, n) and fills *out (zeroed first). The sequence is
+ * cut into windows of `window` tokens, each with a fresh KV cache; consecutive windows share one
+ * token so every token after the first is predicted exactly once. window must be >= 2 and fit both
  * models' max_ctx. Both models must be whole (embeddings and head) with the same vocabulary.
  * *n_windows (may be NULL) receives the number of windows. Allocates its buffers per call. */
 int csd_quality_measure(csd_model *ref, csd_model *test, const int32_t *ids, int64_t n,
