@@ -11,6 +11,7 @@
 
 #include "chat/chat_template.h"
 #include "cli_util.h"
+#include "fleet_setup.h"
 #include "commands.h"
 #include "coord/engine.h"
 #include "coord/pipeline.h"
@@ -26,6 +27,8 @@
 
 static const char *const serve_usage =
     "usage: cascadia serve MODEL_DIR [options]\n"
+    "       cascadia serve --manifest DIR --fleet H:P,H:P [--fleet H:P,H:P ...] (--key F | --insecure) [options]\n"
+    "       (each --fleet is one pipeline replica, stages in order; requests go to the one with a free slot)\n"
     "  --host ADDR          address to listen on (default 127.0.0.1)\n"
     "  --port N             TCP port (default 8080; 0 = any free port)\n"
     "  --parallel N         requests decoded together (default 4)\n"
@@ -33,7 +36,11 @@ static const char *const serve_usage =
     "  --api-key KEY        require 'Authorization: Bearer KEY' (or env CASCADIA_API_KEY)\n"
     "  --chat-template NAME use a built-in template: chatml|llama3|llama2|mistral|gemma\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
-    "  --max-body BYTES     largest request body (default 4194304)\n" CSD_CLI_MODEL_FLAGS_HELP;
+    "  --max-body BYTES     largest request body (default 4194304)\n"
+    "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline (default 4, 0 = off)\n"
+    CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
+
+#define SERVE_MAX_FLEETS 16
 
 typedef struct serve_args {
     const char *model_dir;
@@ -45,13 +52,18 @@ typedef struct serve_args {
     const char *chat_template;
     const char *model_name;
     size_t max_body;
+    int prefix_cache;
     csd_model_opts model;
+    csd_cli_fleet fleet;                      /* shared fleet settings (manifest, key, ...) */
+    const char *fleets[SERVE_MAX_FLEETS];     /* one --fleet per pipeline replica */
+    int n_fleets;
 } serve_args;
 
 /* What serving runs on; freed by serve_backend_fini. */
 typedef struct serve_backend {
     csd_model *model;
-    csd_pipeline *pipes[1];
+    csd_cli_fleet fleets[SERVE_MAX_FLEETS];   /* a replica's connections and local stage 0 */
+    csd_pipeline *pipes[SERVE_MAX_FLEETS];
     int n_pipes;
 } serve_backend;
 
@@ -68,6 +80,8 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->parallel = 4;
     a->queue_max = 64;
     a->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
+    a->prefix_cache = 4;
+    csd_cli_fleet_init(&a->fleet);
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
@@ -84,12 +98,32 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             a->model_dir = f;
             continue;
         }
+        if (!strcmp(f, "--fleet") && value) { /* repeatable: one pipeline replica each */
+            if (a->n_fleets == SERVE_MAX_FLEETS) {
+                fprintf(stderr, "cascadia serve: at most %d --fleet groups\n", SERVE_MAX_FLEETS);
+                return 2;
+            }
+            a->fleets[a->n_fleets++] = value;
+            a->fleet.fleet = value;
+            i++;
+            continue;
+        }
+        bool takes = true;
+        int fr = csd_cli_fleet_flag("serve", f, value, &a->fleet, &takes);
+        if (fr < 0) return 2;
+        if (fr > 0) {
+            i += takes;
+            continue;
+        }
         if (!value) {
             fprintf(stderr, "cascadia serve: %s needs a value\n", f);
             return 2;
         }
         i++;
-        if (!strcmp(f, "--host")) {
+        if (!strcmp(f, "--prefix-cache")) {
+            if (!csd_cli_int("serve", f, value, 0, 1024, &v)) return 2;
+            a->prefix_cache = (int)v;
+        } else if (!strcmp(f, "--host")) {
             a->host = value;
         } else if (!strcmp(f, "--port")) {
             if (!csd_cli_int("serve", f, value, 0, 65535, &v)) return 2;
@@ -129,8 +163,14 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             }
         }
     }
+    if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
+    if (a->n_fleets && a->model_dir) {
+        fprintf(stderr, "cascadia serve: give MODEL_DIR or --manifest/--fleet, not both\n");
+        return 2;
+    }
+    if (a->n_fleets) a->model_dir = a->fleet.manifest; /* tokenizer and templates live there */
     if (!a->model_dir) {
-        fprintf(stderr, "cascadia serve: MODEL_DIR is required\n%s", serve_usage);
+        fprintf(stderr, "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s", serve_usage);
         return 2;
     }
     if (!a->api_key) {
@@ -169,9 +209,23 @@ static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_templ
     return rc;
 }
 
-/* Builds what requests run on: today one in-process pipeline over the whole model. */
+/* Builds what requests run on: one in-process pipeline over the whole model, or one fleet
+ * pipeline per --fleet group. Each needs a request slot per parallel request and per cached prompt. */
 static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) {
     uint64_t t0 = csd_now_ns();
+    int slots = a->parallel + a->prefix_cache;
+    if (a->n_fleets) {
+        for (int i = 0; i < a->n_fleets; i++) {
+            b->fleets[i] = a->fleet;
+            b->fleets[i].fleet = a->fleets[i];
+            int rc = csd_cli_fleet_open(&b->fleets[i], &a->model, slots, &b->pipes[i], err);
+            if (rc) return csd_err_prefix(err, "--fleet %s: ", a->fleets[i]);
+            b->n_pipes = i + 1;
+        }
+        fprintf(stderr, "cascadia serve: connected %d fleet pipeline(s) in %.2f s\n", b->n_pipes,
+                (double)(csd_now_ns() - t0) * 1e-9);
+        return 0;
+    }
     int rc = csd_model_load_hf(&b->model, a->model_dir, &a->model, err);
     if (rc) return rc;
     fprintf(
@@ -180,15 +234,17 @@ static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) 
         a->model_dir, (double)(csd_now_ns() - t0) * 1e-9, csd_model_cfg(b->model)->model_type,
         (long long)csd_model_cfg(b->model)->n_layers, csd_dtype_name(csd_model_precision(b->model)),
         (double)csd_model_weight_bytes(b->model) / (1 << 20), csd_kern_name());
-    rc = csd_local_pipeline_create(&b->pipes[0], b->model, a->parallel, err);
+    rc = csd_local_pipeline_create(&b->pipes[0], b->model, slots, err);
     if (rc) return rc;
     b->n_pipes = 1;
     return 0;
 }
 
 static void serve_backend_fini(serve_backend *b) {
-    for (int i = 0; i < b->n_pipes; i++)
+    for (int i = 0; i < SERVE_MAX_FLEETS; i++) {
         if (b->pipes[i]) b->pipes[i]->ops->destroy(b->pipes[i]);
+        csd_cli_fleet_close(&b->fleets[i]);
+    }
     csd_model_destroy(b->model);
     memset(b, 0, sizeof *b);
 }
@@ -253,6 +309,7 @@ int csd_cmd_serve(int argc, char **argv) {
         csd_engine_opts_default(&eo);
         eo.parallel = a.parallel;
         eo.queue_max = a.queue_max;
+        eo.prefix_cache = a.prefix_cache;
         rc = csd_engine_create(&engine, b.pipes, b.n_pipes, eog, n_eog, &eo, &err);
     }
     if (!rc && engine) {

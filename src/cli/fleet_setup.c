@@ -63,13 +63,18 @@ bool csd_cli_fleet_check(const char *cmd, const csd_cli_fleet *f) {
     return true;
 }
 
-/* Splits "a,b,c" into opts->addrs (pointers into a copy owned by the caller). */
-static int split_fleet(char *list, csd_fleet_opts *o, csd_err *err) {
+/* Splits "a,b,c" into opts->addrs. */
+static int split_fleet(const char *fleet, csd_fleet_opts *o, csd_err *err) {
+    char list[4096];
+    if (snprintf(list, sizeof list, "%s", fleet) >= (int)sizeof list)
+        return csd_err_set(err, CSD_ERANGE, "--fleet is longer than %zu bytes", sizeof list - 1);
     o->n_addrs = 0;
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         if (o->n_addrs == CSD_FLEET_MAX_STAGES)
             return csd_err_set(err, CSD_ERANGE, "--fleet lists more than %d workers", CSD_FLEET_MAX_STAGES);
-        o->addrs[o->n_addrs++] = tok;
+        if (strlen(tok) > CSD_WIRE_MAX_ROUTE)
+            return csd_err_set(err, CSD_ERANGE, "--fleet address '%.40s...' is too long", tok);
+        snprintf(o->addrs[o->n_addrs++], sizeof o->addrs[0], "%s", tok);
     }
     return o->n_addrs ? 0 : csd_err_set(err, CSD_EINVAL, "--fleet lists no worker");
 }
@@ -78,12 +83,10 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
                        csd_err *err) {
     *out = NULL;
     csd_manifest *m = NULL;
-    static char list[4096]; /* addrs point into it for the pipeline's lifetime (one fleet per process) */
-    snprintf(list, sizeof list, "%s", f->fleet);
     csd_fleet_opts o;
     memset(&o, 0, sizeof o);
     int rc = csd_manifest_load(&m, f->manifest, err);
-    if (!rc) rc = split_fleet(list, &o, err);
+    if (!rc) rc = split_fleet(f->fleet, &o, err);
     int first = f->local_stage == 0 ? 1 : 0;
     if (!rc && o.n_addrs != m->n_stages - first)
         rc = csd_err_set(err, CSD_EINVAL, "--fleet lists %d workers but the manifest has %d stages%s", o.n_addrs,

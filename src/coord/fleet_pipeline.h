@@ -18,7 +18,7 @@
 #define CSD_FLEET_MAX_STAGES 64
 
 typedef struct csd_fleet_opts {
-    const char *addrs[CSD_FLEET_MAX_STAGES]; /* "host:port" per remote stage, in stage order */
+    char addrs[CSD_FLEET_MAX_STAGES][CSD_WIRE_MAX_ROUTE + 1]; /* "host:port" per remote stage, in order */
     int n_addrs;
     uint32_t first_remote_stage;             /* index of addrs[0] among the stages */
     uint32_t layer_ranges[CSD_FLEET_MAX_STAGES][2]; /* expected [begin, end) of each remote stage */

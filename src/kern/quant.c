@@ -30,7 +30,7 @@ static inline float clampf(float v, float lo, float hi) {
 
 /* Squared reconstruction error of one zero-padded group of 128 on the grid d * [qmin, qmax]
  * (padding contributes 0 for every d). */
-static float grid_error(const float *w, float d, float qmin, float qmax) {
+static inline float grid_error(const float *w, float d, float qmin, float qmax) {
     float inv = 1.0f / d, acc[ERR_LANES] = {0};
     for (int j = 0; j < CSD_QUANT_GROUP; j += ERR_LANES) {
         for (int k = 0; k < ERR_LANES; k++) {
@@ -47,59 +47,90 @@ static float grid_error(const float *w, float d, float qmin, float qmax) {
 /* d rounded through f16, the precision it is stored in. */
 static float f16_round(float d) { return csd_f16_to_f32(csd_f32_to_f16(d)); }
 
-/* Chooses the group scale: absmax (the baseline), then clipped scales d = s * amax * c / qspan for
- * a small fixed grid of c, with s chosen so the largest-magnitude weight lands on the wider side of
- * the grid, then one least-squares refit of d for the best assignment. Every candidate is judged
- * after rounding d to f16. Returns the f16 scale (0 for an all-zero group). */
+/* EXPERIMENT */
+#include <stdio.h>
+#include <stdlib.h>
+static int env_i(const char *n, int def) { const char *s = getenv(n); return s ? atoi(s) : def; }
+static float env_f(const char *n, float def) { const char *s = getenv(n); return s ? (float)atof(s) : def; }
+
+/* weighted error: a_j = |w|^pw */
+static float werr(const float *w, const float *a, float d, float qmin, float qmax) {
+    float inv = 1.0f / d, acc[ERR_LANES] = {0};
+    for (int j = 0; j < CSD_QUANT_GROUP; j += ERR_LANES)
+        for (int k = 0; k < ERR_LANES; k++) {
+            float q = clampf(round_even_f(w[j + k] * inv), qmin, qmax);
+            float e = w[j + k] - q * d;
+            acc[k] += a[j + k] * e * e;
+        }
+    float err = 0.0f;
+    for (int k = 0; k < ERR_LANES; k++) err += acc[k];
+    return err;
+}
+
+static float wls(const float *w, const float *a, float d, float qmin, float qmax) {
+    float inv = 1.0f / d, wq = 0, qq = 0;
+    for (int j = 0; j < CSD_QUANT_GROUP; j++) {
+        float q = clampf(round_even_f(w[j] * inv), qmin, qmax);
+        wq += a[j] * w[j] * q;
+        qq += a[j] * q * q;
+    }
+    return qq > 0 ? f16_round(wq / qq) : 0.0f;
+}
+
 static uint16_t choose_scale(const float *w, int qmin, int qmax) {
     float amax = 0.0f, vmax = 0.0f;
-    for (int j = 0; j < CSD_QUANT_GROUP; j++) {
-        if (fabsf(w[j]) > amax) {
-            amax = fabsf(w[j]);
-            vmax = w[j];
-        }
-    }
+    for (int j = 0; j < CSD_QUANT_GROUP; j++)
+        if (fabsf(w[j]) > amax) { amax = fabsf(w[j]); vmax = w[j]; }
     if (!(amax > 0.0f) || !isfinite(amax)) return 0;
+    int q8 = qmax >= 100;
+    const char *pre = q8 ? "Q8_" : "Q4_";
+    char nb[64];
+#define P(x) (snprintf(nb, sizeof nb, "%s%s", pre, x), nb)
+    int mode = env_i(P("MODE"), q8 ? 0 : 0);  /* 0 orig, 1 noclip range, 2 absmax only */
+    int pw = env_i(P("PW"), 0);
+    int ncand = env_i(P("N"), 8);
+    int iters = env_i(P("IT"), 0);
+    float lo = env_f(P("LO"), 7.0f), hi = env_f(P("HI"), 8.0f);
+    float fb = env_f(P("FB"), 0.0f); /* fallback: require gain > fb fraction */
     float fmin = (float)qmin, fmax = (float)qmax;
-    /* Baseline: plain symmetric absmax, amax -> qmax. */
-    float best_d = f16_round(amax / fmax);
-    float best = best_d > 0.0f ? grid_error(w, best_d, fmin, fmax) : INFINITY;
-    /* The largest weight goes to qmin's side (-8 for Q4 leaves 8 steps, not 7). */
+    float a[CSD_QUANT_GROUP];
+    for (int j = 0; j < CSD_QUANT_GROUP; j++)
+        a[j] = pw == 0 ? 1.0f : pw == 1 ? fabsf(w[j]) : w[j] * w[j];
+    float base_d = f16_round(amax / fmax);
+    if (mode == 2) return csd_f32_to_f16(base_d);
+    float base = base_d > 0.0f ? werr(w, a, base_d, fmin, fmax) : INFINITY;
+    float best = base, best_d = base_d;
     float sign = vmax > 0.0f ? -1.0f : 1.0f;
-    static const float clip[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f, 0.7f};
-    int n_clip = (int)(sizeof clip / sizeof clip[0]);
-    if (qmax >= 100) n_clip = 4; /* 8-bit: clipping rarely pays beyond a few percent */
-    for (int k = 0; k < n_clip; k++) {
-        float d = f16_round(sign * amax * clip[k] / (float)-qmin);
-        if (d == 0.0f || !isfinite(d)) continue;
-        float e = grid_error(w, d, fmin, fmax);
-        if (e < best) {
-            best = e;
-            best_d = d;
+    if (mode == 0) {
+        static const float clip[] = {1.0f, 0.95f, 0.9f, 0.85f, 0.8f, 0.75f, 0.7f};
+        int n_clip = q8 ? 4 : 7;
+        for (int k = 0; k < n_clip; k++) {
+            float d = f16_round(sign * amax * clip[k] / (float)-qmin);
+            if (d == 0.0f || !isfinite(d)) continue;
+            float e = werr(w, a, d, fmin, fmax);
+            if (e < best) { best = e; best_d = d; }
+        }
+        if (iters == 0) iters = 1;
+    } else {
+        float span_lo = q8 ? lo * 127.0f / 7.0f : lo, span_hi = q8 ? hi * 128.0f / 8.0f : hi;
+        for (int k = 0; k < ncand; k++) {
+            float t = ncand > 1 ? span_lo + (span_hi - span_lo) * (float)k / (float)(ncand - 1) : span_hi;
+            float d = f16_round(sign * amax / t);
+            if (d == 0.0f || !isfinite(d)) continue;
+            float e = werr(w, a, d, fmin, fmax);
+            if (e < best) { best = e; best_d = d; }
         }
     }
-    if (best_d == 0.0f) return 0; /* below f16 range: the group quantizes to zero */
-    /* Least-squares refit: with the assignment q fixed, d = <w, q> / <q, q> minimises the error. */
-    float inv = 1.0f / best_d, wq_l[ERR_LANES] = {0}, qq_l[ERR_LANES] = {0}, wq = 0.0f, qq = 0.0f;
-    for (int j = 0; j < CSD_QUANT_GROUP; j += ERR_LANES) {
-        for (int k = 0; k < ERR_LANES; k++) {
-            float q = clampf(round_even_f(w[j + k] * inv), fmin, fmax);
-            wq_l[k] += w[j + k] * q;
-            qq_l[k] += q * q;
-        }
+    if (best_d == 0.0f) return 0;
+    for (int it = 0; it < iters; it++) {
+        float d = wls(w, a, best_d, fmin, fmax);
+        if (d == 0.0f || !isfinite(d)) break;
+        float e = werr(w, a, d, fmin, fmax);
+        if (e < best) { best = e; best_d = d; } else break;
     }
-    for (int k = 0; k < ERR_LANES; k++) {
-        wq += wq_l[k];
-        qq += qq_l[k];
-    }
-    if (qq > 0.0f) {
-        float d = f16_round(wq / qq);
-        if (d != 0.0f && isfinite(d)) {
-            float e = grid_error(w, d, fmin, fmax);
-            if (e < best) best_d = d;
-        }
-    }
+    if (fb > 0.0f && best > (1.0f - fb) * base) best_d = base_d;
     return csd_f32_to_f16(best_d);
+#undef P
 }
 
 /* Quantizes one row into the quant.h row layout. */
