@@ -50,8 +50,8 @@ fi
 
 row() { # kind wthreads round json
     /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[4]))
-print("%s\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%s" % (sys.argv[1], sys.argv[2], sys.argv[3], d["tg_tps"],
-      d.get("local_compute_ms", 0), d.get("remote_compute_ms", 0), d.get("network_wait_ms", 0),
+print("%s\t%s\t%s\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%s" % (sys.argv[1], sys.argv[2], sys.argv[3],
+      d["tg_tps"], d.get("ms_per_token", 1e3 / d["tg_tps"]), d.get("local_compute_ms", 0), d.get("remote_compute_ms", 0), d.get("network_wait_ms", 0),
       d.get("coordinator_ms", 0), d.get("coordinator_pct", 0), sys.argv[5]))' "$1" "$2" "$3" "$4" "$5" >> "$RES"
 }
 
@@ -95,7 +95,7 @@ import sys, collections
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     f = line.rstrip("\n").split("\t")
-    rows[(f[0], f[1])].append([float(x) for x in f[3:9]] + [f[9]])
+    rows[(f[0], f[1])].append([float(x) for x in f[3:10]] + [f[10]])
 def mean(rs, i): return sum(r[i] for r in rs) / len(rs)
 single = [r for k, v in rows.items() if k[0] == "single" for r in v]
 s = mean(single, 0) if single else float("nan")
@@ -105,6 +105,6 @@ print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --
 for (kind, wt), v in sorted(rows.items()):
     tg = mean(v, 0)
     print("| %s | %s | %.2f | %.3fx | %.2f | %.2f | %.2f | %.2f | %.2f | %.1f%% | %s |" % (
-        kind, wt if kind != "single" else "-", tg, tg / s, 1e3 / tg, mean(v, 1), mean(v, 2), mean(v, 3),
-        mean(v, 4), mean(v, 5), ",".join(r[6] for r in v)))
+        kind, wt if kind != "single" else "-", tg, tg / s, mean(v, 1), mean(v, 2), mean(v, 3), mean(v, 4),
+        mean(v, 5), mean(v, 6), ",".join(r[7] for r in v)))
 EOF

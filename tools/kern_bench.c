@@ -1,9 +1,10 @@
 /* kern_bench: micro-benchmark of csd_matmul on TinyLlama-1.1B shapes (not a test, not built by
  * CTest). Matvec weights rotate through copies totalling > 512 MB so every call reads DRAM, as a
  * decode step does. Build by hand from a configured build directory, e.g.:
- *   cc -O2 -I src tools/kern_bench.c build-kern/libcsd_kern.a build-kern/libcsd_core.a \
- *      -lpthread -lm -o build-kern/kern_bench
- *   ./build-kern/kern_bench [table|-] [dtype|all] [shape index|-1] [quick] */
+ *   cc -O3 -march=native -I src tools/kern_bench.c build-kern/libcsd_kern.a \
+ *      build-kern/libcsd_core.a -lpthread -lm -o build-kern/kern_bench
+ *   ./build-kern/kern_bench [table|-] [dtype|all] [shape index|-1] [quick]
+ * KERN_BENCH_ROTATE_MB=0 keeps the weights hot in cache (compute-bound figures). */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

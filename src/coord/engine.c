@@ -233,9 +233,13 @@ static bool is_eog(const csd_engine *e, int32_t id) {
     return false;
 }
 
-/* Moves queued requests into free slots (FIFO). Called with the lock held. */
+static bool pipe_ready(csd_pipeline *p);
+
+/* Moves queued requests into free slots (FIFO). Called with the lock held. A pipeline that is
+ * down (a worker died, reconnecting) takes nothing: its requests go to the replicas that serve. */
 static void admit(worker *w) {
     csd_engine *e = w->e;
+    if (!pipe_ready(w->pipe)) return;
     while (w->n_active < e->opts.parallel && e->queue_head) {
         req *r = e->queue_head;
         e->queue_head = r->next;
@@ -590,10 +594,10 @@ void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {
 
 const csd_model_config *csd_engine_model(const csd_engine *e) { return &e->cfg; }
 int64_t csd_engine_max_ctx(const csd_engine *e) { return e->max_ctx; }
+static bool pipe_ready(csd_pipeline *p) { return !p->ops->ready || p->ops->ready(p); }
+
 bool csd_engine_ready(csd_engine *e) {
-    for (int i = 0; i < e->n_workers; i++) {
-        csd_pipeline *p = e->workers[i].pipe;
-        if (p->ops->ready && !p->ops->ready(p)) return false;
-    }
-    return true;
+    for (int i = 0; i < e->n_workers; i++)
+        if (pipe_ready(e->workers[i].pipe)) return true;
+    return false;
 }

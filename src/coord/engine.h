@@ -109,7 +109,7 @@ void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st);
 /* The model being served (all pipelines serve the same one). */
 const csd_model_config *csd_engine_model(const csd_engine *e);
 int64_t csd_engine_max_ctx(const csd_engine *e);
-/* True once every pipeline is connected and ready (GET /health). */
+/* True while at least one pipeline is connected and can serve (GET /health). */
 bool csd_engine_ready(csd_engine *e);
 
 #endif

@@ -100,6 +100,9 @@ AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
         const __mmask16 gm = tail_mask(gn);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
+            /* this block's scales of the next row tile: read first thing there, so a miss on
+             * them would stall its start */
+            _mm_prefetch((const char *)(dws[r] + gb) + PF_TILES * R * row_bytes, PF_HINT);
             __m512 dwv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, dws[r] + gb));
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++)
