@@ -219,7 +219,7 @@ static enum MHD_Result handle_metrics(csd_http_server *s, struct MHD_Connection 
     csd_engine *e = atomic_load(&s->engine);
     if (e) csd_engine_get_stats(e, &st);
     csd_http_buf b = {0};
-    metric(&b, "cascadia_ready", "gauge", "1 when the model is loaded and every pipeline is ready.",
+    metric(&b, "cascadia_ready", "gauge", "1 when the model is loaded and a pipeline can serve.",
            "cascadia_ready %d\n", e && csd_engine_ready(e) ? 1 : 0);
     metric(&b, "cascadia_requests_total", "counter", "Generation requests admitted to the engine.",
            "cascadia_requests_total %lld\n", (long long)st.requests_total);
@@ -253,6 +253,14 @@ static enum MHD_Result handle_metrics(csd_http_server *s, struct MHD_Connection 
            "cascadia_active_requests %d\n", st.active);
     metric(&b, "cascadia_slots", "gauge", "Request slots over all pipelines.",
            "cascadia_slots %d\n", st.slots);
+    metric(&b, "cascadia_prefix_cache_hits_total", "counter",
+           "Requests that started from a cached prompt prefix instead of recomputing it.",
+           "cascadia_prefix_cache_hits_total %lld\n", (long long)st.prefix_hits);
+    metric(&b, "cascadia_prefix_cache_tokens_total", "counter",
+           "Prompt tokens reused from the prefix cache (not recomputed).",
+           "cascadia_prefix_cache_tokens_total %lld\n", (long long)st.prefix_tokens);
+    metric(&b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
+           "cascadia_prefix_cache_entries %d\n", st.prefix_entries);
     char line[128];
     static const char http_head[] =
         "# HELP cascadia_http_responses_total HTTP responses by status code.\n"
