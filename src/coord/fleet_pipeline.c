@@ -502,7 +502,8 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     pthread_mutex_unlock(&f->mu);
     int64_t row = 0, dim = f->opts.cfg.dim;
     for (int i = 0; i < n && !rc; i++) {
-        uint16_t flags = (e[i].want_logits ? CSD_WIRE_FLAG_OUT_LOGITS : CSD_WIRE_FLAG_OUT_SAMPLE) |
+        /* the last stage answers with the token id unless the caller needs the distribution */
+        uint16_t flags = (e[i].want_logits && !e[i].argmax_only ? CSD_WIRE_FLAG_OUT_LOGITS : CSD_WIRE_FLAG_OUT_SAMPLE) |
                          (i + 1 < n ? CSD_WIRE_FLAG_BATCH_MORE : 0);
         size_t len = 0;
         uint32_t pos;
@@ -571,7 +572,7 @@ static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int6
     fleet *f = (fleet *)p;
     for (int64_t done = 0; done < n;) { /* prompts in chunks the workers accept */
         int64_t chunk = n - done < f->opts.max_step_tokens ? n - done : f->opts.max_step_tokens;
-        csd_step_entry e = {req, ids + done, chunk, done + chunk == n};
+        csd_step_entry e = {req, ids + done, chunk, done + chunk == n, false};
         int rc = fleet_step_begin(p, &e, 1, logits, err);
         if (!rc) rc = fleet_step_end(p, err);
         if (rc) return rc;

@@ -19,6 +19,8 @@ typedef struct csd_step_entry {
     const int32_t *ids;  /* borrowed until the step ends */
     int64_t n;
     bool want_logits;    /* next-token logits after the last of these tokens */
+    bool argmax_only;    /* the caller only takes the argmax (greedy, no penalties): a fleet may
+                          * return the token id instead of the logits, and a one-hot row stands in */
 } csd_step_entry;
 
 /* Most entries one step may carry. */

@@ -1,4 +1,12 @@
-/* pool: fork-join thread pool with spin-then-sleep workers (see pool.h). */
+/* pool: fork-join thread pool with dynamically claimed chunks (see pool.h).
+ *
+ * A job is n chunks. Every thread, the caller included, claims chunks one at a time from one
+ * atomic ticket until none is left; the caller returns when all chunks are done. So a worker the
+ * OS has descheduled (a busy 2-core machine, or another process of a local fleet) never holds
+ * the job up: its chunks are taken by whoever is running. The ticket packs the job's generation,
+ * its chunk count and the next chunk, so a late worker can never claim a chunk of a job it did not
+ * see start; fn and ctx are read only after a successful claim, while the caller cannot have moved
+ * on (the claimed chunk is not done yet). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -18,21 +26,26 @@
  * step, or another process on the same machine (a local fleet), gets the cores back at once. */
 #define POOL_SPIN_NS 100000ull
 
+/* ticket = gen (24 bits) | n_chunks (20 bits) | next (20 bits) */
+#define TICKET_BITS 20
+#define TICKET_MASK ((1ull << TICKET_BITS) - 1)
+#define POOL_MAX_CHUNKS ((int)TICKET_MASK)
+
 typedef struct pool_worker {
     csd_pool *pool;
     pthread_t thread;
-    int ith;
 } pool_worker;
 
 struct csd_pool {
     int n_threads;
-    pool_worker *workers; /* n_threads - 1 entries; the caller is thread 0 */
-    csd_pool_fn fn;
+    pool_worker *workers;     /* n_threads - 1 entries; the caller is the other thread */
+    csd_pool_fn fn;           /* the current job: stable while any of its chunks is running */
     void *ctx;
-    atomic_uint generation; /* bumped once per job */
-    atomic_int pending;     /* workers still running the current job */
+    uint64_t gen;             /* caller-side generation counter (24 bits used) */
+    _Atomic uint64_t ticket;
+    atomic_int done;          /* chunks of the current job finished */
     atomic_bool stop;
-    pthread_mutex_t mutex; /* only for sleeping workers */
+    pthread_mutex_t mutex;    /* only for sleeping workers */
     pthread_cond_t wake;
     atomic_int sleepers;
 };
@@ -45,11 +58,28 @@ static inline void cpu_relax(void) {
 #endif
 }
 
-static unsigned wait_for_job(csd_pool *pool, unsigned seen) {
+static inline uint64_t ticket_gen(uint64_t t) { return t >> (2 * TICKET_BITS); }
+
+/* Claims and runs chunks of job `gen` until there are none left (or the job is another one). */
+static void work_on(csd_pool *pool, uint64_t gen) {
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&pool->ticket, memory_order_acquire);
+        if (ticket_gen(t) != gen) return;
+        int n = (int)((t >> TICKET_BITS) & TICKET_MASK), idx = (int)(t & TICKET_MASK);
+        if (idx >= n) return;
+        if (!atomic_compare_exchange_weak_explicit(&pool->ticket, &t, t + 1, memory_order_acq_rel,
+                                                   memory_order_acquire))
+            continue;
+        pool->fn(pool->ctx, idx, n);
+        atomic_fetch_add_explicit(&pool->done, 1, memory_order_release);
+    }
+}
+
+static uint64_t wait_for_job(csd_pool *pool, uint64_t seen) {
     uint64_t start = csd_now_ns();
     unsigned spins = 0;
     for (;;) {
-        unsigned gen = atomic_load_explicit(&pool->generation, memory_order_acquire);
+        uint64_t gen = ticket_gen(atomic_load_explicit(&pool->ticket, memory_order_acquire));
         if (gen != seen || atomic_load(&pool->stop)) return gen;
         cpu_relax();
         if (++spins % 1024 == 0) {
@@ -59,8 +89,8 @@ static unsigned wait_for_job(csd_pool *pool, unsigned seen) {
     }
     pthread_mutex_lock(&pool->mutex);
     atomic_fetch_add(&pool->sleepers, 1);
-    unsigned gen;
-    while ((gen = atomic_load(&pool->generation)) == seen && !atomic_load(&pool->stop))
+    uint64_t gen;
+    while ((gen = ticket_gen(atomic_load(&pool->ticket))) == seen && !atomic_load(&pool->stop))
         pthread_cond_wait(&pool->wake, &pool->mutex);
     atomic_fetch_sub(&pool->sleepers, 1);
     pthread_mutex_unlock(&pool->mutex);
@@ -70,12 +100,11 @@ static unsigned wait_for_job(csd_pool *pool, unsigned seen) {
 static void *worker_main(void *arg) {
     pool_worker *w = arg;
     csd_pool *pool = w->pool;
-    unsigned seen = 0;
+    uint64_t seen = 0;
     for (;;) {
         seen = wait_for_job(pool, seen);
         if (atomic_load(&pool->stop)) return NULL;
-        pool->fn(pool->ctx, w->ith, pool->n_threads);
-        atomic_fetch_sub_explicit(&pool->pending, 1, memory_order_acq_rel);
+        work_on(pool, seen);
     }
 }
 
@@ -95,13 +124,13 @@ int csd_pool_create(csd_pool **out, int n_threads, csd_err *err) {
     pthread_cond_init(&pool->wake, NULL);
     pool->workers = csd_alloc_array((size_t)n_threads, sizeof *pool->workers);
     if (!pool->workers) {
+        pool->n_threads = 1;
         csd_pool_destroy(pool);
         return csd_err_set(err, CSD_ENOMEM, "thread pool workers");
     }
     for (int i = 1; i < n_threads; i++) {
         pool_worker *w = &pool->workers[i - 1];
         w->pool = pool;
-        w->ith = i;
         if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
             pool->n_threads = i; /* destroy joins only the started ones */
             csd_pool_destroy(pool);
@@ -126,28 +155,35 @@ void csd_pool_destroy(csd_pool *pool) {
     csd_free(pool);
 }
 
-void csd_pool_run(csd_pool *pool, csd_pool_fn fn, void *ctx) {
-    if (!pool || pool->n_threads == 1) {
-        fn(ctx, 0, 1);
+void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks) {
+    if (n_chunks <= 0) return;
+    if (n_chunks > POOL_MAX_CHUNKS) n_chunks = POOL_MAX_CHUNKS;
+    if (!pool || pool->n_threads == 1 || n_chunks == 1) {
+        for (int i = 0; i < n_chunks; i++) fn(ctx, i, n_chunks);
         return;
     }
     pool->fn = fn;
     pool->ctx = ctx;
-    atomic_store_explicit(&pool->pending, pool->n_threads - 1, memory_order_relaxed);
-    atomic_fetch_add(&pool->generation, 1); /* seq_cst: ordered before the sleepers load */
+    atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
+    pool->gen = (pool->gen + 1) & ((1ull << (64 - 2 * TICKET_BITS)) - 1);
+    if (pool->gen == 0) pool->gen = 1; /* 0 is what idle workers start from */
+    /* seq_cst: the publication is ordered before the sleepers load below */
+    atomic_store(&pool->ticket, (pool->gen << (2 * TICKET_BITS)) | ((uint64_t)n_chunks << TICKET_BITS));
     if (atomic_load(&pool->sleepers) > 0) {
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->wake);
         pthread_mutex_unlock(&pool->mutex);
     }
-    fn(ctx, 0, pool->n_threads);
-    /* Workers normally finish within microseconds; if one was preempted (more runnable threads
-     * than cores), yielding gives it this core instead of spinning away the time slice. */
-    for (unsigned spins = 1; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0;
-         spins++) {
+    work_on(pool, pool->gen);
+    unsigned spins = 0;
+    while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_chunks) {
         cpu_relax();
-        if (spins % 256 == 0) sched_yield();
+        if (++spins % 256 == 0) sched_yield(); /* a claimed chunk's thread was preempted */
     }
+}
+
+void csd_pool_run(csd_pool *pool, csd_pool_fn fn, void *ctx) {
+    csd_pool_run_chunks(pool, fn, ctx, csd_pool_size(pool));
 }
 
 int csd_pool_size(const csd_pool *pool) { return pool ? pool->n_threads : 1; }

@@ -92,7 +92,11 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
         if (n_tok >= PARALLEL_PREP_MIN_TOK) csd_pool_run(pool, prep_tokens, &job);
         else prep_tokens(&job, 0, 1);
     }
-    csd_pool_run(pool, matmul_rows, &job);
+    /* A few chunks per thread: whoever is running takes the next block of rows, so a preempted
+     * thread does not hold the step up. Rows per chunk stay a multiple of ROW_BLOCK. */
+    int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t chunks = 4 * (int64_t)csd_pool_size(pool);
+    csd_pool_run_chunks(pool, matmul_rows, &job, (int)(chunks < blocks ? chunks : blocks));
 }
 
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
