@@ -33,7 +33,10 @@ typedef struct req {
     csd_sampler *sampler;
     int state;
     bool opened;              /* pipeline state exists */
-    bool in_flight;           /* part of a step not yet ended */
+    int in_flight;            /* steps not yet ended that carry part of this request */
+    int64_t n_sent;           /* prompt tokens sent in steps (>= n_prefilled) */
+    int fail_code;            /* a step failed it: finish once no step carries it any more */
+    char fail_msg[CSD_ERR_MSG_MAX];
     int64_t cached_tokens;    /* prompt positions copied from the prefix cache */
     atomic_bool cancel;
     uint64_t t_submit, t_admit, t_first, t_last;
@@ -203,6 +206,7 @@ static void reuse_prefix(worker *w, req *r) {
     }
     best->last_used = csd_now_ns();
     r->n_prefilled = best_n;
+    r->n_sent = best_n;
     r->cached_tokens = best_n;
     pthread_mutex_lock(&e->mu);
     e->stats.prefix_hits++;
@@ -261,7 +265,7 @@ static void admit(worker *w) {
 static void prepare_requests(worker *w) {
     for (req *r = w->active, *next; r; r = next) {
         next = r->next;
-        if (r->in_flight) continue;
+        if (r->in_flight > 0) continue;
         if (atomic_load(&r->cancel)) {
             remove_active(w, r);
             finish(w, r, CSD_REQ_END_CANCELLED, 0, "cancelled");
@@ -283,10 +287,32 @@ static void prepare_requests(worker *w) {
 
 /* ---- steps ---- */
 
+/* A request can join a new step when no step carries it, or while its prompt still has tokens no
+ * step carries yet: chunks of one long prompt then travel the pipeline back to back, so stage k+1
+ * computes chunk i while stage k computes chunk i+1. */
+static bool can_step(const req *r) {
+    if (!r->opened || r->fail_code) return false;
+    if (r->state == REQ_PREFILL) return r->n_sent < r->n_prompt;
+    return r->in_flight == 0;
+}
+
 static int idle_count(const worker *w) {
     int n = 0;
-    for (const req *r = w->active; r; r = r->next) n += !r->in_flight;
+    for (const req *r = w->active; r; r = r->next) n += can_step(r);
     return n;
+}
+
+/* A step that carried r has ended with rc: r leaves it; a failed r ends when no step has it. */
+static void step_release(worker *w, req *r, int rc, const char *msg) {
+    r->in_flight--;
+    if (rc && !r->fail_code) {
+        r->fail_code = rc;
+        snprintf(r->fail_msg, sizeof r->fail_msg, "%s", msg ? msg : "step failed");
+    }
+    if (r->fail_code && r->in_flight == 0) {
+        remove_active(w, r);
+        finish(w, r, CSD_REQ_END_ERROR, r->fail_code, r->fail_msg);
+    }
 }
 
 /* Builds a step from idle requests: every decoding one contributes its last token, prefilling
@@ -296,7 +322,7 @@ static void build_step(worker *w, inflight_step *s, int limit) {
     int64_t max_tokens = w->pipe->max_step_tokens;
     s->n = 0;
     for (req *r = w->active; r && s->n < limit && s->n < CSD_STEP_MAX_ENTRIES; r = r->next) {
-        if (r->in_flight || !r->opened) continue;
+        if (!can_step(r)) continue;
         csd_step_entry *en = &s->entries[s->n];
         en->req = (uint32_t)r->id;
         const csd_sampler_params *sp = &r->params.sampling;
@@ -309,18 +335,19 @@ static void build_step(worker *w, inflight_step *s, int limit) {
             en->n = 1;
             en->want_logits = true;
         } else {
-            int64_t left = r->n_prompt - r->n_prefilled;
+            int64_t left = r->n_prompt - r->n_sent;
             int64_t take = left < budget ? left : budget;
             if (take + tokens > max_tokens) take = max_tokens - tokens;
             if (take <= 0) continue;
-            en->ids = r->prompt + r->n_prefilled;
+            en->ids = r->prompt + r->n_sent;
             en->n = take;
             en->want_logits = take == left;
+            r->n_sent += take;
             budget -= take;
         }
         tokens += en->n;
         s->reqs[s->n++] = r;
-        r->in_flight = true;
+        r->in_flight++;
     }
 }
 
@@ -374,14 +401,15 @@ static void complete_step(worker *w, inflight_step *s) {
     int64_t vocab = e->cfg.vocab_size, row = 0;
     for (int i = 0; i < s->n; i++) {
         req *r = s->reqs[i];
-        r->in_flight = false;
-        if (rc) { /* the pipeline failed (a worker died): fail these requests, keep serving */
-            remove_active(w, r);
-            finish(w, r, CSD_REQ_END_ERROR, rc, err.msg);
+        bool wanted = s->entries[i].want_logits;
+        if (rc || r->fail_code) { /* the pipeline failed (a worker died): fail it, keep serving */
+            step_release(w, r, rc ? rc : r->fail_code, err.msg);
+            row += wanted;
             continue;
         }
         if (r->state == REQ_PREFILL) r->n_prefilled += s->entries[i].n;
-        if (!s->entries[i].want_logits) continue;
+        r->in_flight--;
+        if (!wanted) continue;
         emit_token(w, r, s->logits + row * vocab);
         row++;
     }
@@ -416,10 +444,7 @@ static void *worker_main(void *arg) {
             csd_err err = {0};
             int rc = w->pipe->ops->step_begin(w->pipe, s->entries, s->n, s->logits, &err);
             if (rc) {
-                for (int i = 0; i < s->n; i++) {
-                    remove_active(w, s->reqs[i]);
-                    finish(w, s->reqs[i], CSD_REQ_END_ERROR, rc, err.msg);
-                }
+                for (int i = 0; i < s->n; i++) step_release(w, s->reqs[i], rc, err.msg);
                 continue;
             }
             w->count++;
