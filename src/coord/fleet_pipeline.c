@@ -326,7 +326,8 @@ static int connect_chain(fleet *f, csd_err *err) {
 static void *reconnect_main(void *arg) {
     fleet *f = arg;
     while (!atomic_load(&f->stopping)) {
-        struct timespec ts = {0, RECONNECT_PERIOD_MS * 1000000L};
+        /* tv_nsec must stay below 1e9, or nanosleep fails at once and this loop spins a core */
+        struct timespec ts = {RECONNECT_PERIOD_MS / 1000, (RECONNECT_PERIOD_MS % 1000) * 1000000L};
         nanosleep(&ts, NULL);
         if (atomic_load(&f->connected) || atomic_load(&f->stopping)) continue;
         pthread_mutex_lock(&f->mu);
