@@ -153,6 +153,19 @@ for i in $(seq 1 8); do
     [ "$got" = "$want" ] || fail "request $i differs: '$got' vs '$want'"
 done
 echo "ok: 8 concurrent requests over 2 replicas, identical answers"; passed=$((passed + 1))
+# different prompts and seeds, sampled: each alone, then all at once (batched with each other in
+# every stage): a user's answer never depends on who else is served
+ask() { curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d "{\"prompt\":\"Once upon a time $1\",\"max_tokens\":10,\"temperature\":0.9,\"seed\":$1}" |
+    /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])'; }
+for i in 1 2 3 4 5 6; do ask $i >"$WORK/alone$i"; done
+CURLS=()
+for i in 1 2 3 4 5 6; do ask $i >"$WORK/together$i" & CURLS+=("$!"); done
+for c in "${CURLS[@]}"; do wait "$c" || true; done
+for i in 1 2 3 4 5 6; do
+    cmp -s "$WORK/alone$i" "$WORK/together$i" || fail "request $i: alone '$(cat "$WORK/alone$i")' vs together '$(cat "$WORK/together$i")'"
+done
+echo "ok: 6 sampled requests give the same text alone and batched together (2-stage fleet)"; passed=$((passed + 1))
 # a prompt longer than the prefill chunk (256): its chunks travel the 2-stage pipeline back to back;
 # the text must equal the single-process `cascadia run` (with the prompt echoed, as run prints it)
 LONG=$(for i in $(seq 1 90); do printf 'the and was to '; done)
