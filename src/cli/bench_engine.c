@@ -108,6 +108,7 @@ typedef struct level_result {
     double ttft_s;          /* mean time to first token */
     double step_ms;         /* mean batched step of the engine */
     double wall_s;
+    double load_avg;        /* 1-minute load average at the end of the level */
 } level_result;
 
 /* Submits c streams at once and waits for all of them. */
@@ -173,22 +174,22 @@ static void print_levels(const csd_bench_args *a, const bench_target *t, const l
         for (int i = 0; i < n; i++)
             printf("%s\n  {\"pipeline\": \"%s\", \"threads\": %d, \"concurrency\": %d, \"n_gen\": %lld, "
                    "\"prompt_tokens\": %lld, \"aggregate_tps\": %.3f, \"per_stream_tps\": %.3f, "
-                   "\"speedup_vs_1\": %.3f, \"ttft_s\": %.4f, \"step_ms\": %.3f}",
+                   "\"speedup_vs_1\": %.3f, \"ttft_s\": %.4f, \"step_ms\": %.3f, \"load_avg\": %.2f}",
                    i ? "," : "", where, threads, res[i].concurrency, (long long)a->n_gen,
                    (long long)a->stream_prompt, res[i].aggregate_tps, res[i].per_stream_tps,
                    res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0, res[i].ttft_s,
-                   res[i].step_ms);
+                   res[i].step_ms, res[i].load_avg);
         printf("\n]\n");
         return;
     }
     printf("| pipeline | threads | streams | prompt | gen | aggregate t/s | per-stream t/s | vs first level "
-           "| TTFT s | step ms |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+           "| TTFT s | step ms | load |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < n; i++)
-        printf("| %s | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f |\n", where, threads,
+        printf("| %s | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.2f |\n", where, threads,
                res[i].concurrency, (long long)a->stream_prompt, (long long)a->n_gen, res[i].aggregate_tps,
                res[i].per_stream_tps, res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
-               res[i].ttft_s, res[i].step_ms);
+               res[i].ttft_s, res[i].step_ms, res[i].load_avg);
 }
 
 int csd_cli_bench_concurrency(csd_bench_args *a) {
@@ -238,6 +239,7 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
             sum.wall_s += one.wall_s / a->reps;
         }
         sum.concurrency = a->levels[l];
+        sum.load_avg = csd_cli_bench_loadavg();
         res[l] = sum;
     }
     if (!rc) print_levels(a, &t, res, a->n_levels);
@@ -263,6 +265,7 @@ typedef struct fleet_result {
     double coord_ms;       /* the rest: the coordinator's own work between and around steps */
     double rtt_ms;
     uint64_t steps;
+    double load_avg;       /* 1-minute load average after the tests */
 } fleet_result;
 
 static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, csd_err *err) {
@@ -311,6 +314,7 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
         out->coord_ms = out->token_ms - out->local_ms - wait_ms;
         out->rtt_ms = t1.rtt_s * 1e3;
     }
+    out->load_avg = csd_cli_bench_loadavg();
     if (opened) p->ops->close(p, req);
     csd_free(v);
     csd_free(logits);
@@ -326,10 +330,10 @@ static void print_fleet(const csd_bench_args *a, const bench_target *t, const fl
                "\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, "
                "\"tg_tps\": %.3f, \"tg_sd\": %.3f, \"ms_per_token\": %.3f, \"local_compute_ms\": %.3f, "
                "\"remote_compute_ms\": %.3f, \"network_wait_ms\": %.3f, \"coordinator_ms\": %.3f, "
-               "\"coordinator_pct\": %.2f, \"rtt_ms\": %.3f}\n",
+               "\"coordinator_pct\": %.2f, \"rtt_ms\": %.3f, \"load_avg\": %.2f}\n",
                stages, a->fleet.local_stage == 0 ? "true" : "false", threads, (long long)a->n_prompt,
                (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps, r->tg_sd, r->token_ms, r->local_ms,
-               r->remote_ms, r->network_ms, r->coord_ms, 100 * r->coord_ms / T, r->rtt_ms);
+               r->remote_ms, r->network_ms, r->coord_ms, 100 * r->coord_ms / T, r->rtt_ms, r->load_avg);
         return;
     }
     printf("| fleet | stages | test | t/s |\n| --- | ---: | ---: | ---: |\n");
@@ -348,6 +352,7 @@ static void print_fleet(const csd_bench_args *a, const bench_target *t, const fl
     printf("| network + wait | %.2f | %.1f%% |\n", r->network_ms, 100 * r->network_ms / T);
     printf("| coordinator overhead | %.2f | %.1f%% |\n", r->coord_ms, 100 * r->coord_ms / T);
     printf("| total | %.2f | 100%% |\n", r->token_ms);
+    printf("\nload average (1 min): %.2f\n", r->load_avg);
 }
 
 int csd_cli_bench_fleet(csd_bench_args *a) {

@@ -45,6 +45,10 @@ static inline uint64_t csd_bench_rand(uint64_t *state) {
 /* Fills ids with n token ids in [0, vocab), avoiding the first few (special) ids. */
 void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *state);
 
+/* The 1-minute load average (/proc/loadavg), or -1 where there is none: printed next to every
+ * figure, since a benchmark on a shared machine means little without it. */
+double csd_cli_bench_loadavg(void);
+
 /* Mean and sample standard deviation of v[0..n). */
 void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd);
 

@@ -37,6 +37,14 @@ void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *
         ids[i] = (int32_t)(skip + (int64_t)(csd_bench_rand(state) % (uint64_t)(vocab - skip)));
 }
 
+double csd_cli_bench_loadavg(void) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    double l = -1;
+    if (f && fscanf(f, "%lf", &l) != 1) l = -1;
+    if (f) fclose(f);
+    return l;
+}
+
 void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd) {
     double s = 0, q = 0;
     for (int i = 0; i < n; i++) s += v[i];
@@ -140,6 +148,7 @@ typedef struct bench_result {
     double tg_tps, tg_sd;
     size_t weight_bytes;  /* read per generated token: layers + final norm + head */
     double membw_gbs;
+    double load_before, load_after; /* 1-minute load average around the tests */
 } bench_result;
 
 /* Bytes a generation step reads: every layer matrix and norm, the final norm and the head. The
@@ -188,6 +197,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     int rc = ids && logits && v ? 0 : csd_err_set(err, CSD_ENOMEM, "benchmark buffers");
     if (!rc) rc = csd_kv_create(&kv, m, a->n_prompt + a->n_gen + 16, err);
     uint64_t rng = a->seed;
+    res->load_before = csd_cli_bench_loadavg();
     if (!rc) {
         csd_cli_bench_random_ids(ids, n_ids + 1, c->vocab_size, &rng);
         res->weight_bytes = bytes_per_token(m);
@@ -215,6 +225,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
         rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, err);
         if (again > res->membw_gbs) res->membw_gbs = again;
     }
+    res->load_after = csd_cli_bench_loadavg();
     csd_kv_destroy(kv);
     csd_free(v);
     csd_free(logits);
@@ -242,10 +253,10 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
                "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, "
                "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                "\"weight_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
-               "\"roofline_fraction\": %.4f}\n",
+               "\"roofline_fraction\": %.4f, \"load_avg\": [%.2f, %.2f]}\n",
                base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
                (long long)a->n_prompt, (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps,
-               r->tg_sd, r->weight_bytes, r->membw_gbs, roof, frac);
+               r->tg_sd, r->weight_bytes, r->membw_gbs, roof, frac, r->load_before, r->load_after);
         return;
     }
     printf("| model | precision | size | threads | test | t/s |\n");
@@ -261,6 +272,7 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
         printf("\nroofline: %.1f MiB read per token / %.2f GB/s read bandwidth (%d threads) = %.2f t/s; "
                "generation reaches %.1f%% of it (kernels %s)\n",
                (double)r->weight_bytes / (1 << 20), r->membw_gbs, threads, roof, 100 * frac, csd_kern_name());
+    printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }
 
 int csd_cmd_bench(int argc, char **argv) {

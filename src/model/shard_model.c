@@ -6,6 +6,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "core/alloc.h"
 #include "core/dtype.h"
@@ -181,18 +182,75 @@ int csd_model_shard_bind(csd_model_shard **out, csd_shard *file, csd_err *err) {
     return 0;
 }
 
+/* Moves p from the mapping [base, base + n) to the same offset of mem. */
+static void rebase(const void **p, const uint8_t *base, size_t n, uint8_t *mem) {
+    const uint8_t *q = *p;
+    if (q && q >= base && q < base + n) *p = mem + (q - base);
+}
+
+static void rebase_mat(csd_qmat *m, const uint8_t *base, size_t n, uint8_t *mem) {
+    rebase(&m->data, base, n, mem);
+}
+
+static void rebase_vec(const float **v, const uint8_t *base, size_t n, uint8_t *mem) {
+    const void *p = *v;
+    rebase(&p, base, n, mem);
+    *v = p;
+}
+
+/* Copies the whole file into anonymous memory and points the weights there. */
+static int load_into_memory(csd_model_shard *ms, csd_err *err) {
+    const csd_shard *f = ms->file;
+    if (csd_shard_count(f) == 0) return 0;
+    const csd_shard_tensor *t0 = csd_shard_at(f, 0);
+    const uint8_t *base = (const uint8_t *)t0->data - t0->offset;
+    size_t n = (size_t)csd_shard_hdr(f)->file_bytes;
+    void *mem = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem == MAP_FAILED)
+        return csd_err_set(err, CSD_ENOMEM, "%s: cannot allocate %zu bytes for its weights",
+                           csd_shard_label(f), n);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(mem, n, MADV_HUGEPAGE); /* best effort */
+#endif
+    memcpy(mem, base, n);
+    csd_weights *w = &ms->weights;
+    rebase_mat(&w->embed, base, n, mem);
+    rebase_mat(&w->head, base, n, mem);
+    rebase_vec(&w->final_norm, base, n, mem);
+    for (int64_t l = 0; l < w->layer_end - w->layer_begin; l++) {
+        csd_layer_weights *lw = &w->layers[l];
+        const float **vecs[] = {&lw->attn_norm, &lw->ffn_norm, &lw->q_norm, &lw->k_norm,
+                                &lw->bq,        &lw->bk,       &lw->bv};
+        for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rebase_vec(vecs[i], base, n, mem);
+        csd_qmat *mats[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->gate, &lw->up, &lw->down};
+        for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) rebase_mat(mats[i], base, n, mem);
+    }
+    ms->mem = mem;
+    ms->mem_bytes = n;
+    return 0;
+}
+
 int csd_model_shard_open(csd_model_shard **out, const char *path, csd_err *err) {
     *out = NULL;
     csd_shard *f = NULL;
     int rc = csd_shard_open(&f, path, err);
     if (rc) return rc;
     rc = csd_model_shard_bind(out, f, err);
-    if (rc) csd_shard_close(f);
+    if (rc) {
+        csd_shard_close(f);
+        return rc;
+    }
+    rc = load_into_memory(*out, err);
+    if (rc) {
+        csd_model_shard_close(*out);
+        *out = NULL;
+    }
     return rc;
 }
 
 void csd_model_shard_close(csd_model_shard *s) {
     if (!s) return;
+    if (s->mem) munmap(s->mem, s->mem_bytes);
     csd_free(s->weights.layers);
     csd_shard_close(s->file);
     csd_free(s);

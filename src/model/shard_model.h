@@ -18,12 +18,17 @@
 #define CSD_SHARD_TN_HEAD CSD_TN_LM_HEAD
 
 typedef struct csd_model_shard {
-    csd_shard *file;      /* owned: the mapping the weights borrow */
+    csd_shard *file;      /* owned: the file (checked, mapped) */
+    void *mem;            /* open: the tensors copied to anonymous memory; the weights point here */
+    size_t mem_bytes;
     csd_model_config cfg; /* from the shard's embedded config */
-    csd_weights weights;  /* tensor pointers borrow file; the layers array is owned */
+    csd_weights weights;  /* tensor pointers borrow mem (open) or file (bind); layers owned */
 } csd_model_shard;
 
-/* Maps path, verifies every checksum and builds cfg + weights. Errors name the file (and tensor).
+/* Maps path, verifies every checksum and builds cfg + weights. The weights are then copied into
+ * anonymous memory (transparent huge pages where the kernel allows): decode streams every weight
+ * once per token, and a file-backed mapping measured ~9% slower to stream. Errors name the file
+ * (and tensor).
  * Close with csd_model_shard_close after every model created over it is destroyed. */
 int csd_model_shard_open(csd_model_shard **out, const char *path, csd_err *err);
 /* Builds weights over an already parsed shard (owned by the caller, which must outlive them). */
