@@ -25,6 +25,7 @@ typedef struct csd_gen_params {
     bool ignore_eos;             /* keep going past end-of-generation tokens (benchmarks) */
     const int32_t *eog_ids;      /* end-of-generation ids; NULL: the config's eos ids */
     int n_eog;
+    bool need_logits;            /* the token callback reads the logits (not only the token) */
 } csd_gen_params;
 
 typedef struct csd_gen_stats {
