@@ -296,7 +296,11 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
     for (int r = 0; !rc && a->n_gen > 0 && r < a->reps; r++) {
         rc = p->ops->truncate(p, req, 0, err);
         uint64_t s = csd_now_ns();
-        for (int64_t i = 0; !rc && i < a->n_gen; i++) rc = p->ops->forward(p, req, &ids[i], 1, logits, err);
+        for (int64_t i = 0; !rc && i < a->n_gen; i++) { /* greedy decode steps, as `run` makes them */
+            csd_step_entry e = {req, &ids[i], 1, true, true};
+            rc = p->ops->step_begin(p, &e, 1, logits, err);
+            if (!rc) rc = p->ops->step_end(p, err);
+        }
         double dt = (double)(csd_now_ns() - s) * 1e-9;
         wall += dt;
         v[r] = (double)a->n_gen / dt;

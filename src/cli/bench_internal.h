@@ -62,7 +62,8 @@ int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_
 int csd_cli_bench_concurrency(csd_bench_args *a);
 
 /* `--fleet` without --concurrency: single-stream generation through the fleet and the per-token
- * breakdown. Returns the exit code. */
+ * breakdown. Decode steps are greedy (argmax_only: the last stage sends back the token id, as for
+ * `run`); the prompt test asks for logits. Returns the exit code. */
 int csd_cli_bench_fleet(csd_bench_args *a);
 
 #endif

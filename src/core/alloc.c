@@ -4,14 +4,30 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 static atomic_uint_fast64_t alloc_count;
+
+/* Buffers this large (model weights, KV caches) are placed on 2 MiB boundaries and offered to the
+ * kernel for transparent huge pages: decoding streams every weight once per token, and fewer TLB
+ * misses measurably speed that up. */
+#define HUGE_ALLOC_MIN (8u << 20)
+#define HUGE_PAGE (2u << 20)
 
 void *csd_alloc(size_t n) {
     size_t rounded = (n + 63) & ~(size_t)63;
     if (rounded < n) return NULL; /* overflow */
     if (rounded == 0) rounded = 64;
-    void *p = aligned_alloc(64, rounded);
+    void *p;
+    if (rounded >= HUGE_ALLOC_MIN) {
+        size_t huge = (rounded + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);
+        p = huge >= rounded ? aligned_alloc(HUGE_PAGE, huge) : NULL;
+#ifdef MADV_HUGEPAGE
+        if (p) (void)madvise(p, huge, MADV_HUGEPAGE); /* best effort */
+#endif
+    } else {
+        p = aligned_alloc(64, rounded);
+    }
     if (!p) return NULL;
     memset(p, 0, rounded);
     atomic_fetch_add_explicit(&alloc_count, 1, memory_order_relaxed);
