@@ -8,6 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "tok/tokenizer.h"
 
 bool csd_cli_int(const char *cmd, const char *flag, const char *text, int64_t lo, int64_t hi,
                  int64_t *out) {
@@ -102,4 +103,11 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
 void csd_cli_error(const char *cmd, const csd_err *err) {
     fprintf(stderr, "cascadia %s: %s (%s)\n", cmd, err->msg[0] ? err->msg : csd_strerror(err->code),
             csd_err_name(err->code));
+}
+
+int csd_cli_collect_eog(const csd_tok *tok, int32_t *eog, int cap) {
+    int n = 0;
+    for (int32_t id = 0; id < csd_tok_vocab_size(tok) && n < cap; id++)
+        if (csd_tok_is_eog(tok, id)) eog[n++] = id;
+    return n;
 }

@@ -28,4 +28,9 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
 
 void csd_cli_error(const char *cmd, const csd_err *err);
 
+/* The tokenizer's end-of-generation ids (EOS, end-of-turn tokens), at most cap of them. */
+#define CSD_CLI_MAX_EOG 64
+typedef struct csd_tok csd_tok;
+int csd_cli_collect_eog(const csd_tok *tok, int32_t *eog, int cap);
+
 #endif

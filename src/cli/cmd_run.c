@@ -174,10 +174,8 @@ static int generate_text(const run_args *a, csd_pipeline *pipe, const csd_tok *t
     if (!a->print_ids) /* echo the prompt through the same detokenizer so spacing matches */
         for (size_t i = 0; i < n_ids; i++) on_token(out, ids[i], NULL);
     csd_gen_params gp = a->gen;
-    int32_t eog[64];
-    int n_eog = 0;
-    for (int32_t id = 0; id < csd_tok_vocab_size(tok) && n_eog < 64; id++)
-        if (csd_tok_is_eog(tok, id)) eog[n_eog++] = id;
+    int32_t eog[CSD_CLI_MAX_EOG];
+    int n_eog = csd_cli_collect_eog(tok, eog, CSD_CLI_MAX_EOG);
     if (n_eog) {
         gp.eog_ids = eog;
         gp.n_eog = n_eog;

@@ -249,13 +249,6 @@ static void serve_backend_fini(serve_backend *b) {
     memset(b, 0, sizeof *b);
 }
 
-static int collect_eog(const csd_tok *tok, int32_t *eog) {
-    int n = 0;
-    for (int32_t id = 0; id < csd_tok_vocab_size(tok) && n < SERVE_MAX_EOG; id++)
-        if (csd_tok_is_eog(tok, id)) eog[n++] = id;
-    return n;
-}
-
 static void install_signals(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -304,7 +297,7 @@ int csd_cmd_serve(int argc, char **argv) {
     }
     if (!rc && !g_stop_signal) {
         int32_t eog[SERVE_MAX_EOG];
-        int n_eog = collect_eog(tok, eog);
+        int n_eog = csd_cli_collect_eog(tok, eog, SERVE_MAX_EOG);
         csd_engine_opts eo;
         csd_engine_opts_default(&eo);
         eo.parallel = a.parallel;

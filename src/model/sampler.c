@@ -244,20 +244,22 @@ float csd_logprob_of(const float *logits, int32_t vocab, int32_t id) {
 
 int csd_top_logprobs(const float *logits, int32_t vocab, int n, int32_t *ids, float *logprobs) {
     if (n < 0 || n > 20) return CSD_ERANGE;
+    if (n > vocab) n = vocab;
     float max = -INFINITY;
     for (int32_t i = 0; i < vocab; i++) max = logits[i] > max ? logits[i] : max;
     double sum = 0.0;
-    for (int32_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - max);
-    double lse = max + log(sum);
-    for (int k = 0; k < n; k++) { /* n <= 20 passes: simple and allocation-free */
-        int32_t best = -1;
-        for (int32_t i = 0; i < vocab; i++) {
-            bool taken = false;
-            for (int j = 0; j < k; j++) taken |= ids[j] == i;
-            if (!taken && (best < 0 || logits[i] > logits[best])) best = i;
+    int k = 0; /* ids[0..k) hold the best so far, best first (lower id first on ties) */
+    for (int32_t i = 0; i < vocab; i++) {
+        sum += exp((double)logits[i] - max);
+        if (n == 0 || (k == n && logits[i] <= logits[ids[n - 1]])) continue;
+        int j = k < n ? k++ : n - 1;
+        while (j > 0 && logits[i] > logits[ids[j - 1]]) {
+            ids[j] = ids[j - 1];
+            j--;
         }
-        ids[k] = best;
-        logprobs[k] = (float)((double)logits[best] - lse);
+        ids[j] = i;
     }
+    double lse = max + log(sum);
+    for (int j = 0; j < n; j++) logprobs[j] = (float)((double)logits[ids[j]] - lse);
     return 0;
 }

@@ -1,0 +1,85 @@
+/* The sampler: greedy is argmax, a seed reproduces a draw, top-k 1 is greedy, and the top
+ * logprobs are the k largest in order with log-softmax values (checked against brute force). */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+
+#include "model/sampler.h"
+
+#define V 1000
+
+static void fill(float *x, unsigned seed) {
+    for (int i = 0; i < V; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((seed >> 8) % 2000) / 100.0f - 10.0f;
+    }
+    x[V / 3] = x[V / 2]; /* a tie */
+}
+
+static void test_top_logprobs_brute_force(void **state) {
+    (void)state;
+    float x[V];
+    fill(x, 7);
+    int32_t ids[20];
+    float lp[20];
+    assert_int_equal(csd_top_logprobs(x, V, 20, ids, lp), 0);
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)x[i]);
+    for (int k = 0; k < 20; k++) {
+        int rank = 0; /* how many beat ids[k] (higher, or equal with a lower id) */
+        for (int i = 0; i < V; i++) rank += x[i] > x[ids[k]] || (x[i] == x[ids[k]] && i < ids[k]);
+        assert_int_equal(rank, k);
+        assert_true(fabs(lp[k] - (x[ids[k]] - log(sum))) < 1e-4);
+        assert_true(fabs(csd_logprob_of(x, V, ids[k]) - lp[k]) < 1e-5);
+    }
+    assert_int_equal(csd_top_logprobs(x, V, 21, ids, lp), CSD_ERANGE);
+}
+
+static int32_t draw(const csd_sampler_params *p, const float *x) {
+    csd_sampler *s = NULL;
+    assert_int_equal(csd_sampler_create(&s, p, V, NULL), 0);
+    float copy[V];
+    for (int i = 0; i < V; i++) copy[i] = x[i];
+    int32_t id = csd_sampler_sample(s, copy);
+    csd_sampler_destroy(s);
+    return id;
+}
+
+static void test_greedy_seed_topk(void **state) {
+    (void)state;
+    float x[V];
+    fill(x, 3);
+    int32_t best = 0;
+    for (int i = 1; i < V; i++) best = x[i] > x[best] ? i : best;
+    csd_sampler_params p;
+    csd_sampler_params_default(&p);
+    p.temperature = 0;
+    assert_int_equal(draw(&p, x), best);
+    p.temperature = 5.0f; /* hot: draws spread over many ids */
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.seed = 42;
+    int32_t a = draw(&p, x), b = draw(&p, x);
+    assert_int_equal(a, b); /* same seed, same draw */
+    int differs = 0;
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        p.seed = seed;
+        differs += draw(&p, x) != a;
+    }
+    assert_true(differs > 0);
+    p.top_k = 1;
+    assert_int_equal(draw(&p, x), best);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_top_logprobs_brute_force),
+        cmocka_unit_test(test_greedy_seed_topk),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
