@@ -18,7 +18,7 @@
 #include "kern/kern_internal.h"
 #include "kern/quant.h"
 
-static const char *const table_names[] = {"ref", "avx2", "avx512"};
+static const char *const table_names[] = {"ref", "avx2", "avxvnni", "avx512"};
 #define N_TABLES (int)(sizeof table_names / sizeof table_names[0])
 
 typedef struct rng {

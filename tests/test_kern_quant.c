@@ -54,11 +54,14 @@ static void test_sizes(void **state) {
     assert_int_equal(csd_qmat_bytes(CSD_DTYPE_F32, 3, 10), 120);
     assert_int_equal(csd_qmat_bytes(CSD_DTYPE_F16, 3, 10), 60);
     assert_int_equal(csd_qmat_bytes(CSD_DTYPE_BF16, 3, 10), 60);
-    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q4, 2048), 16 * 64 + 32);
-    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q8, 2048), 16 * 128 + 32);
-    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q4, 130), 160); /* 2*64 + 2*2 -> 32-aligned */
-    assert_int_equal(csd_quant_row_bytes(CSD_DTYPE_Q8, 1), 160);
-    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_Q4, 7, 5632), 7 * (44 * 64 + 96));
+    /* 16-row blocks: per group 16 x 64 (Q4) or 16 x 128 (Q8) bytes + 16 f16 scales, 64-aligned */
+    assert_int_equal(csd_quant_block_bytes(CSD_DTYPE_Q4, 2048), 16 * (1024 + 32));
+    assert_int_equal(csd_quant_block_bytes(CSD_DTYPE_Q8, 2048), 16 * (2048 + 32));
+    assert_int_equal(csd_quant_block_bytes(CSD_DTYPE_Q4, 130), 2 * 1056);
+    assert_int_equal(csd_quant_block_bytes(CSD_DTYPE_Q8, 1), 2112); /* 2080 -> 64-aligned */
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_Q4, 16, 2048), 16 * 1056);
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_Q4, 7, 5632), 44 * 1056); /* one padded block */
+    assert_int_equal(csd_qmat_bytes(CSD_DTYPE_Q4, 17, 128), 2 * 1088);
 }
 
 /* Max and RMS error of quantize + dequantize, relative to the group absmax and the data RMS. */
@@ -148,21 +151,53 @@ static void test_deterministic_and_padding(void **state) {
         assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, b, NULL), 0);
         assert_memory_equal(a, b, nb);
         if (dtype == CSD_DTYPE_Q4 || dtype == CSD_DTYPE_Q8) {
-            size_t rb = csd_quant_row_bytes(dtype, cols);
-            for (int64_t r = 0; r < rows; r++) {
-                const uint8_t *row = a + r * rb;
-                for (int j = 44; j < 128; j++) { /* missing weights of the short group are q = 0 */
-                    if (dtype == CSD_DTYPE_Q8) {
-                        assert_int_equal(row[2 * 128 + j], 0);
-                    } else {
-                        uint8_t byte = row[2 * 64 + (j & 63)];
-                        assert_int_equal(j < 64 ? (byte & 15) : (byte >> 4), 8);
-                    }
+            for (int64_t r = 0; r < 16; r++) { /* rows 5..15 pad the block */
+                for (int64_t c = 0; c < 384; c++) {
+                    int q = csd_quant_get_q(dtype, cols, a, r, c);
+                    if (r >= rows) assert_int_equal(q, dtype == CSD_DTYPE_Q4 ? -8 : 0); /* 0 bytes */
+                    else if (c >= cols) assert_int_equal(q, 0);
                 }
+                for (int64_t g = 0; g < 3 && r >= rows; g++)
+                    assert_int_equal(csd_quant_get_scale(dtype, cols, a, r, g), 0);
             }
         }
         csd_free(a);
         csd_free(b);
+    }
+    csd_free(src);
+}
+
+/* The documented byte layout (quant.h): weight (r, c) of a block group sits in vector c / 4 at byte
+ * 4 r + c % 4 (Q4: vector (c % 64) / 4, high nibble for c >= 64, stored as q + 8). */
+static void test_block_layout(void **state) {
+    (void)state;
+    int64_t rows = 20, cols = 256; /* 2 blocks, the second one partial; 2 groups */
+    float *src = make_data(rows * cols, 9, 1);
+    for (int dtype = CSD_DTYPE_Q8; dtype <= CSD_DTYPE_Q4; dtype++) {
+        size_t nb = csd_qmat_bytes(dtype, rows, cols), bb = csd_quant_block_bytes(dtype, cols);
+        uint8_t *m = csd_alloc(nb);
+        float *out = csd_alloc_array((size_t)cols, sizeof *out);
+        assert_int_equal(csd_qmat_quantize(dtype, src, rows, cols, m, NULL), 0);
+        csd_qmat w = {dtype, rows, cols, m, nb};
+        for (int64_t r = 0; r < rows; r++) {
+            const uint8_t *blk = m + (size_t)(r / 16) * bb;
+            const uint16_t *sc = csd_quant_block_scales(dtype, blk, cols);
+            csd_qmat_dequant_row(&w, r, out);
+            for (int64_t c = 0; c < cols; c++) {
+                int64_t g = c / 128, j = c % 128, lane = r % 16;
+                int q;
+                if (dtype == CSD_DTYPE_Q8) {
+                    q = (int8_t)blk[g * 2048 + (j / 4) * 64 + lane * 4 + j % 4];
+                } else {
+                    uint8_t byte = blk[g * 1024 + ((j % 64) / 4) * 64 + lane * 4 + j % 4];
+                    q = (j >= 64 ? byte >> 4 : byte & 15) - 8;
+                }
+                assert_int_equal(q, csd_quant_get_q(dtype, cols, m, r, c));
+                assert_true(out[c] == csd_f16_to_f32(sc[g * 16 + lane]) * (float)q);
+            }
+        }
+        csd_free(out);
+        csd_free(m);
     }
     csd_free(src);
 }
@@ -247,6 +282,7 @@ static void test_bad_dtype(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_block_layout),
         cmocka_unit_test(test_error_bounds),
         cmocka_unit_test(test_zero_and_exact),
         cmocka_unit_test(test_deterministic_and_padding),

@@ -131,13 +131,9 @@ static csd_model *load(int precision) {
 /* Plain symmetric absmax in the quant.h layout: d = f16(amax / qmax), q = round(w / d). */
 static void absmax_quantize(int dtype, const float *src, int64_t rows, int64_t cols, uint8_t *dst) {
     int qmax = dtype == CSD_DTYPE_Q4 ? 7 : 127;
-    int64_t ng = csd_quant_groups(cols);
-    size_t gbytes = csd_quant_group_bytes(dtype), row_bytes = csd_quant_row_bytes(dtype, cols);
+    memset(dst, 0, csd_qmat_bytes(dtype, rows, cols));
     for (int64_t r = 0; r < rows; r++) {
-        uint8_t *row = dst + (size_t)r * row_bytes;
-        uint16_t *scales = (uint16_t *)(void *)(row + (size_t)ng * gbytes);
-        memset(row, 0, row_bytes);
-        for (int64_t g = 0; g < ng; g++) {
+        for (int64_t g = 0; g < csd_quant_groups(cols); g++) {
             const float *w = src + r * cols + g * CSD_QUANT_GROUP;
             int n = (int)(cols - g * CSD_QUANT_GROUP < CSD_QUANT_GROUP ? cols - g * CSD_QUANT_GROUP
                                                                        : CSD_QUANT_GROUP);
@@ -145,19 +141,12 @@ static void absmax_quantize(int dtype, const float *src, int64_t rows, int64_t c
             for (int j = 0; j < n; j++) amax = fmaxf(amax, fabsf(w[j]));
             uint16_t dh = csd_f32_to_f16(amax / (float)qmax);
             float d = csd_f16_to_f32(dh);
-            int q[CSD_QUANT_GROUP] = {0};
+            int8_t q[CSD_QUANT_GROUP] = {0};
             for (int j = 0; j < n && d > 0.0f; j++) {
                 long v = lrintf(w[j] / d);
-                q[j] = (int)(v < -qmax ? -qmax : v > qmax ? qmax : v);
+                q[j] = (int8_t)(v < -qmax ? -qmax : v > qmax ? qmax : v);
             }
-            scales[g] = dh;
-            uint8_t *out = row + (size_t)g * gbytes;
-            if (dtype == CSD_DTYPE_Q4) {
-                for (int j = 0; j < 64; j++)
-                    out[j] = (uint8_t)((q[j] + 8) | ((q[j + 64] + 8) << 4));
-            } else {
-                for (int j = 0; j < CSD_QUANT_GROUP; j++) out[j] = (uint8_t)(int8_t)q[j];
-            }
+            csd_quant_pack_group(dtype, cols, dst, r, g, q, dh);
         }
     }
 }

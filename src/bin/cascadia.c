@@ -13,7 +13,7 @@ static void usage(FILE *out) {
             "commands:\n");
     for (const csd_command *c = csd_commands; c->name; c++)
         fprintf(out, "  %-12s %s\n", c->name, c->summary);
-    fprintf(out, "\nenvironment: CSD_LOG=error|warn|info|debug|trace, CSD_KERN=ref|avx2|avx512\n");
+    fprintf(out, "\nenvironment: CSD_LOG=error|warn|info|debug|trace, CSD_KERN=ref|avx2|avxvnni|avx512\n");
 }
 
 int main(int argc, char **argv) {

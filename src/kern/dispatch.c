@@ -1,6 +1,7 @@
-/* dispatch: detects CPU features once, picks the best kernel table (CSD_KERN=ref|avx2|avx512
- * forces one), fills the table's gaps from ref and logs the choice. Also the public entry points
- * of the vector helpers. The chosen table is one of the two allowed globals, set once. */
+/* dispatch: detects CPU features once, picks the best kernel table (CSD_KERN=ref|avx2|avxvnni|
+ * avx512 forces one), fills the table's gaps (from the table it extends, then ref) and logs the
+ * choice. Also the public entry points of the vector helpers. The chosen table is one of the two
+ * allowed globals, set once. */
 #include "kern_internal.h"
 
 #include <pthread.h>
@@ -15,9 +16,10 @@
 #include <cpuid.h>
 #endif
 
-enum { TABLE_REF, TABLE_AVX2, TABLE_AVX512, TABLE_COUNT };
+/* In order of preference, best last. */
+enum { TABLE_REF, TABLE_AVX2, TABLE_AVXVNNI, TABLE_AVX512, TABLE_COUNT };
 
-static const char *const table_names[TABLE_COUNT] = {"ref", "avx2", "avx512"};
+static const char *const table_names[TABLE_COUNT] = {"ref", "avx2", "avxvnni", "avx512"};
 
 static csd_kern_ops tables[TABLE_COUNT];  /* gap-filled copies, written once under init_once */
 static bool table_ok[TABLE_COUNT];        /* compiled in and supported by this CPU */
@@ -60,8 +62,7 @@ static cpu_features detect(void) {
     return f;
 }
 
-static void fill_gaps(csd_kern_ops *t) {
-    const csd_kern_ops *r = &csd_kern_ops_ref;
+static void fill_gaps(csd_kern_ops *t, const csd_kern_ops *r) {
 #define FILL(field) \
     if (!t->field) t->field = r->field
     FILL(quantize_act_q8);
@@ -85,11 +86,15 @@ static void init_tables(void) {
 #if defined(__x86_64__)
     tables[TABLE_AVX2] = csd_kern_ops_avx2;
     table_ok[TABLE_AVX2] = f.avx2 && f.fma && f.f16c;
+    /* avxvnni only has the Q kernels: the rest is avx2's, which its CPUs run */
+    tables[TABLE_AVXVNNI] = csd_kern_ops_avxvnni;
+    fill_gaps(&tables[TABLE_AVXVNNI], &csd_kern_ops_avx2);
+    table_ok[TABLE_AVXVNNI] = table_ok[TABLE_AVX2] && f.avxvnni;
     tables[TABLE_AVX512] = csd_kern_ops_avx512;
     table_ok[TABLE_AVX512] = table_ok[TABLE_AVX2] && f.avx512f && f.avx512bw && f.avx512vl &&
                              f.avx512dq && f.avx512vnni;
 #endif
-    for (int i = 0; i < TABLE_COUNT; i++) fill_gaps(&tables[i]);
+    for (int i = 0; i < TABLE_COUNT; i++) fill_gaps(&tables[i], &csd_kern_ops_ref);
 
     int pick = TABLE_REF;
     for (int i = TABLE_COUNT - 1; i >= 0; i--) {

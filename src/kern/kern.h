@@ -1,5 +1,6 @@
 /* kern: the numeric kernels the forward pass calls, behind one dispatch table chosen at start-up
- * (AVX-512/VNNI, AVX2/FMA, portable scalar; CSD_KERN=ref|avx2|avx512 forces one). No model
+ * (AVX-512/VNNI, AVX-VNNI, AVX2/FMA, portable scalar; CSD_KERN=ref|avx2|avxvnni|avx512 forces
+ * one). No model
  * knowledge here. Weight matrices are [rows = outputs, cols = inputs], row-major, in any csd_dtype;
  * quantized layouts are defined in kern/quant.h. Nothing here allocates. */
 #ifndef CSD_KERN_H

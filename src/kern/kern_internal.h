@@ -34,15 +34,16 @@ typedef struct csd_kern_ops {
     void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
 } csd_kern_ops;
 
-/* Per-file tables: NULL entries are filled from ref by dispatch.c. */
+/* Per-file tables: NULL entries are filled by dispatch.c (avxvnni from avx2, then all from ref). */
 extern const csd_kern_ops csd_kern_ops_ref;
 #if defined(__x86_64__)
 extern const csd_kern_ops csd_kern_ops_avx2;
+extern const csd_kern_ops csd_kern_ops_avxvnni;
 extern const csd_kern_ops csd_kern_ops_avx512;
 #endif
 
-/* The complete (gap-filled) table called name ("ref", "avx2", "avx512"), or NULL when unknown or
- * not supported by this CPU. Lives for the whole process. */
+/* The complete (gap-filled) table called name ("ref", "avx2", "avxvnni", "avx512"), or NULL when
+ * unknown or not supported by this CPU. Lives for the whole process. */
 const csd_kern_ops *csd_kern_table(const char *name);
 /* The table chosen by csd_kern_init (initialises on first use). */
 const csd_kern_ops *csd_kern_ops_current(void);

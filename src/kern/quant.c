@@ -10,7 +10,52 @@
 #include "quant.h"
 
 size_t csd_qmat_bytes(int dtype, int64_t rows, int64_t cols) {
+    if (dtype == CSD_DTYPE_Q4 || dtype == CSD_DTYPE_Q8)
+        return (size_t)csd_quant_blocks(rows) * csd_quant_block_bytes(dtype, cols);
     return (size_t)rows * csd_quant_row_bytes(dtype, cols);
+}
+
+/* Start of the block holding row, and the row's lane in it. */
+static uint8_t *block_of(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int *lane) {
+    *lane = (int)(row % CSD_QUANT_BLOCK_ROWS);
+    return (uint8_t *)mat + (size_t)(row / CSD_QUANT_BLOCK_ROWS) * csd_quant_block_bytes(dtype, cols);
+}
+
+/* Byte offset, inside a block group, of input j (0..127) of lane r; for Q4 the nibble too. */
+static size_t group_offset(int dtype, int r, int j, int *high) {
+    int jj = dtype == CSD_DTYPE_Q4 ? j & 63 : j;
+    *high = dtype == CSD_DTYPE_Q4 && j >= 64;
+    return (size_t)(jj / 4) * CSD_QUANT_VEC_BYTES + (size_t)r * 4 + (size_t)(jj % 4);
+}
+
+void csd_quant_pack_group(int dtype, int64_t cols, uint8_t *mat, int64_t row, int64_t g,
+                          const int8_t *q, uint16_t scale) {
+    int r, high;
+    uint8_t *blk = block_of(dtype, cols, mat, row, &r);
+    size_t gbytes = csd_quant_block_group_bytes(dtype);
+    uint8_t *grp = blk + (size_t)g * gbytes;
+    for (int j = 0; j < CSD_QUANT_GROUP; j++) {
+        size_t o = group_offset(dtype, r, j, &high);
+        if (dtype == CSD_DTYPE_Q8) grp[o] = (uint8_t)q[j];
+        else grp[o] |= (uint8_t)((q[j] + 8) << (high ? 4 : 0));
+    }
+    uint16_t *sc = (uint16_t *)(void *)(blk + (size_t)csd_quant_groups(cols) * gbytes);
+    sc[g * CSD_QUANT_BLOCK_ROWS + r] = scale;
+}
+
+int csd_quant_get_q(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t c) {
+    int r, high;
+    const uint8_t *blk = block_of(dtype, cols, mat, row, &r);
+    const uint8_t *grp = blk + (size_t)(c / CSD_QUANT_GROUP) * csd_quant_block_group_bytes(dtype);
+    uint8_t b = grp[group_offset(dtype, r, (int)(c % CSD_QUANT_GROUP), &high)];
+    if (dtype == CSD_DTYPE_Q8) return (int8_t)b;
+    return (high ? b >> 4 : b & 15) - 8;
+}
+
+uint16_t csd_quant_get_scale(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t g) {
+    int r;
+    const uint8_t *blk = block_of(dtype, cols, mat, row, &r);
+    return csd_quant_block_scales(dtype, blk, cols)[g * CSD_QUANT_BLOCK_ROWS + r];
 }
 
 /* Round half to even for |v| < 2^22 with plain float adds, branch-free (vectorises on SSE2). */
@@ -113,14 +158,10 @@ static uint16_t choose_scale(const float *w, int qmin, int qmax) {
     return csd_f32_to_f16(best_d);
 }
 
-/* Quantizes one row into the quant.h row layout. */
-static void quantize_row_q(int dtype, const float *src, int64_t cols, uint8_t *dst) {
-    int64_t ng = csd_quant_groups(cols);
-    size_t gbytes = csd_quant_group_bytes(dtype);
+/* Quantizes row `row` of a Q4/Q8 matrix into the block layout (the matrix is zeroed already). */
+static void quantize_row_q(int dtype, const float *src, int64_t cols, uint8_t *mat, int64_t row) {
     int qmin = dtype == CSD_DTYPE_Q4 ? -8 : -127, qmax = dtype == CSD_DTYPE_Q4 ? 7 : 127;
-    memset(dst, 0, csd_quant_row_bytes(dtype, cols));
-    uint16_t *scales = (uint16_t *)(void *)(dst + (size_t)ng * gbytes);
-    for (int64_t g = 0; g < ng; g++) {
+    for (int64_t g = 0; g < csd_quant_groups(cols); g++) {
         int64_t c0 = g * CSD_QUANT_GROUP;
         int n = (int)(cols - c0 < CSD_QUANT_GROUP ? cols - c0 : CSD_QUANT_GROUP);
         float wg[CSD_QUANT_GROUP] = {0}; /* zero-padded group */
@@ -130,15 +171,8 @@ static void quantize_row_q(int dtype, const float *src, int64_t cols, uint8_t *d
         float inv = d != 0.0f ? 1.0f / d : 0.0f;
         int8_t q[CSD_QUANT_GROUP] = {0}; /* missing weights of a short group are 0 */
         for (int j = 0; j < n; j++)
-            q[j] = (int8_t)clampf(round_even_f(src[c0 + j] * inv), (float)qmin, (float)qmax);
-        scales[g] = dh;
-        uint8_t *out = dst + (size_t)g * gbytes;
-        if (dtype == CSD_DTYPE_Q4) {
-            for (int j = 0; j < 64; j++)
-                out[j] = (uint8_t)((q[j] + 8) | ((q[j + 64] + 8) << 4));
-        } else {
-            memcpy(out, q, CSD_QUANT_GROUP);
-        }
+            q[j] = (int8_t)clampf(round_even_f(wg[j] * inv), (float)qmin, (float)qmax);
+        csd_quant_pack_group(dtype, cols, mat, row, g, q, dh);
     }
 }
 
@@ -147,6 +181,11 @@ int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, v
     if (rows < 0 || cols < 0)
         return csd_err_set(err, CSD_EINVAL, "quantize: bad shape %lld x %lld", (long long)rows,
                            (long long)cols);
+    if (dtype == CSD_DTYPE_Q4 || dtype == CSD_DTYPE_Q8) {
+        memset(dst, 0, csd_qmat_bytes(dtype, rows, cols));
+        for (int64_t r = 0; r < rows; r++) quantize_row_q(dtype, src + r * cols, cols, dst, r);
+        return 0;
+    }
     size_t row_bytes = csd_quant_row_bytes(dtype, cols);
     for (int64_t r = 0; r < rows; r++) {
         const float *s = src + r * cols;
@@ -157,8 +196,6 @@ int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, v
         case CSD_DTYPE_BF16:
             for (int64_t c = 0; c < cols; c++) ((uint16_t *)(void *)d)[c] = csd_f32_to_bf16(s[c]);
             break;
-        case CSD_DTYPE_Q4:
-        case CSD_DTYPE_Q8: quantize_row_q(dtype, s, cols, d); break;
         default:
             return csd_err_set(err, CSD_EUNSUPPORTED, "quantize: dtype %d (%s)", dtype,
                                csd_dtype_name(dtype));
@@ -168,6 +205,15 @@ int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, v
 }
 
 void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out) {
+    if (w->dtype == CSD_DTYPE_Q4 || w->dtype == CSD_DTYPE_Q8) {
+        for (int64_t g = 0; g < csd_quant_groups(w->cols); g++) {
+            float d = csd_f16_to_f32(csd_quant_get_scale(w->dtype, w->cols, w->data, row, g));
+            int64_t c1 = (g + 1) * CSD_QUANT_GROUP < w->cols ? (g + 1) * CSD_QUANT_GROUP : w->cols;
+            for (int64_t c = g * CSD_QUANT_GROUP; c < c1; c++)
+                out[c] = d * (float)csd_quant_get_q(w->dtype, w->cols, w->data, row, c);
+        }
+        return;
+    }
     const uint8_t *p =
         (const uint8_t *)w->data + (size_t)row * csd_quant_row_bytes(w->dtype, w->cols);
     switch (w->dtype) {
@@ -176,22 +222,6 @@ void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out) {
     case CSD_DTYPE_BF16:
         csd_bf16_to_f32_row(out, (const uint16_t *)(const void *)p, w->cols);
         return;
-    case CSD_DTYPE_Q4:
-    case CSD_DTYPE_Q8: {
-        const uint16_t *scales = csd_quant_row_scales(w->dtype, p, w->cols);
-        for (int64_t c = 0; c < w->cols; c++) {
-            int64_t g = c / CSD_QUANT_GROUP, j = c % CSD_QUANT_GROUP;
-            int q;
-            if (w->dtype == CSD_DTYPE_Q4) {
-                uint8_t b = p[g * 64 + (j & 63)];
-                q = (j < 64 ? (b & 15) : (b >> 4)) - 8;
-            } else {
-                q = ((const int8_t *)p)[g * CSD_QUANT_GROUP + j];
-            }
-            out[c] = csd_f16_to_f32(scales[g]) * (float)q;
-        }
-        return;
-    }
     default: return;
     }
 }

@@ -1,7 +1,6 @@
 /* quant: memory layouts of the quantized weight formats and of the quantized activations the
- * integer matmul reads. Q4 and Q8 are symmetric, one f16 scale per group of 128 inputs along a row.
- * Every row is self-contained at offset row * row_bytes, so a row slice of a matrix is one
- * contiguous byte range (tensor-parallel slicing, mmapped shards). See docs/kernels.md. */
+ * integer matmul reads. Q4 and Q8 are symmetric, one f16 scale per group of 128 inputs along a row,
+ * stored in row-interleaved blocks of 16 rows (below). See docs/kernels.md. */
 #ifndef CSD_QUANT_H
 #define CSD_QUANT_H
 
@@ -13,58 +12,79 @@
 
 /* Elements per quantization group (weights and activations). */
 #define CSD_QUANT_GROUP 128
-/* Row alignment in bytes for Q4/Q8: keeps every 64-byte vector load inside two 32-byte halves,
- * which is what Zen 4 and AVX2 load ports care about, at <= 31 bytes of padding per row. */
-#define CSD_QUANT_ROW_ALIGN 32
+/* Q4/Q8 matrices are stored in blocks of 16 consecutive rows, interleaved 4 inputs at a time, so
+ * one 64-byte vector holds 4 inputs of each of the 16 rows: one integer dot-product instruction
+ * (vpdpbusd) against 4 broadcast activations advances 16 outputs at once, and the per-group
+ * float work (convert, scale, accumulate) is spread over 16 rows instead of repeated per row.
+ * A block is one contiguous byte range (long streams for the prefetcher; stage and row-block
+ * slices stay contiguous). */
+#define CSD_QUANT_BLOCK_ROWS 16
+/* Bytes of one 16-row x 4-input interleaved vector. */
+#define CSD_QUANT_VEC_BYTES 64
+/* Block alignment in bytes (one cache line). */
+#define CSD_QUANT_BLOCK_ALIGN 64
 
-/* Q4 group: 128 weights as 64 bytes. Byte j holds element j in its low nibble and element j + 64 in
- * its high nibble, both stored as q + 8 with q in [-8, 7]: one AND gives elements 0..63 and one
- * shift + AND gives 64..127, each in input order, ready for an unsigned x signed byte dot product.
- */
-typedef struct csd_q4_group {
-    uint8_t qs[CSD_QUANT_GROUP / 2];
-} csd_q4_group;
-static_assert(sizeof(csd_q4_group) == 64, "q4 group must be 64 bytes");
+/* Q4 group of one block: 16 rows x 128 weights as 16 vectors of 64 bytes. In vector k (0..15),
+ * byte 4 * r + i holds row r's weight 4k + i in its low nibble and weight 64 + 4k + i in its high
+ * nibble, both stored as q + 8 with q in [-8, 7]: one AND gives inputs 4k..4k+3 of all 16 rows,
+ * one shift + AND gives inputs 64+4k..64+4k+3, ready for an unsigned x signed byte dot product. */
+#define CSD_Q4_BLOCK_GROUP_BYTES 1024
+/* Q8 group of one block: 32 vectors of 64 bytes; in vector k (0..31) byte 4 * r + i is row r's
+ * weight 4k + i as a signed byte, q in [-127, 127] (-128 is never produced). */
+#define CSD_Q8_BLOCK_GROUP_BYTES 2048
 
-/* Q8 group: 128 weights as signed bytes, q in [-127, 127] (-128 is never produced). */
-typedef struct csd_q8_group {
-    int8_t qs[CSD_QUANT_GROUP];
-} csd_q8_group;
-static_assert(sizeof(csd_q8_group) == 128, "q8 group must be 128 bytes");
-
-/* Row layout of Q4 and Q8 (ng = ceil(cols / 128) groups):
- *   [ng groups (csd_q4_group or csd_q8_group)][ng f16 scales][zero padding to 32 bytes]
- * Weight c of the row is d[c / 128] * q. In a short last group the missing weights are stored as
- * q = 0, so kernels always process whole groups (the activations are zero-padded as well). */
+/* Block layout of Q4 and Q8 (ng = ceil(cols / 128) groups):
+ *   [ng block groups (1024 or 2048 bytes)][ng x 16 f16 scales, group-major][zero pad to 64]
+ * Weight (r, c) of the block is scales[(c / 128) * 16 + r] * q. In a short last group the missing
+ * weights are stored as q = 0, and the rows past the end of the matrix in its last block are zero
+ * bytes (scale 0: they add nothing), so kernels always process whole groups of whole blocks (the
+ * activations are zero-padded as well) and only mask the store. */
 static inline int64_t csd_quant_groups(int64_t cols) {
     return (cols + CSD_QUANT_GROUP - 1) / CSD_QUANT_GROUP;
 }
 
-static inline size_t csd_quant_group_bytes(int dtype) {
-    return dtype == CSD_DTYPE_Q4 ? sizeof(csd_q4_group) : sizeof(csd_q8_group);
+static inline int64_t csd_quant_blocks(int64_t rows) {
+    return (rows + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
 }
 
-/* Bytes of one row of a rows x cols matrix in dtype (plain types: cols * element size). */
+static inline size_t csd_quant_block_group_bytes(int dtype) {
+    return dtype == CSD_DTYPE_Q4 ? CSD_Q4_BLOCK_GROUP_BYTES : CSD_Q8_BLOCK_GROUP_BYTES;
+}
+
+/* Bytes of one 16-row block of a Q4/Q8 matrix with cols inputs. */
+static inline size_t csd_quant_block_bytes(int dtype, int64_t cols) {
+    size_t ng = (size_t)csd_quant_groups(cols);
+    size_t n = ng * (csd_quant_block_group_bytes(dtype) +
+                     CSD_QUANT_BLOCK_ROWS * sizeof(uint16_t));
+    return (n + CSD_QUANT_BLOCK_ALIGN - 1) / CSD_QUANT_BLOCK_ALIGN * CSD_QUANT_BLOCK_ALIGN;
+}
+
+/* The f16 scales of a block ([ng][16]) start right after its groups. */
+static inline const uint16_t *csd_quant_block_scales(int dtype, const uint8_t *block,
+                                                     int64_t cols) {
+    return (const uint16_t *)(const void *)(block + (size_t)csd_quant_groups(cols) *
+                                                        csd_quant_block_group_bytes(dtype));
+}
+
+/* Bytes of one row of a plain (F32/F16/BF16) matrix: cols * element size; 0 for Q4/Q8, whose
+ * rows are not separable (see the block layout). */
 static inline size_t csd_quant_row_bytes(int dtype, int64_t cols) {
     switch (dtype) {
     case CSD_DTYPE_F32: return (size_t)cols * 4;
     case CSD_DTYPE_F16:
     case CSD_DTYPE_BF16: return (size_t)cols * 2;
-    case CSD_DTYPE_Q4:
-    case CSD_DTYPE_Q8: {
-        size_t ng = (size_t)csd_quant_groups(cols);
-        size_t n = ng * csd_quant_group_bytes(dtype) + ng * sizeof(uint16_t);
-        return (n + CSD_QUANT_ROW_ALIGN - 1) / CSD_QUANT_ROW_ALIGN * CSD_QUANT_ROW_ALIGN;
-    }
     default: return 0;
     }
 }
 
-/* The f16 scales of a Q4/Q8 row start right after its groups. */
-static inline const uint16_t *csd_quant_row_scales(int dtype, const uint8_t *row, int64_t cols) {
-    return (const uint16_t *)(const void *)(row + (size_t)csd_quant_groups(cols) *
-                                                      csd_quant_group_bytes(dtype));
-}
+/* Writes group g of row `row` of a Q4/Q8 matrix (cols inputs) into the block layout at mat: q
+ * holds 128 values in the dtype's range (zero past cols), scale is the group's f16 scale. The
+ * caller zeroes the matrix first (Q4 nibbles are or-ed in; padding rows and bytes stay zero). */
+void csd_quant_pack_group(int dtype, int64_t cols, uint8_t *mat, int64_t row, int64_t g,
+                          const int8_t *q, uint16_t scale);
+/* Weight q (row, c) of a Q4/Q8 matrix, and the f16 scale of its group. */
+int csd_quant_get_q(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t c);
+uint16_t csd_quant_get_scale(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t g);
 
 /* Quantized activations (matmul scratch), per token, for a Q4/Q8 matmul:
  *   [ng * 128 int8 xq, zero-padded][ng float dx][ng int32 sum of xq in the group][pad to 64]

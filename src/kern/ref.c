@@ -33,35 +33,52 @@ static void ref_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
+/* Unpacks group g of a Q4/Q8 block (quant.h layout) into q[lane][input]. */
+static void unpack_block_group(int dtype, const uint8_t *grp, int8_t q[][CSD_QUANT_GROUP]) {
+    int nvec = dtype == CSD_DTYPE_Q4 ? CSD_QUANT_GROUP / 8 : CSD_QUANT_GROUP / 4;
+    for (int k = 0; k < nvec; k++) {
+        const uint8_t *v = grp + (size_t)k * CSD_QUANT_VEC_BYTES;
+        for (int r = 0; r < CSD_QUANT_BLOCK_ROWS; r++) {
+            for (int i = 0; i < 4; i++) {
+                uint8_t b = v[4 * r + i];
+                if (dtype == CSD_DTYPE_Q4) {
+                    q[r][4 * k + i] = (int8_t)((b & 15) - 8);
+                    q[r][64 + 4 * k + i] = (int8_t)((b >> 4) - 8);
+                } else {
+                    q[r][4 * k + i] = (int8_t)b;
+                }
+            }
+        }
+    }
+}
+
 /* y = sum over groups of (dw * dx) * (integer dot of the group), groups in order. */
 static void ref_matmul_q(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                          int64_t r0, int64_t r1) {
     int64_t ng = csd_quant_groups(w->cols);
-    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
+    size_t gbytes = csd_quant_block_group_bytes(w->dtype);
     size_t stride = csd_quant_act_stride(w->cols);
-    for (int64_t t = 0; t < n_tok; t++) {
-        const int8_t *xq = (const int8_t *)(act + (size_t)t * stride);
-        const float *dx = (const float *)(const void *)(act + (size_t)t * stride + ng * 128);
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *row = (const uint8_t *)w->data + (size_t)r * row_bytes;
-            const uint16_t *dw = csd_quant_row_scales(w->dtype, row, w->cols);
-            float acc = 0.0f;
+    int8_t q[CSD_QUANT_BLOCK_ROWS][CSD_QUANT_GROUP];
+    for (int64_t b0 = r0; b0 < r1; b0 += CSD_QUANT_BLOCK_ROWS) {
+        const uint8_t *blk = (const uint8_t *)w->data + (size_t)(b0 / CSD_QUANT_BLOCK_ROWS) * block_bytes;
+        const uint16_t *dw = csd_quant_block_scales(w->dtype, blk, w->cols);
+        int nr = (int)(r1 - b0 < CSD_QUANT_BLOCK_ROWS ? r1 - b0 : CSD_QUANT_BLOCK_ROWS);
+        for (int64_t t = 0; t < n_tok; t++) {
+            const int8_t *xq = (const int8_t *)(act + (size_t)t * stride);
+            const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
+            float acc[CSD_QUANT_BLOCK_ROWS] = {0};
             for (int64_t g = 0; g < ng; g++) {
+                unpack_block_group(w->dtype, blk + (size_t)g * gbytes, q);
                 const int8_t *xg = xq + g * CSD_QUANT_GROUP;
-                int32_t isum = 0;
-                if (w->dtype == CSD_DTYPE_Q4) {
-                    const uint8_t *qs = row + g * sizeof(csd_q4_group);
-                    for (int j = 0; j < 64; j++) {
-                        isum += ((int32_t)(qs[j] & 15) - 8) * xg[j];
-                        isum += ((int32_t)(qs[j] >> 4) - 8) * xg[j + 64];
-                    }
-                } else {
-                    const int8_t *qs = (const int8_t *)row + g * sizeof(csd_q8_group);
-                    for (int j = 0; j < CSD_QUANT_GROUP; j++) isum += (int32_t)qs[j] * xg[j];
+                for (int r = 0; r < nr; r++) {
+                    int32_t isum = 0;
+                    for (int j = 0; j < CSD_QUANT_GROUP; j++) isum += (int32_t)q[r][j] * xg[j];
+                    acc[r] += (csd_f16_to_f32(dw[g * CSD_QUANT_BLOCK_ROWS + r]) * dx[g]) *
+                              (float)isum;
                 }
-                acc += (csd_f16_to_f32(dw[g]) * dx[g]) * (float)isum;
             }
-            y[t * w->rows + r] = acc;
+            for (int r = 0; r < nr; r++) y[t * w->rows + b0 + r] = acc[r];
         }
     }
 }

@@ -1,20 +1,11 @@
 /* x86_avx2: AVX2 + FMA + F16C kernels for x86 CPUs without AVX-512 (built with their own -m flags,
- * called only when dispatch.c has checked the CPU). Q4: vpmaddubsw of unsigned nibbles (q + 8) by
- * signed activations, offset removed through the activation group sum; Q8: vpmaddubsw of |w| by
- * sign(w) * x. Same fixed per-element operation order in every tile (batch invariance). */
-#include "kern_internal.h"
-
-#include <immintrin.h>
+ * called only when dispatch.c has checked the CPU). The Q4/Q8 block matmul is x86_avx2_common.h
+ * with the dot products below: Q4 vpmaddubsw of unsigned nibbles (q + 8) by signed activations,
+ * offset removed through the activation group sum; Q8 vpmaddubsw of |w| by sign(w) * x. Same
+ * fixed per-element operation order in every tile (batch invariance). */
+#include "x86_avx2_common.h"
 
 #include "core/dtype.h"
-#include "quant.h"
-
-#define AI static inline __attribute__((always_inline))
-
-/* 16 ymm registers: 2 rows x 2 tokens keeps accumulators and unpacked weights in registers. */
-#define TILE_R 2
-#define TILE_T 2
-#define TOK_CHUNK 64
 
 AI float hsum8(__m256 v) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -28,12 +19,6 @@ AI int32_t hsum8i(__m256i v) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
     return _mm_cvtsi128_si32(s);
-}
-
-/* Mask of the first `left` (0..8) lanes for maskload/maskstore. */
-AI __m256i lane_mask(int64_t left) {
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left)), idx);
 }
 
 static void avx2_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
@@ -78,127 +63,27 @@ static void avx2_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
-AI __m256i load32(const int8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
+/* AVX2 has no vpdpbusd: vpmaddubsw (u8 x s8 -> s16 pairs, saturating) then vpmaddwd by ones. */
 
-/* Integer dot of one 128-element group as 8 int32 lanes. */
-AI __m256i group_dot(const int q4, const __m256i w[4], const int8_t *xg) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    if (q4) { /* nibbles <= 15: four vpmaddubsw results fit in int16 (4 * 2 * 15 * 127) */
-        __m256i p = _mm256_maddubs_epi16(w[0], load32(xg));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[1], load32(xg + 32)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[2], load32(xg + 64)));
-        p = _mm256_add_epi16(p, _mm256_maddubs_epi16(w[3], load32(xg + 96)));
-        return _mm256_madd_epi16(p, ones);
-    }
-    __m256i s = _mm256_setzero_si256();
-#pragma GCC unroll 4
-    for (int k = 0; k < 4; k++) { /* |w| * sign(w) x: 2 * 127 * 127 fits int16, one at a time */
-        __m256i xv = load32(xg + 32 * k);
-        __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w[k]), _mm256_sign_epi8(xv, w[k]));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
-    }
-    return s;
+/* Nibbles <= 15 and |x| <= 127: a pair is at most 3810, Q_CHUNK quads (8 products) fit int16. */
+AI __m256i q4_dot4(__m256i part, __m256i w, __m256i x) {
+    return _mm256_add_epi16(part, _mm256_maddubs_epi16(w, x));
 }
 
-AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
-               const uint8_t *row0, size_t row_bytes, const uint8_t *act, size_t stride,
-               int64_t ng) {
-    const size_t gbytes = q4 ? sizeof(csd_q4_group) : sizeof(csd_q8_group);
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[TILE_R][TILE_T];
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < ng; g++) {
-        __m256i wv[TILE_R][4];
-        float dw[TILE_R];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            const uint8_t *p = row0 + (size_t)r * row_bytes + (size_t)g * gbytes;
-            if (q4) {
-                __m256i b0 = _mm256_loadu_si256((const __m256i *)(const void *)p);
-                __m256i b1 = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32));
-                wv[r][0] = _mm256_and_si256(b0, low4); /* elements 0..31 */
-                wv[r][1] = _mm256_and_si256(b1, low4); /* 32..63 */
-                wv[r][2] = _mm256_and_si256(_mm256_srli_epi16(b0, 4), low4); /* 64..95 */
-                wv[r][3] = _mm256_and_si256(_mm256_srli_epi16(b1, 4), low4); /* 96..127 */
-            } else {
-#pragma GCC unroll 4
-                for (int k = 0; k < 4; k++)
-                    wv[r][k] = _mm256_loadu_si256((const __m256i *)(const void *)(p + 32 * k));
-            }
-            const uint16_t *dws = (const uint16_t *)(const void *)(row0 + (size_t)r * row_bytes +
-                                                                   ng * gbytes);
-            dw[r] = _cvtsh_ss(dws[g]);
-        }
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) {
-            const uint8_t *at = act + (size_t)t * stride;
-            const int8_t *xg = (const int8_t *)at + g * CSD_QUANT_GROUP;
-            const float dx = ((const float *)(const void *)(at + ng * CSD_QUANT_GROUP))[g];
-            const int32_t sum = ((const int32_t *)(const void *)(at + ng * CSD_QUANT_GROUP +
-                                                                 ng * sizeof(float)))[g];
-            __m256i init = _mm256_setr_epi32(q4 ? -8 * sum : 0, 0, 0, 0, 0, 0, 0, 0);
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) {
-                __m256i i = _mm256_add_epi32(init, group_dot(q4, wv[r], xg));
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_set1_ps(dw[r] * dx),
-                                            acc[r][t]);
-            }
-        }
-    }
-#pragma GCC unroll 2
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 2
-        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
+AI __m256i q4_flush(__m256i isum, __m256i part) {
+    return _mm256_add_epi32(isum, _mm256_madd_epi16(part, _mm256_set1_epi16(1)));
 }
 
-typedef void (*q_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
-                          const uint8_t *act, size_t stride, int64_t ng);
+/* Q8 stays signed: |w| * sign(x, w) is at most 2 * 127 * 127 per pair, no saturation, but only
+ * one pair fits int16, so every product is widened at once. */
+AI __m256i q8_prep(__m256i w) { return w; }
 
-#define DEF_Q_TILE(name, q4, R, T)                                                          \
-    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
-                                 const uint8_t *act, size_t stride, int64_t ng) {          \
-        q_tile(R, T, q4, y, ldy, row0, row_bytes, act, stride, ng);                        \
-    }
-#define DEF_Q_TILES(name, q4)                                                               \
-    DEF_Q_TILE(name, q4, 1, 1) DEF_Q_TILE(name, q4, 1, 2) DEF_Q_TILE(name, q4, 2, 1)         \
-    DEF_Q_TILE(name, q4, 2, 2)                                                              \
-    static const q_tile_fn name[2][TILE_T] = {{name##_1_1, name##_1_2}, {name##_2_1, name##_2_2}};
-
-DEF_Q_TILES(tiles_q4, 1)
-DEF_Q_TILES(tiles_q8, 0)
-
-static void matmul_q(const q_tile_fn tiles[2][TILE_T], float *y, const csd_qmat *w,
-                     const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1) {
-    int64_t ng = csd_quant_groups(w->cols);
-    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
-    size_t stride = csd_quant_act_stride(w->cols);
-    const uint8_t *base = w->data;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_CHUNK) {
-        int64_t t1 = t0 + TOK_CHUNK < n_tok ? t0 + TOK_CHUNK : n_tok;
-        for (int64_t r = r0; r < r1;) {
-            int big = r1 - r >= TILE_R;
-            for (int64_t t = t0; t < t1; t += TILE_T) {
-                int nt = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
-                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
-                                   row_bytes, act + (size_t)t * stride, stride, ng);
-            }
-            r += big ? TILE_R : 1;
-        }
-    }
+AI __m256i q8_dot4(__m256i part, __m256i w, __m256i x) {
+    __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(x, w));
+    return _mm256_add_epi32(part, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
-static void avx2_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
-                              int64_t r0, int64_t r1) {
-    matmul_q(tiles_q4, y, w, act, n_tok, r0, r1);
-}
-
-static void avx2_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
-                              int64_t r0, int64_t r1) {
-    matmul_q(tiles_q8, y, w, act, n_tok, r0, r1);
-}
+AI int32_t q8_offset(void) { return 0; }
 
 /* F16 weights: 8 columns at a time; the tail goes through a zero-padded copy. */
 AI __m256 load_f16x8(const uint16_t *p, int64_t left) {
@@ -307,8 +192,8 @@ static void avx2_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
 const csd_kern_ops csd_kern_ops_avx2 = {
     .name = "avx2",
     .quantize_act_q8 = avx2_quantize_act_q8,
-    .matmul_q4_q8 = avx2_matmul_q4_q8,
-    .matmul_q8_q8 = avx2_matmul_q8_q8,
+    .matmul_q4_q8 = q_matmul_q4,
+    .matmul_q8_q8 = q_matmul_q8,
     .matmul_f16_f32 = avx2_matmul_f16,
     .dot_f32 = avx2_dot_f32,
     .dot_f32_f16 = avx2_dot_f32_f16,

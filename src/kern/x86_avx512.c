@@ -6,6 +6,7 @@
 #include "kern_internal.h"
 
 #include <immintrin.h>
+#include <string.h>
 
 #include "core/dtype.h"
 #include "quant.h"
@@ -19,11 +20,12 @@
 #define QR_MAX 8
 /* Tokens whose activations stay in L2 while a row tile sweeps them (64 x 5.9 KB at cols 5632). */
 #define TOK_CHUNK 64
-/* Software prefetch of the same lines PF_TILES row tiles ahead, into L1: each row of a tile is a
- * stream of only ~16-44 lines, too short for the hardware prefetcher; measured on Zen 4, matvec
- * went from ~60% to 75-95% of a plain read's bandwidth (T1 hint or 2 tiles ahead: no better). */
+/* Float matvec: software prefetch of the same lines PF_TILES row tiles ahead, into L1: each row of
+ * a tile is a stream of only ~16-44 lines, too short for the hardware prefetcher alone. */
 #define PF_TILES 1
 #define PF_HINT _MM_HINT_T0
+/* Q matvec: a block is one contiguous stream; prefetch this far ahead of the load. */
+#define PF_AHEAD 2048
 
 /* Fixed-order horizontal sum (the same tree for every element: batch invariance). */
 AI float hsum(__m512 v) {
@@ -70,133 +72,141 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
-/* One tile of R rows x T tokens of a Q4 (q4 = 1) or Q8 matmul. */
-AI void q_tile(const int R, const int T, const int q4, float *y, int64_t ldy,
-               const uint8_t *row0, size_t row_bytes, const uint8_t *act, size_t stride,
-               int64_t ng) {
-    const size_t gbytes = q4 ? sizeof(csd_q4_group) : sizeof(csd_q8_group);
-    const int32_t off = q4 ? -8 : -128;
-    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
-    const float *dxs[TILE_T];
-    const int32_t *sums[TILE_T];
-    const uint16_t *dws[QR_MAX];
-    __m512 acc[QR_MAX][TILE_T];
-#pragma GCC unroll 8
-    for (int t = 0; t < T; t++) {
-        dxs[t] = (const float *)(const void *)(act + (size_t)t * stride + ng * CSD_QUANT_GROUP);
-        sums[t] = (const int32_t *)(const void *)(dxs[t] + ng);
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++) {
-        dws[r] = (const uint16_t *)(const void *)(row0 + (size_t)r * row_bytes + ng * gbytes);
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    }
-    /* Combined scales dw * dx for 16 groups at a time, so the group loop broadcasts them from
-     * L1 (folded into the FMA) instead of converting f16 and multiplying per group. */
-    float sc[QR_MAX][TILE_T][16] __attribute__((aligned(64)));
-    for (int64_t gb = 0; gb < ng; gb += 16) {
-        const int64_t gn = ng - gb < 16 ? ng - gb : 16;
-        const __mmask16 gm = tail_mask(gn);
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            /* this block's scales of the next row tile: read first thing there, so a miss on
-             * them would stall its start */
-            _mm_prefetch((const char *)(dws[r] + gb) + PF_TILES * R * row_bytes, PF_HINT);
-            __m512 dwv = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(gm, dws[r] + gb));
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++)
-                _mm512_store_ps(sc[r][t],
-                                _mm512_mul_ps(dwv, _mm512_maskz_loadu_ps(gm, dxs[t] + gb)));
-        }
-        for (int64_t gi = 0; gi < gn; gi++) {
-            const int64_t g = gb + gi;
-            __m512i wl[QR_MAX], wh[QR_MAX];
-#pragma GCC unroll 8
-            for (int r = 0; r < R; r++) {
-                const uint8_t *p = row0 + (size_t)r * row_bytes + (size_t)g * gbytes;
-                /* the same lines of the row tile PF_TILES ahead: the hardware prefetcher alone
-                 * leaves DRAM bandwidth unused with TILE_R interleaved streams */
-                _mm_prefetch((const char *)(p + PF_TILES * R * row_bytes), PF_HINT);
-                if (!q4) _mm_prefetch((const char *)(p + 64 + PF_TILES * R * row_bytes), PF_HINT);
-                if (q4) {
-                    __m512i b = _mm512_loadu_si512(p);
-                    wl[r] = _mm512_and_si512(b, low4);
-                    wh[r] = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
-                } else {
-                    wl[r] = _mm512_xor_si512(_mm512_loadu_si512(p), flip);
-                    wh[r] = _mm512_xor_si512(_mm512_loadu_si512(p + 64), flip);
-                }
-            }
-#pragma GCC unroll 8
-            for (int t = 0; t < T; t++) {
-                const uint8_t *xg = act + (size_t)t * stride + (size_t)g * CSD_QUANT_GROUP;
-                __m512i xl = _mm512_loadu_si512(xg), xh = _mm512_loadu_si512(xg + 64);
-                __m512i init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(off * sums[t][g]));
-#pragma GCC unroll 8
-                for (int r = 0; r < R; r++) {
-                    __m512i i = _mm512_dpbusd_epi32(init, wl[r], xl);
-                    i = _mm512_dpbusd_epi32(i, wh[r], xh);
-                    acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_set1_ps(sc[r][t][gi]),
-                                                acc[r][t]);
-                }
-            }
-        }
-    }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; r++)
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum(acc[r][t]);
+/* Most tokens in one Q tile: T float + T int accumulators + unpacked weights fit 32 zmm. */
+#define QT_MAX 8
+
+/* 4 activation bytes (inputs 4k..4k+3 of a token) broadcast to every 32-bit lane. */
+AI __m512i bcast4(const int8_t *x) {
+    int32_t v;
+    memcpy(&v, x, sizeof v);
+    return _mm512_set1_epi32(v);
 }
 
-typedef void (*q_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
-                          const uint8_t *act, size_t stride, int64_t ng);
-
-#define DEF_Q_TILE(name, q4, R, T)                                                          \
-    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
-                                 const uint8_t *act, size_t stride, int64_t ng) {          \
-        q_tile(R, T, q4, y, ldy, row0, row_bytes, act, stride, ng);                        \
+/* One 16-row block x T tokens of a Q4 (q4 = 1) or Q8 matmul (quant.h block layout). Each lane is
+ * one row: vpdpbusd of 4 unsigned weights (q + 8, q + 128) by 4 broadcast activations advances 16
+ * outputs, the offset is removed through the activation group sum (initial value of the integer
+ * accumulator). With few tokens the group's integer sum is split over P independent chains
+ * (integer adds: exact in any order); the float part is the same sequence for every T:
+ * acc = fma(float(isum), dw * dx, acc), group by group. */
+AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, const uint8_t *blk,
+                const uint8_t *act, size_t stride, int64_t ng, int pf) {
+    const int P = T >= 4 ? 1 : 4 / T; /* integer chains per token */
+    const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
+    const int32_t off = q4 ? -8 : -128;
+    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    const uint16_t *dw = (const uint16_t *)(const void *)(blk + (size_t)ng * gbytes);
+    const int8_t *xq[QT_MAX];
+    const float *dx[QT_MAX];
+    const int32_t *sums[QT_MAX];
+    __m512 acc[QT_MAX];
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) {
+        xq[t] = (const int8_t *)(act + (size_t)t * stride);
+        dx[t] = (const float *)(const void *)(xq[t] + ng * CSD_QUANT_GROUP);
+        sums[t] = (const int32_t *)(const void *)(dx[t] + ng);
+        acc[t] = _mm512_setzero_ps();
     }
-#define DEF_Q_TILES(name, q4)                                                               \
-    DEF_Q_TILE(name, q4, 1, 1) DEF_Q_TILE(name, q4, 1, 2) DEF_Q_TILE(name, q4, 1, 3)         \
-    DEF_Q_TILE(name, q4, 1, 4) DEF_Q_TILE(name, q4, 4, 1) DEF_Q_TILE(name, q4, 4, 2)         \
-    DEF_Q_TILE(name, q4, 4, 3) DEF_Q_TILE(name, q4, 4, 4) DEF_Q_TILE(name, q4, 8, 1)         \
-    static const q_tile_fn name[3][TILE_T] = {                                              \
-        {name##_1_1, name##_1_2, name##_1_3, name##_1_4},                                   \
-        {name##_4_1, name##_4_2, name##_4_3, name##_4_4},                                   \
-        {name##_8_1, NULL, NULL, NULL}};
+    for (int64_t g = 0; g < ng; g++) {
+        const uint8_t *wg = blk + (size_t)g * gbytes;
+        __m512i is[QT_MAX][4];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            is[t][0] = _mm512_set1_epi32(off * sums[t][g]);
+#pragma GCC unroll 4
+            for (int p = 1; p < P; p++) is[t][p] = _mm512_setzero_si512();
+        }
+        if (q4) {
+#pragma GCC unroll 16
+            for (int k = 0; k < CSD_QUANT_GROUP / 8; k++) {
+                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_HINT);
+                __m512i v = _mm512_loadu_si512(wg + 64 * k);
+                __m512i lo = _mm512_and_si512(v, low4);
+                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xg = xq[t] + g * CSD_QUANT_GROUP;
+                    int p0 = (2 * k) % P, p1 = (2 * k + 1) % P;
+                    is[t][p0] = _mm512_dpbusd_epi32(is[t][p0], lo, bcast4(xg + 4 * k));
+                    is[t][p1] = _mm512_dpbusd_epi32(is[t][p1], hi, bcast4(xg + 64 + 4 * k));
+                }
+            }
+        } else {
+#pragma GCC unroll 32
+            for (int k = 0; k < CSD_QUANT_GROUP / 4; k++) {
+                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_HINT);
+                __m512i v = _mm512_xor_si512(_mm512_loadu_si512(wg + 64 * k), flip);
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    int p = k % P;
+                    is[t][p] = _mm512_dpbusd_epi32(is[t][p], v,
+                                                   bcast4(xq[t] + g * CSD_QUANT_GROUP + 4 * k));
+                }
+            }
+        }
+        __m512 dwv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(dw + 16 * g)));
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++) {
+            __m512i isum = is[t][0];
+#pragma GCC unroll 4
+            for (int p = 1; p < P; p++) isum = _mm512_add_epi32(isum, is[t][p]);
+            __m512 sc = _mm512_mul_ps(dwv, _mm512_set1_ps(dx[t][g]));
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[t]);
+        }
+    }
+    const __mmask16 m = tail_mask(nrows);
+#pragma GCC unroll 8
+    for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * ldy, m, acc[t]);
+}
 
-DEF_Q_TILES(tiles_q4, 1)
-DEF_Q_TILES(tiles_q8, 0)
+typedef void (*q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,
+                           const uint8_t *act, size_t stride, int64_t ng, int pf);
 
-static void matmul_q(const q_tile_fn tiles[3][TILE_T], float *y, const csd_qmat *w,
+#define DEF_Q_BLOCK(name, q4, T)                                                              \
+    static void name##_##T(float *y, int64_t ldy, int nrows, const uint8_t *blk,             \
+                           const uint8_t *act, size_t stride, int64_t ng, int pf) { \
+        q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf);                             \
+    }
+#define DEF_Q_BLOCKS(name, q4)                                                                 \
+    DEF_Q_BLOCK(name, q4, 1) DEF_Q_BLOCK(name, q4, 2) DEF_Q_BLOCK(name, q4, 3)                 \
+    DEF_Q_BLOCK(name, q4, 4) DEF_Q_BLOCK(name, q4, 5) DEF_Q_BLOCK(name, q4, 6)                 \
+    DEF_Q_BLOCK(name, q4, 7) DEF_Q_BLOCK(name, q4, 8)                                          \
+    static const q_block_fn name[QT_MAX] = {name##_1, name##_2, name##_3, name##_4,          \
+                                            name##_5, name##_6, name##_7, name##_8};
+
+DEF_Q_BLOCKS(blocks_q4, 1)
+DEF_Q_BLOCKS(blocks_q8, 0)
+
+/* Blocks of rows outer, tiles of tokens inner: a block's weights stay in L1/L2 while the tokens
+ * of a TOK_CHUNK sweep them. One token: software prefetch runs PF_AHEAD bytes ahead in the
+ * contiguous stream of blocks. */
+static void matmul_q(const q_block_fn blocks[QT_MAX], float *y, const csd_qmat *w,
                      const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1) {
     int64_t ng = csd_quant_groups(w->cols);
-    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
     size_t stride = csd_quant_act_stride(w->cols);
     const uint8_t *base = w->data;
     for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_CHUNK) {
         int64_t t1 = t0 + TOK_CHUNK < n_tok ? t0 + TOK_CHUNK : n_tok;
-        for (int64_t r = r0; r < r1;) {
-            int big = n_tok == 1 && r1 - r >= QR_MAX ? 2 : r1 - r >= TILE_R ? 1 : 0;
-            for (int64_t t = t0; t < t1; t += TILE_T) {
-                int nt = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
-                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
-                                   row_bytes, act + (size_t)t * stride, stride, ng);
+        for (int64_t r = r0; r < r1; r += CSD_QUANT_BLOCK_ROWS) {
+            const uint8_t *blk = base + (size_t)(r / CSD_QUANT_BLOCK_ROWS) * block_bytes;
+            int nrows = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
+            for (int64_t t = t0; t < t1; t += QT_MAX) {
+                int nt = (int)(t1 - t < QT_MAX ? t1 - t : QT_MAX);
+                blocks[nt - 1](y + t * w->rows + r, w->rows, nrows, blk, act + (size_t)t * stride,
+                               stride, ng, n_tok == 1);
             }
-            r += big == 2 ? QR_MAX : big ? TILE_R : 1;
         }
     }
 }
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    matmul_q(tiles_q4, y, w, act, n_tok, r0, r1);
+    matmul_q(blocks_q4, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    matmul_q(tiles_q8, y, w, act, n_tok, r0, r1);
+    matmul_q(blocks_q8, y, w, act, n_tok, r0, r1);
 }
 
 /* Float weights: 16 columns at a time, f16 via vcvtph2ps, bf16 by a 16-bit shift. */

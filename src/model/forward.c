@@ -75,6 +75,59 @@ static void axpy_q8(float *y, float a, const int8_t *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * (float)x[i];
 }
 
+/* Per-token work (norms, RoPE, cache writes, activation, residual) runs on the pool when a batch
+ * has enough tokens to pay for the fork-join; one token stays on the calling thread. */
+#define PARALLEL_MIN_TOKENS 4
+
+typedef void (*token_range_fn)(csd_model *m, const void *arg, int64_t t0, int64_t t1);
+
+typedef struct token_job {
+    csd_model *m;
+    const void *arg;
+    int64_t n;
+    token_range_fn fn;
+} token_job;
+
+static void token_job_run(void *ctx, int ith, int nth) {
+    const token_job *job = ctx;
+    int64_t b, e;
+    csd_split_range(job->n, ith, nth, &b, &e);
+    if (b < e) job->fn(job->m, job->arg, b, e);
+}
+
+static void for_tokens(csd_model *m, int64_t n, token_range_fn fn, const void *arg) {
+    if (n < PARALLEL_MIN_TOKENS) {
+        fn(m, arg, 0, n);
+        return;
+    }
+    token_job job = {m, arg, n, fn};
+    csd_pool_run(m->pool, token_job_run, &job);
+}
+
+/* xb = rmsnorm(x) * w for tokens [t0, t1); arg is the norm weight. */
+static void norm_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
+    int64_t dim = m->cfg.dim;
+    for (int64_t t = t0; t < t1; t++)
+        rmsnorm(m->xb + t * dim, m->x + t * dim, arg, dim, m->cfg.norm_eps);
+}
+
+/* x += tmp (the residual connection) for tokens [t0, t1). */
+static void residual_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
+    (void)arg;
+    int64_t dim = m->cfg.dim;
+    for (int64_t i = t0 * dim; i < t1 * dim; i++) m->x[i] += m->tmp[i];
+}
+
+/* hb = act_fn(gate) * up, act_fn = SiLU, for tokens [t0, t1). */
+static void silu_mul_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
+    (void)arg;
+    int64_t hid = m->cfg.hidden_dim;
+    for (int64_t i = t0 * hid; i < t1 * hid; i++) {
+        float g = m->hb[i];
+        m->hb[i] = g / (1.0f + expf(-g)) * m->hb2[i];
+    }
+}
+
 typedef struct attn_job {
     csd_model *m;
     const csd_batch *batch;
@@ -121,33 +174,31 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     }
 }
 
+/* Tasks (token, head) are dealt round-robin: under the causal mask later tokens cost more, so
+ * contiguous slices would leave the first thread idle for most of a prompt. */
 static void attention_worker(void *ctx, int ith, int nth) {
     attn_job *job = ctx;
     csd_model *m = job->m;
     int64_t n_heads = m->cfg.n_heads;
-    int64_t begin, end;
-    csd_split_range(job->batch->n * n_heads, ith, nth, &begin, &end);
     float *att = m->att + (int64_t)ith * m->max_ctx;
-    for (int64_t task = begin; task < end; task++) {
+    for (int64_t task = ith; task < job->batch->n * n_heads; task += nth) {
         int64_t tok = task / n_heads, h = task % n_heads;
         attend_one(m, job->batch->kv[tok], job->layer, tok, h, att);
     }
 }
 
-static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
+/* Per token: (Qwen3) q/k head norms, RoPE on q and k, then k and v into the token's cache. */
+typedef struct qk_job {
+    const csd_batch *batch;
+    int64_t layer;
+} qk_job;
+
+static void qk_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
+    const qk_job *job = arg;
     const csd_model_config *c = &m->cfg;
-    const csd_layer_weights *lw = &m->w.layers[li];
-    int64_t n = b->n, dim = c->dim, hd = c->head_dim;
-    for (int64_t t = 0; t < n; t++)  /* input_layernorm */
-        rmsnorm(m->xb + t * dim, m->x + t * dim, lw->attn_norm, dim, c->norm_eps);
-    /* q_proj, k_proj, v_proj (+ biases for Qwen2) */
-    csd_matmul(m->pool, &lw->wq, m->xb, n, m->q, m->mm_scratch);
-    csd_matmul(m->pool, &lw->wk, m->xb, n, m->k, m->mm_scratch);
-    csd_matmul(m->pool, &lw->wv, m->xb, n, m->v, m->mm_scratch);
-    add_bias(m->q, lw->bq, n, m->q_dim);
-    add_bias(m->k, lw->bk, n, m->kv_dim);
-    add_bias(m->v, lw->bv, n, m->kv_dim);
-    for (int64_t t = 0; t < n; t++) {
+    const csd_layer_weights *lw = &m->w.layers[job->layer];
+    int64_t hd = c->head_dim;
+    for (int64_t t = t0; t < t1; t++) {
         float *q = m->q + t * m->q_dim, *k = m->k + t * m->kv_dim;
         if (lw->q_norm) { /* Qwen3: per-head RMSNorm on q and k before RoPE */
             for (int64_t h = 0; h < c->n_heads; h++) rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->norm_eps);
@@ -156,28 +207,37 @@ static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
         const float *cos_t = m->rope_cos + t * (hd / 2), *sin_t = m->rope_sin + t * (hd / 2);
         rope_apply(q, c->n_heads, hd, cos_t, sin_t);
         rope_apply(k, c->n_kv_heads, hd, cos_t, sin_t);
-        kv_store(b->kv[t], li, m->pos[t], k, m->v + t * m->kv_dim, hd);
+        kv_store(job->batch->kv[t], job->layer, m->pos[t], k, m->v + t * m->kv_dim, hd);
     }
+}
+
+static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
+    const csd_layer_weights *lw = &m->w.layers[li];
+    int64_t n = b->n;
+    for_tokens(m, n, norm_tokens, lw->attn_norm); /* input_layernorm */
+    /* q_proj, k_proj, v_proj (+ biases for Qwen2) */
+    csd_matmul(m->pool, &lw->wq, m->xb, n, m->q, m->mm_scratch);
+    csd_matmul(m->pool, &lw->wk, m->xb, n, m->k, m->mm_scratch);
+    csd_matmul(m->pool, &lw->wv, m->xb, n, m->v, m->mm_scratch);
+    add_bias(m->q, lw->bq, n, m->q_dim);
+    add_bias(m->k, lw->bk, n, m->kv_dim);
+    add_bias(m->v, lw->bv, n, m->kv_dim);
+    qk_job qk = {b, li};
+    for_tokens(m, n, qk_tokens, &qk);
     attn_job job = {m, b, li};
     csd_pool_run(m->pool, attention_worker, &job);
     csd_matmul(m->pool, &lw->wo, m->xb, n, m->tmp, m->mm_scratch); /* o_proj */
-    for (int64_t i = 0; i < n * dim; i++) m->x[i] += m->tmp[i];
+    for_tokens(m, n, residual_tokens, NULL);
 }
 
 static void ffn_block(csd_model *m, int64_t n, int64_t li) {
-    const csd_model_config *c = &m->cfg;
     const csd_layer_weights *lw = &m->w.layers[li];
-    int64_t dim = c->dim, hid = c->hidden_dim;
-    for (int64_t t = 0; t < n; t++)  /* post_attention_layernorm */
-        rmsnorm(m->xb + t * dim, m->x + t * dim, lw->ffn_norm, dim, c->norm_eps);
+    for_tokens(m, n, norm_tokens, lw->ffn_norm); /* post_attention_layernorm */
     csd_matmul(m->pool, &lw->gate, m->xb, n, m->hb, m->mm_scratch);
     csd_matmul(m->pool, &lw->up, m->xb, n, m->hb2, m->mm_scratch);
-    for (int64_t i = 0; i < n * hid; i++) { /* act_fn(gate) * up, act_fn = SiLU */
-        float g = m->hb[i];
-        m->hb[i] = g / (1.0f + expf(-g)) * m->hb2[i];
-    }
+    for_tokens(m, n, silu_mul_tokens, NULL);
     csd_matmul(m->pool, &lw->down, m->hb, n, m->tmp, m->mm_scratch); /* down_proj */
-    for (int64_t i = 0; i < n * dim; i++) m->x[i] += m->tmp[i];
+    for_tokens(m, n, residual_tokens, NULL);
 }
 
 /* Assigns each token its position and checks capacities before anything is written. */
