@@ -1,8 +1,8 @@
 /* kern: the numeric kernels the forward pass calls, behind one dispatch table chosen at start-up
  * (AVX-512/VNNI, AVX-VNNI, AVX2/FMA, portable scalar; CSD_KERN=ref|avx2|avxvnni|avx512 forces
- * one). No model
- * knowledge here. Weight matrices are [rows = outputs, cols = inputs], row-major, in any csd_dtype;
- * quantized layouts are defined in kern/quant.h. Nothing here allocates. */
+ * one). No model knowledge here. Weight matrices are [rows = outputs, cols = inputs] in any
+ * csd_dtype: plain row-major, or the blocked Q4/Q8 layouts of kern/quant.h. Nothing here
+ * allocates. */
 #ifndef CSD_KERN_H
 #define CSD_KERN_H
 
@@ -55,6 +55,11 @@ float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n);
 void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* y[i] += a * f32(x[i]), x in IEEE half (the multiply-add may be fused). */
 void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* Attention of one query head over n cached positions whose f16 K and V rows are ld halves apart:
+ * out[0..hd) = sum_t p[t] v_t with p = softmax(scale * q . k_t). att holds n floats of scratch.
+ * The result depends only on the inputs (never on threads or batch), like the helpers above. */
+void csd_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int64_t ld,
+                    int64_t n, int64_t hd, float scale, float *att);
 /* out[i] = half(in[i]), round to nearest even; bit-identical to csd_f32_to_f16 in every table
  * (NaN payloads aside). */
 void csd_f32_to_f16_vec(uint16_t *out, const float *in, int64_t n);

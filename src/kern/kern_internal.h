@@ -5,6 +5,7 @@
 #ifndef CSD_KERN_INTERNAL_H
 #define CSD_KERN_INTERNAL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kern.h"
@@ -32,6 +33,10 @@ typedef struct csd_kern_ops {
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
     void (*axpy_f16)(float *y, float a, const uint16_t *x, int64_t n);
     void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
+    /* Fused csd_attend_f16 (see kern.h). Returns false for a head size it does not handle; NULL
+     * or false: attention.c composes it from dot_f32_f16 and axpy_f16 (with ref's: the spec). */
+    bool (*attend_f16)(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                       int64_t ld, int64_t n, int64_t hd, float scale, float *att);
 } csd_kern_ops;
 
 /* Per-file tables: NULL entries are filled by dispatch.c (avxvnni from avx2, then all from ref). */
@@ -47,6 +52,13 @@ extern const csd_kern_ops csd_kern_ops_avx512;
 const csd_kern_ops *csd_kern_table(const char *name);
 /* The table chosen by csd_kern_init (initialises on first use). */
 const csd_kern_ops *csd_kern_ops_current(void);
+/* Softmax step shared by every attention implementation: att[t] = exp(att[t] - max) in place,
+ * summed in double; returns 1 / sum. */
+float csd_attn_softmax(float *att, int64_t n, float max);
+/* csd_attend_f16 with an explicit table. */
+void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, const uint16_t *k,
+                         const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                         float *att);
 /* csd_matmul with an explicit table (tests compare tables through it). */
 void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *w,
                           const float *x, int64_t n_tok, float *y, void *scratch);

@@ -6,6 +6,7 @@
 #include "kern_internal.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -356,6 +357,57 @@ static void avx512_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
     }
 }
 
+/* Fused attention of one head: q (NV chunks of 16, the last one masked) stays in registers for
+ * the scores, the output accumulates in registers over the positions. hd <= 256. */
+AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                  int64_t ld, int64_t n, int64_t hd, float scale, float *att) {
+    __m512 qv[16], o[16];
+    __mmask16 m[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; j++) {
+        m[j] = tail_mask(hd - 16 * j);
+        qv[j] = _mm512_maskz_loadu_ps(m[j], q + 16 * j);
+        o[j] = _mm512_setzero_ps();
+    }
+    float max = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *kt = k + t * ld;
+        __m512 acc = _mm512_mul_ps(qv[0], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[0], kt)));
+#pragma GCC unroll 16
+        for (int j = 1; j < NV; j++)
+            acc = _mm512_fmadd_ps(qv[j], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], kt + 16 * j)),
+                                  acc);
+        float s = hsum(acc) * scale;
+        att[t] = s;
+        max = s > max ? s : max;
+    }
+    float inv = csd_attn_softmax(att, n, max);
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *vt = v + t * ld;
+        __m512 p = _mm512_set1_ps(att[t] * inv);
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; j++)
+            o[j] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], vt + 16 * j)),
+                                   o[j]);
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + 16 * j, m[j], o[j]);
+}
+
+static bool avx512_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
+                              int64_t ld, int64_t n, int64_t hd, float scale, float *att) {
+    /* constant chunk counts let the compiler keep q and out in zmm registers */
+#define ATTEND_CASE(nv) \
+    case nv: attend_nv(nv, out, q, k, v, ld, n, hd, scale, att); return true;
+    switch (hd > 0 ? (hd + 15) / 16 : 0) {
+        ATTEND_CASE(1) ATTEND_CASE(2) ATTEND_CASE(3) ATTEND_CASE(4) ATTEND_CASE(5) ATTEND_CASE(6)
+        ATTEND_CASE(7) ATTEND_CASE(8) ATTEND_CASE(9) ATTEND_CASE(10) ATTEND_CASE(11)
+        ATTEND_CASE(12) ATTEND_CASE(13) ATTEND_CASE(14) ATTEND_CASE(15) ATTEND_CASE(16)
+    default: return false; /* hd > 256: composed from dot and axpy */
+    }
+#undef ATTEND_CASE
+}
+
 static void avx512_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
@@ -378,4 +430,5 @@ const csd_kern_ops csd_kern_ops_avx512 = {
     .axpy_f32 = avx512_axpy_f32,
     .axpy_f16 = avx512_axpy_f16,
     .f32_to_f16 = avx512_f32_to_f16,
+    .attend_f16 = avx512_attend_f16,
 };

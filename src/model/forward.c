@@ -146,12 +146,18 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     float scale = 1.0f / sqrtf((float)hd);
     int64_t base = layer * kv->cap * kv->kv_dim + kvh * hd;
     int64_t n_kvh = kv->kv_dim / hd, srow = layer * kv->cap * n_kvh + kvh; /* q8 scales */
+    float *out = m->xb + tok * m->q_dim + h * hd;
+    if (kv->dtype == CSD_DTYPE_F16) { /* the default cache: one fused kernel per head */
+        int64_t off = base + first * kv->kv_dim;
+        csd_attend_f16(out, q, (const uint16_t *)kv->k + off, (const uint16_t *)kv->v + off,
+                       kv->kv_dim, pos + 1 - first, hd, scale, att + first);
+        return;
+    }
     float max = -INFINITY;
     for (int64_t t = first; t <= pos; t++) {
         int64_t off = base + t * kv->kv_dim;
         float s;
         if (kv->dtype == CSD_DTYPE_F32) s = csd_dot_f32(q, (const float *)kv->k + off, hd);
-        else if (kv->dtype == CSD_DTYPE_F16) s = csd_dot_f32_f16(q, (const uint16_t *)kv->k + off, hd);
         else s = dot_q8(q, (const int8_t *)kv->k + off, hd) * kv->k_scale[srow + t * n_kvh];
         s *= scale;
         att[t] = s;
@@ -163,13 +169,11 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
         sum += att[t];
     }
     float inv = (float)(1.0 / sum);
-    float *out = m->xb + tok * m->q_dim + h * hd;
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int64_t t = first; t <= pos; t++) {
         int64_t off = base + t * kv->kv_dim;
         float p = att[t] * inv;
         if (kv->dtype == CSD_DTYPE_F32) csd_axpy_f32(out, p, (const float *)kv->v + off, hd);
-        else if (kv->dtype == CSD_DTYPE_F16) csd_axpy_f16(out, p, (const uint16_t *)kv->v + off, hd);
         else axpy_q8(out, p * kv->v_scale[srow + t * n_kvh], (const int8_t *)kv->v + off, hd);
     }
 }

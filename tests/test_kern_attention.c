@@ -1,0 +1,107 @@
+/* test_kern_attention: csd_attend_f16 in every table this CPU supports against a float64
+ * softmax-attention over the same f16 cache, for head sizes with and without a fused kernel,
+ * strided rows and one to hundreds of positions; results deterministic call to call. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "kern/kern.h"
+#include "kern/kern_internal.h"
+
+static const char *const table_names[] = {"ref", "avx2", "avxvnni", "avx512"};
+#define N_TABLES (int)(sizeof table_names / sizeof table_names[0])
+
+static uint64_t rng_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+/* Uniform in (-a, a). */
+static float rng_sym(uint64_t *s, float a) {
+    return a * (float)((int64_t)(rng_next(s) >> 40) - 8388608) / 8388608.0f;
+}
+
+/* softmax(scale * q . k_t) V in double over the f16 values as stored. */
+static void attend_f64(double *out, const float *q, const uint16_t *k, const uint16_t *v,
+                       int64_t ld, int64_t n, int64_t hd, float scale) {
+    double s[512], max = -INFINITY, sum = 0;
+    for (int64_t t = 0; t < n; t++) {
+        double d = 0;
+        for (int64_t i = 0; i < hd; i++) d += (double)q[i] * csd_f16_to_f32(k[t * ld + i]);
+        s[t] = d * scale;
+        max = fmax(max, s[t]);
+    }
+    for (int64_t t = 0; t < n; t++) sum += s[t] = exp(s[t] - max);
+    for (int64_t i = 0; i < hd; i++) {
+        double o = 0;
+        for (int64_t t = 0; t < n; t++) o += s[t] / sum * csd_f16_to_f32(v[t * ld + i]);
+        out[i] = o;
+    }
+}
+
+static void test_attend_matches_f64(void **state) {
+    (void)state;
+    static const int64_t hds[] = {16, 32, 64, 80, 128, 200, 264};
+    static const int64_t ns[] = {1, 2, 7, 64, 301, 512};
+    uint64_t seed = 0x1234567;
+    int checked = 0;
+    for (size_t hi = 0; hi < sizeof hds / sizeof hds[0]; hi++) {
+        int64_t hd = hds[hi], ld = hd * 3 + 8; /* rows of a cache with several kv heads */
+        uint16_t *k = csd_alloc_array((size_t)(512 * ld), sizeof *k);
+        uint16_t *v = csd_alloc_array((size_t)(512 * ld), sizeof *v);
+        float *q = csd_alloc_array((size_t)hd, sizeof *q), *out = csd_alloc_array((size_t)hd, 4);
+        float *out2 = csd_alloc_array((size_t)hd, 4), *att = csd_alloc_array(512, sizeof *att);
+        double *want = csd_alloc_array((size_t)hd, sizeof *want);
+        for (int64_t i = 0; i < 512 * ld; i++) {
+            k[i] = csd_f32_to_f16(rng_sym(&seed, 2.0f));
+            v[i] = csd_f32_to_f16(rng_sym(&seed, 1.0f));
+        }
+        for (int64_t i = 0; i < hd; i++) q[i] = rng_sym(&seed, 1.5f);
+        float scale = 1.0f / sqrtf((float)hd);
+        for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
+            int64_t n = ns[ni];
+            attend_f64(want, q, k, v, ld, n, hd, scale);
+            for (int ti = 0; ti < N_TABLES; ti++) {
+                const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+                if (!ops) continue;
+                csd_attend_f16_with(ops, out, q, k, v, ld, n, hd, scale, att);
+                csd_attend_f16_with(ops, out2, q, k, v, ld, n, hd, scale, att);
+                assert_memory_equal(out, out2, (size_t)hd * sizeof *out);
+                for (int64_t i = 0; i < hd; i++) {
+                    if (fabs(out[i] - want[i]) > 2e-5 * (1.0 + fabs(want[i]))) {
+                        fail_msg("table %s hd %lld n %lld out[%lld] = %.8f, want %.8f",
+                                 table_names[ti], (long long)hd, (long long)n, (long long)i,
+                                 out[i], want[i]);
+                    }
+                }
+                checked++;
+            }
+        }
+        csd_free(k);
+        csd_free(v);
+        csd_free(q);
+        csd_free(out);
+        csd_free(out2);
+        csd_free(att);
+        csd_free(want);
+    }
+    printf("attention: %d (table, head size, length) cases checked\n", checked);
+    assert_true(checked >= 7 * 6); /* at least ref */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_attend_matches_f64),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
