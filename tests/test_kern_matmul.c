@@ -304,6 +304,44 @@ static void test_vector_helpers(void **state) {
     }
 }
 
+/* csd_matmul_multi gives exactly what separate csd_matmul calls give: fused (all quantized, a
+ * chunk crossing from one matrix into the next) and composed (a float matrix among them). */
+static void test_matmul_multi(void **state) {
+    (void)state;
+    csd_pool *pool = NULL;
+    assert_int_equal(csd_pool_create(&pool, 2, NULL), 0);
+    static const int64_t rows[3] = {70, 16, 33};
+    static const int dtypes[2][3] = {{CSD_DTYPE_Q4, CSD_DTYPE_Q8, CSD_DTYPE_Q4},
+                                     {CSD_DTYPE_Q4, CSD_DTYPE_F16, CSD_DTYPE_Q8}};
+    int64_t cols = 300;
+    for (int d = 0; d < 2; d++) {
+        for (int64_t n_tok = 1; n_tok <= 9; n_tok += 4) {
+            mat m[3];
+            const csd_qmat *ws[3];
+            float *got[3], *want[3];
+            float *x = make_data(n_tok * cols, 77 + (uint64_t)n_tok);
+            for (int i = 0; i < 3; i++) {
+                m[i] = make_mat(dtypes[d][i], rows[i], cols, 10 + (uint64_t)i);
+                ws[i] = &m[i].w;
+                got[i] = csd_alloc_array((size_t)(n_tok * rows[i]), sizeof(float));
+                want[i] = csd_alloc_array((size_t)(n_tok * rows[i]), sizeof(float));
+                run(csd_kern_ops_current(), pool, ws[i], x, n_tok, want[i]);
+            }
+            void *scratch = csd_alloc(csd_matmul_scratch_bytes(cols, n_tok));
+            csd_matmul_multi(pool, ws, 3, x, n_tok, got, scratch);
+            for (int i = 0; i < 3; i++) {
+                assert_memory_equal(got[i], want[i], (size_t)(n_tok * rows[i]) * sizeof(float));
+                csd_free(got[i]);
+                csd_free(want[i]);
+                free_mat(&m[i]);
+            }
+            csd_free(scratch);
+            csd_free(x);
+        }
+    }
+    csd_pool_destroy(pool);
+}
+
 static void test_tables_and_names(void **state) {
     (void)state;
     const char *name = csd_kern_init();
@@ -324,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_tables_vs_ref),
         cmocka_unit_test(test_batch_and_thread_invariance),
         cmocka_unit_test(test_no_alloc),
+        cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_vector_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,6 +44,12 @@ size_t csd_matmul_scratch_bytes(int64_t cols, int64_t n_tok);
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
                 void *scratch);
 
+/* y[i] = w[i] x for n_mats matrices with the same input (q/k/v, gate/up), as one parallel job
+ * with one quantization of x when they are all Q4/Q8 of the same cols (else one csd_matmul each).
+ * scratch has csd_matmul_scratch_bytes(cols, n_tok) bytes. Same results as separate calls. */
+void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, const float *x,
+                      int64_t n_tok, float *const *y, void *scratch);
+
 /* Vector helpers for attention (F16 or F32 KV cache), dispatched like the matmul. Each table sums
  * in its own fixed order (the result depends only on the inputs and n, never on threads or batch);
  * tables differ from each other only by float rounding. */

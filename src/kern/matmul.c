@@ -4,6 +4,7 @@
  * never depends on the split or on the other tokens (see kern_internal.h). */
 #include "kern_internal.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -102,4 +103,58 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
                 void *scratch) {
     csd_kern_matmul_with(csd_kern_ops_current(), pool, w, x, n_tok, y, scratch);
+}
+
+/* Several quantized matrices sharing one input: the row blocks of all of them form one list that
+ * the pool's chunks cut through, so a chunk may end in one matrix and go on in the next. */
+typedef struct multi_job {
+    const csd_kern_ops *ops;
+    const csd_qmat *const *w;
+    float *const *y;
+    int n_mats;
+    const uint8_t *act;
+    int64_t n_tok, total_blocks;
+} multi_job;
+
+static void multi_rows(void *ctx, int ith, int nth) {
+    const multi_job *job = ctx;
+    int64_t b, e, base = 0;
+    csd_split_range(job->total_blocks, ith, nth, &b, &e);
+    for (int i = 0; i < job->n_mats && b < e; i++) {
+        const csd_qmat *w = job->w[i];
+        int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+        if (b < base + blocks) {
+            int64_t end = e < base + blocks ? e : base + blocks;
+            int64_t r0 = (b - base) * ROW_BLOCK, r1 = (end - base) * ROW_BLOCK;
+            if (r1 > w->rows) r1 = w->rows;
+            if (w->dtype == CSD_DTYPE_Q4)
+                job->ops->matmul_q4_q8(job->y[i], w, job->act, job->n_tok, r0, r1);
+            else
+                job->ops->matmul_q8_q8(job->y[i], w, job->act, job->n_tok, r0, r1);
+            b = end;
+        }
+        base += blocks;
+    }
+}
+
+void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, const float *x,
+                      int64_t n_tok, float *const *y, void *scratch) {
+    bool fused = n_tok > 0;
+    int64_t total = 0;
+    for (int i = 0; i < n_mats; i++) {
+        fused = fused && (w[i]->dtype == CSD_DTYPE_Q4 || w[i]->dtype == CSD_DTYPE_Q8) &&
+                w[i]->cols == w[0]->cols;
+        total += (w[i]->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    }
+    if (!fused) { /* float weights or mixed shapes: one matmul each */
+        for (int i = 0; i < n_mats; i++) csd_matmul(pool, w[i], x, n_tok, y[i], scratch);
+        return;
+    }
+    const csd_kern_ops *ops = csd_kern_ops_current();
+    matmul_job prep = {ops, w[0], x, scratch_base(scratch), NULL, w[0]->cols, n_tok, NULL};
+    if (n_tok >= PARALLEL_PREP_MIN_TOK) csd_pool_run(pool, prep_tokens, &prep);
+    else prep_tokens(&prep, 0, 1);
+    multi_job job = {ops, w, y, n_mats, prep.act, n_tok, total};
+    int64_t chunks = 4 * (int64_t)csd_pool_size(pool);
+    csd_pool_run_chunks(pool, multi_rows, &job, (int)(chunks < total ? chunks : total));
 }

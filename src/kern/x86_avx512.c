@@ -26,7 +26,12 @@
 #define PF_TILES 1
 #define PF_HINT _MM_HINT_T0
 /* Q matvec: a block is one contiguous stream; prefetch this far ahead of the load. */
+#ifndef PF_AHEAD
 #define PF_AHEAD 2048
+#endif
+#ifndef PF_Q_HINT
+#define PF_Q_HINT _MM_HINT_T0
+#endif
 
 /* Fixed-order horizontal sum (the same tree for every element: batch invariance). */
 AI float hsum(__m512 v) {
@@ -73,6 +78,10 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
+/* Weight streams per thread in a Q matvec (q_streams). */
+#ifndef MV_STREAMS
+#define MV_STREAMS 2
+#endif
 /* Most tokens in one Q tile: T float + T int accumulators + unpacked weights fit 32 zmm. */
 #define QT_MAX 8
 
@@ -119,7 +128,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         if (q4) {
 #pragma GCC unroll 16
             for (int k = 0; k < CSD_QUANT_GROUP / 8; k++) {
-                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_HINT);
+                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_Q_HINT);
                 __m512i v = _mm512_loadu_si512(wg + 64 * k);
                 __m512i lo = _mm512_and_si512(v, low4);
                 __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
@@ -134,7 +143,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         } else {
 #pragma GCC unroll 32
             for (int k = 0; k < CSD_QUANT_GROUP / 4; k++) {
-                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_HINT);
+                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_Q_HINT);
                 __m512i v = _mm512_xor_si512(_mm512_loadu_si512(wg + 64 * k), flip);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
@@ -177,6 +186,113 @@ typedef void (*q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,
 DEF_Q_BLOCKS(blocks_q4, 1)
 DEF_Q_BLOCKS(blocks_q8, 0)
 
+/* Matvec over S blocks far apart at once: S weight streams per thread (DRAM serves several
+ * streams faster than one: measured +15% from 1 to 2 streams). Same per-output float sequence as
+ * q_block; only the exact integer part is split differently. */
+AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
+                  const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
+    const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
+    const int32_t off = q4 ? -8 : -128;
+    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    const int8_t *xq = (const int8_t *)act;
+    const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
+    const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
+    __m512 acc[MV_STREAMS];
+#pragma GCC unroll 4
+    for (int i = 0; i < S; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ng; g++) {
+        const int8_t *xg = xq + g * CSD_QUANT_GROUP;
+        __m512i ia[MV_STREAMS], ib[MV_STREAMS];
+        const uint8_t *wg[MV_STREAMS];
+#pragma GCC unroll 4
+        for (int i = 0; i < S; i++) {
+            wg[i] = blk[i] + (size_t)g * gbytes;
+            ia[i] = _mm512_set1_epi32(off * sums[g]);
+            ib[i] = _mm512_setzero_si512();
+        }
+        if (q4) {
+#pragma GCC unroll 16
+            for (int k = 0; k < CSD_QUANT_GROUP / 8; k++) {
+                __m512i xl = bcast4(xg + 4 * k), xh = bcast4(xg + 64 + 4 * k);
+#pragma GCC unroll 4
+                for (int i = 0; i < S; i++) {
+                    _mm_prefetch((const char *)(wg[i] + 64 * k) + PF_AHEAD, PF_Q_HINT);
+                    __m512i v = _mm512_loadu_si512(wg[i] + 64 * k);
+                    ia[i] = _mm512_dpbusd_epi32(ia[i], _mm512_and_si512(v, low4), xl);
+                    ib[i] = _mm512_dpbusd_epi32(
+                        ib[i], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), xh);
+                }
+            }
+        } else {
+#pragma GCC unroll 16
+            for (int k = 0; k < CSD_QUANT_GROUP / 4; k += 2) {
+                __m512i xa = bcast4(xg + 4 * k), xb = bcast4(xg + 4 * k + 4);
+#pragma GCC unroll 4
+                for (int i = 0; i < S; i++) {
+                    const uint8_t *p = wg[i] + 64 * k;
+                    _mm_prefetch((const char *)p + PF_AHEAD, PF_Q_HINT);
+                    _mm_prefetch((const char *)p + 64 + PF_AHEAD, PF_Q_HINT);
+                    ia[i] = _mm512_dpbusd_epi32(
+                        ia[i], _mm512_xor_si512(_mm512_loadu_si512(p), flip), xa);
+                    ib[i] = _mm512_dpbusd_epi32(
+                        ib[i], _mm512_xor_si512(_mm512_loadu_si512(p + 64), flip), xb);
+                }
+            }
+        }
+        __m512 dxv = _mm512_set1_ps(dx[g]);
+#pragma GCC unroll 4
+        for (int i = 0; i < S; i++) {
+            const uint16_t *dw = (const uint16_t *)(const void *)(blk[i] + (size_t)ng * gbytes);
+            __m512 sc = _mm512_mul_ps(
+                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(dw + 16 * g))),
+                dxv);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia[i], ib[i])), sc,
+                                     acc[i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < S; i++) _mm512_mask_storeu_ps(y[i], tail_mask(nrows[i]), acc[i]);
+}
+
+static void streams_q4(float *const *y, const int *nrows, const uint8_t *const *blk,
+                       const uint8_t *act, int64_t ng) {
+    q_streams(MV_STREAMS, 1, y, nrows, blk, act, ng);
+}
+
+static void streams_q8(float *const *y, const int *nrows, const uint8_t *const *blk,
+                       const uint8_t *act, int64_t ng) {
+    q_streams(MV_STREAMS, 0, y, nrows, blk, act, ng);
+}
+
+typedef void (*q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
+                             const uint8_t *act, int64_t ng);
+
+/* One token: the thread's blocks are cut into MV_STREAMS parts walked side by side; the blocks
+ * left over go through q_block one at a time. */
+static void matvec_q(q_streams_fn streams, const q_block_fn single, float *y, const csd_qmat *w,
+                     const uint8_t *act, int64_t r0, int64_t r1) {
+    int64_t ng = csd_quant_groups(w->cols);
+    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
+    int64_t first = r0 / CSD_QUANT_BLOCK_ROWS;
+    int64_t nb = (r1 - r0 + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
+    int64_t part = nb / MV_STREAMS;
+    float *ys[MV_STREAMS];
+    int nr[MV_STREAMS];
+    const uint8_t *bs[MV_STREAMS];
+    for (int64_t j = 0; j < nb; j++) {
+        int64_t i = j < part * MV_STREAMS ? j % MV_STREAMS : 0;
+        int64_t b = first + (j < part * MV_STREAMS ? i * part + j / MV_STREAMS : j);
+        int64_t r = b * CSD_QUANT_BLOCK_ROWS;
+        ys[i] = y + r;
+        nr[i] = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
+        bs[i] = (const uint8_t *)w->data + (size_t)b * block_bytes;
+        if (j >= part * MV_STREAMS)
+            single(ys[0], w->rows, nr[0], bs[0], act, csd_quant_act_stride(w->cols), ng, 1);
+        else if (i == MV_STREAMS - 1)
+            streams(ys, nr, bs, act, ng);
+    }
+}
+
 /* Blocks of rows outer, tiles of tokens inner: a block's weights stay in L1/L2 while the tokens
  * of a TOK_CHUNK sweep them. One token: software prefetch runs PF_AHEAD bytes ahead in the
  * contiguous stream of blocks. */
@@ -202,12 +318,14 @@ static void matmul_q(const q_block_fn blocks[QT_MAX], float *y, const csd_qmat *
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    matmul_q(blocks_q4, y, w, act, n_tok, r0, r1);
+    if (n_tok == 1) matvec_q(streams_q4, blocks_q4[0], y, w, act, r0, r1);
+    else matmul_q(blocks_q4, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    matmul_q(blocks_q8, y, w, act, n_tok, r0, r1);
+    if (n_tok == 1) matvec_q(streams_q8, blocks_q8[0], y, w, act, r0, r1);
+    else matmul_q(blocks_q8, y, w, act, n_tok, r0, r1);
 }
 
 /* Float weights: 16 columns at a time, f16 via vcvtph2ps, bf16 by a 16-bit shift. */

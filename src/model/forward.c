@@ -220,9 +220,9 @@ static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
     int64_t n = b->n;
     for_tokens(m, n, norm_tokens, lw->attn_norm); /* input_layernorm */
     /* q_proj, k_proj, v_proj (+ biases for Qwen2) */
-    csd_matmul(m->pool, &lw->wq, m->xb, n, m->q, m->mm_scratch);
-    csd_matmul(m->pool, &lw->wk, m->xb, n, m->k, m->mm_scratch);
-    csd_matmul(m->pool, &lw->wv, m->xb, n, m->v, m->mm_scratch);
+    const csd_qmat *qkv[3] = {&lw->wq, &lw->wk, &lw->wv};
+    float *qkv_out[3] = {m->q, m->k, m->v};
+    csd_matmul_multi(m->pool, qkv, 3, m->xb, n, qkv_out, m->mm_scratch);
     add_bias(m->q, lw->bq, n, m->q_dim);
     add_bias(m->k, lw->bk, n, m->kv_dim);
     add_bias(m->v, lw->bv, n, m->kv_dim);
@@ -237,8 +237,9 @@ static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
 static void ffn_block(csd_model *m, int64_t n, int64_t li) {
     const csd_layer_weights *lw = &m->w.layers[li];
     for_tokens(m, n, norm_tokens, lw->ffn_norm); /* post_attention_layernorm */
-    csd_matmul(m->pool, &lw->gate, m->xb, n, m->hb, m->mm_scratch);
-    csd_matmul(m->pool, &lw->up, m->xb, n, m->hb2, m->mm_scratch);
+    const csd_qmat *gate_up[2] = {&lw->gate, &lw->up};
+    float *gate_up_out[2] = {m->hb, m->hb2};
+    csd_matmul_multi(m->pool, gate_up, 2, m->xb, n, gate_up_out, m->mm_scratch); /* gate, up */
     for_tokens(m, n, silu_mul_tokens, NULL);
     csd_matmul(m->pool, &lw->down, m->hb, n, m->tmp, m->mm_scratch); /* down_proj */
     for_tokens(m, n, residual_tokens, NULL);
