@@ -103,7 +103,8 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     const int P = T >= 4 ? 1 : 4 / T; /* integer chains per token */
     const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
     const int32_t off = q4 ? -8 : -128;
-    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     const uint16_t *dw = (const uint16_t *)(const void *)(blk + (size_t)ng * gbytes);
     const int8_t *xq[QT_MAX];
     const float *dx[QT_MAX];
@@ -118,27 +119,33 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     }
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = blk + (size_t)g * gbytes;
-        __m512i is[QT_MAX][4];
+        __m512i is[QT_MAX][4], ih[QT_MAX][4]; /* ih: Q4 high nibbles, kept x16 (no shift) */
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             is[t][0] = _mm512_set1_epi32(off * sums[t][g]);
 #pragma GCC unroll 4
             for (int p = 1; p < P; p++) is[t][p] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int p = 0; p < P && q4; p++) ih[t][p] = _mm512_setzero_si512();
         }
         if (q4) {
 #pragma GCC unroll 16
             for (int k = 0; k < CSD_QUANT_GROUP / 8; k++) {
                 if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_Q_HINT);
                 __m512i v = _mm512_loadu_si512(wg + 64 * k);
-                __m512i lo = _mm512_and_si512(v, low4);
-                __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+                __m512i lo = _mm512_and_si512(v, low4), hi16 = _mm512_and_si512(v, high4);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     const int8_t *xg = xq[t] + g * CSD_QUANT_GROUP;
-                    int p0 = (2 * k) % P, p1 = (2 * k + 1) % P;
-                    is[t][p0] = _mm512_dpbusd_epi32(is[t][p0], lo, bcast4(xg + 4 * k));
-                    is[t][p1] = _mm512_dpbusd_epi32(is[t][p1], hi, bcast4(xg + 64 + 4 * k));
+                    is[t][k % P] = _mm512_dpbusd_epi32(is[t][k % P], lo, bcast4(xg + 4 * k));
+                    ih[t][k % P] = _mm512_dpbusd_epi32(ih[t][k % P], hi16, bcast4(xg + 64 + 4 * k));
                 }
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+#pragma GCC unroll 4
+                for (int p = 1; p < P; p++) ih[t][0] = _mm512_add_epi32(ih[t][0], ih[t][p]);
+                is[t][0] = _mm512_add_epi32(is[t][0], _mm512_srai_epi32(ih[t][0], 4)); /* exact */
             }
         } else {
 #pragma GCC unroll 32
@@ -193,7 +200,8 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
     const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
     const int32_t off = q4 ? -8 : -128;
-    const __m512i low4 = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+    const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
@@ -219,8 +227,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                     _mm_prefetch((const char *)(wg[i] + 64 * k) + PF_AHEAD, PF_Q_HINT);
                     __m512i v = _mm512_loadu_si512(wg[i] + 64 * k);
                     ia[i] = _mm512_dpbusd_epi32(ia[i], _mm512_and_si512(v, low4), xl);
-                    ib[i] = _mm512_dpbusd_epi32(
-                        ib[i], _mm512_and_si512(_mm512_srli_epi16(v, 4), low4), xh);
+                    ib[i] = _mm512_dpbusd_epi32(ib[i], _mm512_and_si512(v, high4), xh); /* x16 */
                 }
             }
         } else {
@@ -246,8 +253,8 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
             __m512 sc = _mm512_mul_ps(
                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(dw + 16 * g))),
                 dxv);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia[i], ib[i])), sc,
-                                     acc[i]);
+            __m512i hi = q4 ? _mm512_srai_epi32(ib[i], 4) : ib[i]; /* exact: a multiple of 16 */
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia[i], hi)), sc, acc[i]);
         }
     }
 #pragma GCC unroll 4
