@@ -39,6 +39,23 @@ typedef struct csd_kern_ops {
                        int64_t ld, int64_t n, int64_t hd, float scale, float *att);
 } csd_kern_ops;
 
+/* One 16-row block x n tokens of a Q4/Q8 matmul (an ISA file's tile): y[t * ldy + r] for the
+ * block's first nrows rows; pf: the block comes from DRAM, prefetch ahead in the block stream. */
+typedef void (*csd_q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,
+                               const uint8_t *act, size_t stride, int64_t ng, int pf);
+/* Defines name_T, the csd_q_block_fn for T tokens, from the including ISA file's always-inline
+ * q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf). */
+#define CSD_DEF_Q_BLOCK(name, q4, T)                                                         \
+    static void name##_##T(float *y, int64_t ldy, int nrows, const uint8_t *blk,             \
+                           const uint8_t *act, size_t stride, int64_t ng, int pf) {          \
+        q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf);                             \
+    }
+/* The blocked Q matmul loop shared by the ISA files: blocks[n - 1] handles n tokens (1..tile_max).
+ * Rows [r0, r1) in blocks, tokens in chunks of 64 inner, so a block stays in L1/L2 while they
+ * sweep it; the first tile of each block gets pf = 1. */
+void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, const csd_qmat *w,
+                      const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1);
+
 /* Per-file tables: NULL entries are filled by dispatch.c (avxvnni from avx2, then all from ref). */
 extern const csd_kern_ops csd_kern_ops_ref;
 #if defined(__x86_64__)

@@ -36,8 +36,6 @@ AI int32_t q8_offset(void);
  * live on the stack). Measured on Zen 4: T = 4 beats 2, 3, 5, 6 (vpdpbusd latency needs the 8
  * independent parts; vpmaddubsw does not care). */
 #define QT_MAX 4
-/* Tokens whose activations stay in L2 while a block sweeps them (64 x 5.9 KB at cols 5632). */
-#define TOK_CHUNK 64
 /* Matvec: a block is one contiguous stream; prefetch this far ahead of the load. */
 #define PF_AHEAD 2048
 
@@ -142,52 +140,24 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     }
 }
 
-typedef void (*q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,
-                           const uint8_t *act, size_t stride, int64_t ng, int pf);
+typedef csd_q_block_fn q_block_fn;
 
-#define DEF_Q_BLOCK(name, q4, T)                                                               \
-    static void name##_##T(float *y, int64_t ldy, int nrows, const uint8_t *blk,              \
-                           const uint8_t *act, size_t stride, int64_t ng, int pf) {           \
-        q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf);                              \
-    }
-#define DEF_Q_BLOCKS(name, q4)                                                                 \
-    DEF_Q_BLOCK(name, q4, 1) DEF_Q_BLOCK(name, q4, 2) DEF_Q_BLOCK(name, q4, 3)                 \
-    DEF_Q_BLOCK(name, q4, 4)                                                                   \
+#define DEF_Q_BLOCKS(name, q4)                                                             \
+    CSD_DEF_Q_BLOCK(name, q4, 1) CSD_DEF_Q_BLOCK(name, q4, 2) CSD_DEF_Q_BLOCK(name, q4, 3)   \
+    CSD_DEF_Q_BLOCK(name, q4, 4)                                                             \
     static const q_block_fn name[QT_MAX] = {name##_1, name##_2, name##_3, name##_4};
 
 DEF_Q_BLOCKS(blocks_q4, 1)
 DEF_Q_BLOCKS(blocks_q8, 0)
 
-/* Blocks of rows outer, tiles of tokens inner: a block's weights stay in L1/L2 while the tokens
- * of a TOK_CHUNK sweep them. */
-static void q_matmul(const q_block_fn blocks[QT_MAX], float *y, const csd_qmat *w,
-                     const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1) {
-    int64_t ng = csd_quant_groups(w->cols);
-    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
-    size_t stride = csd_quant_act_stride(w->cols);
-    const uint8_t *base = w->data;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_CHUNK) {
-        int64_t t1 = t0 + TOK_CHUNK < n_tok ? t0 + TOK_CHUNK : n_tok;
-        for (int64_t r = r0; r < r1; r += CSD_QUANT_BLOCK_ROWS) {
-            const uint8_t *blk = base + (size_t)(r / CSD_QUANT_BLOCK_ROWS) * block_bytes;
-            int nrows = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
-            for (int64_t t = t0; t < t1; t += QT_MAX) {
-                int nt = (int)(t1 - t < QT_MAX ? t1 - t : QT_MAX);
-                blocks[nt - 1](y + t * w->rows + r, w->rows, nrows, blk, act + (size_t)t * stride,
-                               stride, ng, n_tok == 1);
-            }
-        }
-    }
-}
-
 static void q_matmul_q4(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    q_matmul(blocks_q4, y, w, act, n_tok, r0, r1);
+    csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void q_matmul_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    q_matmul(blocks_q8, y, w, act, n_tok, r0, r1);
+    csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 #endif

@@ -19,8 +19,6 @@
 #define TILE_T 4
 /* Matvec (one token) uses 8-row tiles: twice the independent streams in flight per thread. */
 #define QR_MAX 8
-/* Tokens whose activations stay in L2 while a row tile sweeps them (64 x 5.9 KB at cols 5632). */
-#define TOK_CHUNK 64
 /* Float matvec: software prefetch of the same lines PF_TILES row tiles ahead, into L1: each row of
  * a tile is a stream of only ~16-44 lines, too short for the hardware prefetcher alone. */
 #define PF_TILES 1
@@ -175,18 +173,12 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * ldy, m, acc[t]);
 }
 
-typedef void (*q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,
-                           const uint8_t *act, size_t stride, int64_t ng, int pf);
+typedef csd_q_block_fn q_block_fn;
 
-#define DEF_Q_BLOCK(name, q4, T)                                                              \
-    static void name##_##T(float *y, int64_t ldy, int nrows, const uint8_t *blk,             \
-                           const uint8_t *act, size_t stride, int64_t ng, int pf) { \
-        q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf);                             \
-    }
-#define DEF_Q_BLOCKS(name, q4)                                                                 \
-    DEF_Q_BLOCK(name, q4, 1) DEF_Q_BLOCK(name, q4, 2) DEF_Q_BLOCK(name, q4, 3)                 \
-    DEF_Q_BLOCK(name, q4, 4) DEF_Q_BLOCK(name, q4, 5) DEF_Q_BLOCK(name, q4, 6)                 \
-    DEF_Q_BLOCK(name, q4, 7) DEF_Q_BLOCK(name, q4, 8)                                          \
+#define DEF_Q_BLOCKS(name, q4)                                                             \
+    CSD_DEF_Q_BLOCK(name, q4, 1) CSD_DEF_Q_BLOCK(name, q4, 2) CSD_DEF_Q_BLOCK(name, q4, 3)   \
+    CSD_DEF_Q_BLOCK(name, q4, 4) CSD_DEF_Q_BLOCK(name, q4, 5) CSD_DEF_Q_BLOCK(name, q4, 6)   \
+    CSD_DEF_Q_BLOCK(name, q4, 7) CSD_DEF_Q_BLOCK(name, q4, 8)                                \
     static const q_block_fn name[QT_MAX] = {name##_1, name##_2, name##_3, name##_4,          \
                                             name##_5, name##_6, name##_7, name##_8};
 
@@ -300,39 +292,16 @@ static void matvec_q(q_streams_fn streams, const q_block_fn single, float *y, co
     }
 }
 
-/* Blocks of rows outer, tiles of tokens inner: a block's weights stay in L1/L2 while the tokens
- * of a TOK_CHUNK sweep them. The first tile of a block reads it from DRAM: its software prefetch
- * runs PF_AHEAD bytes ahead in the contiguous stream of blocks (batched decode: +30%). */
-static void matmul_q(const q_block_fn blocks[QT_MAX], float *y, const csd_qmat *w,
-                     const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1) {
-    int64_t ng = csd_quant_groups(w->cols);
-    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
-    size_t stride = csd_quant_act_stride(w->cols);
-    const uint8_t *base = w->data;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_CHUNK) {
-        int64_t t1 = t0 + TOK_CHUNK < n_tok ? t0 + TOK_CHUNK : n_tok;
-        for (int64_t r = r0; r < r1; r += CSD_QUANT_BLOCK_ROWS) {
-            const uint8_t *blk = base + (size_t)(r / CSD_QUANT_BLOCK_ROWS) * block_bytes;
-            int nrows = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
-            for (int64_t t = t0; t < t1; t += QT_MAX) {
-                int nt = (int)(t1 - t < QT_MAX ? t1 - t : QT_MAX);
-                blocks[nt - 1](y + t * w->rows + r, w->rows, nrows, blk, act + (size_t)t * stride,
-                               stride, ng, t == 0);
-            }
-        }
-    }
-}
-
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
     if (n_tok == 1) matvec_q(streams_q4, blocks_q4[0], y, w, act, r0, r1);
-    else matmul_q(blocks_q4, y, w, act, n_tok, r0, r1);
+    else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
     if (n_tok == 1) matvec_q(streams_q8, blocks_q8[0], y, w, act, r0, r1);
-    else matmul_q(blocks_q8, y, w, act, n_tok, r0, r1);
+    else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 /* Float weights: 16 columns at a time, f16 via vcvtph2ps, bf16 by a 16-bit shift. */
