@@ -61,6 +61,9 @@ float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n);
 void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* y[i] += a * f32(x[i]), x in IEEE half (the multiply-add may be fused). */
 void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
+/* The softmax step of attention: att[t] = exp(att[t] - max) in place, summed in double; returns
+ * 1 / sum. Shared by every attention implementation (same rounding everywhere). */
+float csd_attn_softmax(float *att, int64_t n, float max);
 /* Attention of one query head over n cached positions whose f16 K and V rows are ld halves apart:
  * out[0..hd) = sum_t p[t] v_t with p = softmax(scale * q . k_t). att holds n floats of scratch.
  * The result depends only on the inputs (never on threads or batch), like the helpers above. */

@@ -69,9 +69,6 @@ extern const csd_kern_ops csd_kern_ops_avx512;
 const csd_kern_ops *csd_kern_table(const char *name);
 /* The table chosen by csd_kern_init (initialises on first use). */
 const csd_kern_ops *csd_kern_ops_current(void);
-/* Softmax step shared by every attention implementation: att[t] = exp(att[t] - max) in place,
- * summed in double; returns 1 / sum. */
-float csd_attn_softmax(float *att, int64_t n, float max);
 /* csd_attend_f16 with an explicit table. */
 void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, const uint16_t *k,
                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,

@@ -4,6 +4,7 @@
  * never depends on the split or on the other tokens (see kern_internal.h). */
 #include "kern_internal.h"
 
+#include <assert.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -13,6 +14,7 @@
 /* Rows per unit of work: a multiple of every kernel's row tile, small enough to balance 2 cores
  * on the 256-row k/v projections. */
 #define ROW_BLOCK 16
+static_assert(ROW_BLOCK % CSD_QUANT_BLOCK_ROWS == 0, "Q kernels take whole 16-row blocks");
 /* Below this many tokens the caller prepares the activations alone (a pool job costs more). */
 #define PARALLEL_PREP_MIN_TOK 4
 
@@ -57,6 +59,12 @@ static void prep_tokens(void *ctx, int ith, int nth) {
         else
             memcpy(job->xpad + t * job->ldx, job->x + t * cols, (size_t)cols * sizeof(float));
     }
+}
+
+/* Quantizes (or pads) the activations, on the pool when there are enough tokens. */
+static void prepare_activations(csd_pool *pool, matmul_job *job) {
+    if (job->n_tok >= PARALLEL_PREP_MIN_TOK) csd_pool_run(pool, prep_tokens, job);
+    else prep_tokens(job, 0, 1);
 }
 
 static void matmul_rows(void *ctx, int ith, int nth) {
@@ -112,10 +120,7 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
         job.xpad = (float *)(void *)scratch_base(scratch);
         job.ldx = padded_ldx(w->cols);
     }
-    if (job.act || job.xpad) {
-        if (n_tok >= PARALLEL_PREP_MIN_TOK) csd_pool_run(pool, prep_tokens, &job);
-        else prep_tokens(&job, 0, 1);
-    }
+    if (job.act || job.xpad) prepare_activations(pool, &job);
     /* A few chunks per thread: whoever is running takes the next block of rows, so a preempted
      * thread does not hold the step up. Rows per chunk stay a multiple of ROW_BLOCK. */
     int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
@@ -175,8 +180,7 @@ void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, cons
     }
     const csd_kern_ops *ops = csd_kern_ops_current();
     matmul_job prep = {ops, w[0], x, scratch_base(scratch), NULL, w[0]->cols, n_tok, NULL};
-    if (n_tok >= PARALLEL_PREP_MIN_TOK) csd_pool_run(pool, prep_tokens, &prep);
-    else prep_tokens(&prep, 0, 1);
+    prepare_activations(pool, &prep);
     multi_job job = {ops, w, y, n_mats, prep.act, n_tok, total};
     int64_t chunks = 4 * (int64_t)csd_pool_size(pool);
     csd_pool_run_chunks(pool, multi_rows, &job, (int)(chunks < total ? chunks : total));

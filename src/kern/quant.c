@@ -48,8 +48,7 @@ int csd_quant_get_q(int dtype, int64_t cols, const uint8_t *mat, int64_t row, in
     const uint8_t *blk = block_of(dtype, cols, mat, row, &r);
     const uint8_t *grp = blk + (size_t)(c / CSD_QUANT_GROUP) * csd_quant_block_group_bytes(dtype);
     uint8_t b = grp[group_offset(dtype, r, (int)(c % CSD_QUANT_GROUP), &high)];
-    if (dtype == CSD_DTYPE_Q8) return (int8_t)b;
-    return (high ? b >> 4 : b & 15) - 8;
+    return dtype == CSD_DTYPE_Q8 ? (int8_t)b : (high ? b >> 4 : b & 15) - 8;
 }
 
 uint16_t csd_quant_get_scale(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t g) {
@@ -205,12 +204,17 @@ int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, v
 }
 
 void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out) {
-    if (w->dtype == CSD_DTYPE_Q4 || w->dtype == CSD_DTYPE_Q8) {
-        for (int64_t g = 0; g < csd_quant_groups(w->cols); g++) {
-            float d = csd_f16_to_f32(csd_quant_get_scale(w->dtype, w->cols, w->data, row, g));
-            int64_t c1 = (g + 1) * CSD_QUANT_GROUP < w->cols ? (g + 1) * CSD_QUANT_GROUP : w->cols;
-            for (int64_t c = g * CSD_QUANT_GROUP; c < c1; c++)
-                out[c] = d * (float)csd_quant_get_q(w->dtype, w->cols, w->data, row, c);
+    if (w->dtype == CSD_DTYPE_Q4 || w->dtype == CSD_DTYPE_Q8) { /* e.g. an embedding lookup */
+        int r, high;
+        const uint8_t *blk = block_of(w->dtype, w->cols, w->data, row, &r);
+        const uint16_t *scales = csd_quant_block_scales(w->dtype, blk, w->cols);
+        size_t gbytes = csd_quant_block_group_bytes(w->dtype);
+        for (int64_t c = 0; c < w->cols; c++) {
+            int64_t g = c / CSD_QUANT_GROUP;
+            uint8_t b = blk[(size_t)g * gbytes +
+                            group_offset(w->dtype, r, (int)(c % CSD_QUANT_GROUP), &high)];
+            int q = w->dtype == CSD_DTYPE_Q8 ? (int8_t)b : (high ? b >> 4 : b & 15) - 8;
+            out[c] = csd_f16_to_f32(scales[g * CSD_QUANT_BLOCK_ROWS + r]) * (float)q;
         }
         return;
     }

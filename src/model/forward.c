@@ -163,12 +163,7 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
         att[t] = s;
         if (s > max) max = s;
     }
-    double sum = 0.0;
-    for (int64_t t = first; t <= pos; t++) {
-        att[t] = expf(att[t] - max);
-        sum += att[t];
-    }
-    float inv = (float)(1.0 / sum);
+    float inv = csd_attn_softmax(att + first, pos + 1 - first, max);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int64_t t = first; t <= pos; t++) {
         int64_t off = base + t * kv->kv_dim;
