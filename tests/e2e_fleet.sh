@@ -59,6 +59,13 @@ for prec in f32 int8 int4; do
         fleet_up "$d" $n --insecure
         got=$(run_ids --fleet "$FLEET" --manifest "$d" --insecure --hidden-dtype f32)
         check_equal "synthetic $prec, $n stage(s)" "$single" "$got"
+        if [ "$prec$n" = int43 ]; then
+            # stages on one machine share its cores: by default one micro-batch is in flight
+            CSD_LOG=info run_ids --fleet "$FLEET" --manifest "$d" --insecure >/dev/null
+            grep -q "3 stage(s) on 1 machine(s): 1 micro-batch(es) in flight" "$WORK/run.err" ||
+                fail "localhost fleet: no default of one micro-batch: $(grep micro "$WORK/run.err")"
+            echo "ok: a localhost fleet keeps one micro-batch in flight by default"; passed=$((passed + 1))
+        fi
         fleet_down
     done
 done
@@ -132,8 +139,9 @@ d="$WORK/x-f32-2"
 fleet_up "$d" 2 --insecure; R1="$FLEET"; R1_PIDS=("${PIDS[@]}"); PIDS=()
 fleet_up "$d" 2 --insecure; R2="$FLEET"; R2_PIDS=("${PIDS[@]}")
 PIDS=("${R1_PIDS[@]}" "${R2_PIDS[@]}")
-"$CASCADIA" serve --manifest "$d" --fleet "$R1" --fleet "$R2" --insecure --port 0 --parallel 2 --hidden-dtype f32 \
-    --chat-template chatml >"$WORK/serve.log" 2>&1 &
+# --micro-batches 2: interleaving through the 2 stages is exercised here although they share a machine
+CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "$R1" --fleet "$R2" --insecure --port 0 --parallel 2 \
+    --hidden-dtype f32 --micro-batches 2 --chat-template chatml >"$WORK/serve.log" 2>&1 &
 PIDS+=("$!")
 for _ in $(seq 1 100); do
     port=$(sed -n 's|.*listening on http://[0-9.]*:\([0-9]*\).*|\1|p' "$WORK/serve.log")
@@ -153,6 +161,7 @@ for i in $(seq 1 8); do
     [ "$got" = "$want" ] || fail "request $i differs: '$got' vs '$want'"
 done
 echo "ok: 8 concurrent requests over 2 replicas, identical answers"; passed=$((passed + 1))
+grep -q "2 micro-batch(es) in flight (--micro-batches)" "$WORK/serve.log" || fail "--micro-batches 2 not applied"
 # different prompts and seeds, sampled: each alone, then all at once (batched with each other in
 # every stage): a user's answer never depends on who else is served
 ask() { curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \

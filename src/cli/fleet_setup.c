@@ -2,6 +2,7 @@
 #include "fleet_setup.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
@@ -24,7 +25,7 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
         return 1;
     }
     if (strcmp(flag, "--fleet") && strcmp(flag, "--manifest") && strcmp(flag, "--local-stage") &&
-        strcmp(flag, "--key") && strcmp(flag, "--hidden-dtype"))
+        strcmp(flag, "--key") && strcmp(flag, "--hidden-dtype") && strcmp(flag, "--micro-batches"))
         return 0;
     if (!value) {
         fprintf(stderr, "cascadia %s: %s needs a value\n", cmd, flag);
@@ -33,7 +34,15 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
     if (!strcmp(flag, "--fleet")) f->fleet = value;
     else if (!strcmp(flag, "--manifest")) f->manifest = value;
     else if (!strcmp(flag, "--key")) f->key_path = value;
-    else if (!strcmp(flag, "--local-stage")) {
+    else if (!strcmp(flag, "--micro-batches")) {
+        char *end = NULL;
+        long n = strcmp(value, "auto") ? strtol(value, &end, 10) : 0;
+        if (end && (*end || n < 1 || n > CSD_FLEET_MAX_STAGES)) {
+            fprintf(stderr, "cascadia %s: --micro-batches takes auto or 1 to %d\n", cmd, CSD_FLEET_MAX_STAGES);
+            return -1;
+        }
+        f->micro_batches = (int)n;
+    } else if (!strcmp(flag, "--local-stage")) {
         if (strcmp(value, "0")) {
             fprintf(stderr, "cascadia %s: --local-stage takes 0 (the coordinator runs the first stage)\n", cmd);
             return -1;
@@ -109,6 +118,7 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
         o.link.key = f->key_path ? &f->key : NULL;
         o.link.insecure = f->insecure;
         o.hidden_dtype = f->hidden_dtype;
+        o.micro_batches = f->micro_batches;
         int64_t ctx = mopts->max_ctx > 0 ? mopts->max_ctx
                       : m->cfg.max_seq_len < CSD_MODEL_DEFAULT_MAX_CTX ? m->cfg.max_seq_len : CSD_MODEL_DEFAULT_MAX_CTX;
         o.max_ctx = f->model0 ? csd_model_max_ctx(f->model0) : ctx;

@@ -17,6 +17,7 @@ typedef struct csd_cli_fleet {
     const char *key_path;
     bool insecure;
     int hidden_dtype;           /* CSD_DTYPE_F16 unless --hidden-dtype */
+    int micro_batches;          /* --micro-batches; 0: auto (one per machine) */
     /* what was built */
     csd_fleet_key key;
     csd_model_shard *shard0;    /* local stage 0's shard */
@@ -28,7 +29,9 @@ typedef struct csd_cli_fleet {
     "  --manifest DIR      the export directory (`cascadia export --out DIR`)\n"                  \
     "  --local-stage 0     run stage 0 in this process (it must be on this machine: DIR/stage-0.shard)\n" \
     "  --key FILE          the fleet key (`cascadia keygen`), or --insecure\n"                      \
-    "  --hidden-dtype T    f16 (default), bf16 or f32 hidden states between stages\n"
+    "  --hidden-dtype T    f16 (default), bf16 or f32 hidden states between stages\n"              \
+    "  --micro-batches N   steps kept in flight through the stages (default auto: one per machine,\n" \
+    "                      from the addresses; stages sharing a machine share its cores)\n"
 
 void csd_cli_fleet_init(csd_cli_fleet *f);
 /* 1: consumed (with its value when it takes one), 0: not a fleet flag, -1: bad value. *takes_value

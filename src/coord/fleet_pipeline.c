@@ -11,6 +11,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/log.h"
+#include "fleet_hosts.h"
 #include "model/model.h"
 
 #define MAX_IN_FLIGHT 16
@@ -607,6 +608,19 @@ static const csd_pipeline_ops fleet_ops = {
     .step_end = fleet_step_end, .truncate = fleet_truncate, .copy_prefix = fleet_copy_prefix,
     .close = fleet_close,       .destroy = fleet_destroy,   .ready = fleet_ready};
 
+/* Steps in flight: as asked, or one per machine; never more than the stages (a stage serves one
+ * step at a time) nor the ring. */
+static int micro_batches(const csd_fleet_opts *o, bool local0) {
+    int stages = o->n_addrs + (local0 ? 1 : 0);
+    int machines = csd_fleet_count_machines(o, local0);
+    int n = o->micro_batches > 0 ? o->micro_batches : machines;
+    if (n > stages) n = stages;
+    if (n > MAX_IN_FLIGHT) n = MAX_IN_FLIGHT;
+    CSD_LOGI("fleet: %d stage(s) on %d machine(s): %d micro-batch(es) in flight%s", stages, machines, n,
+             o->micro_batches > 0 ? " (--micro-batches)" : "");
+    return n;
+}
+
 int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, csd_model *local0, int max_requests,
                               csd_err *err) {
     *out = NULL;
@@ -625,8 +639,7 @@ int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, cs
     f->base.ops = &fleet_ops;
     f->base.cfg = opts->cfg;
     f->base.max_ctx = opts->max_ctx;
-    f->base.max_in_flight = opts->n_addrs + (local0 ? 1 : 0);
-    if (f->base.max_in_flight > MAX_IN_FLIGHT) f->base.max_in_flight = MAX_IN_FLIGHT;
+    f->base.max_in_flight = micro_batches(opts, local0 != NULL);
     f->base.max_step_tokens = f->opts.max_step_tokens;
     int rc = 0;
     f->n_locals = max_requests > 0 ? max_requests : 1;

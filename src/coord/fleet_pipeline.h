@@ -2,8 +2,8 @@
  * The coordinator sends OPEN/FORWARD/TRUNCATE/CLOSE to the first stage; they flow stage to stage
  * in order, hidden states included, and the last stage answers with logits or sampled ids. With a
  * local first stage (--local-stage 0) the coordinator computes stage 0 itself and sends hidden
- * states to the first remote stage. Up to one step per stage is kept in flight, so every stage
- * computes while the others do. A dead worker fails the requests in flight with a clear error;
+ * states to the first remote stage. Up to one step per stage is kept in flight (by default one per
+ * machine the stages run on), so every stage computes while the others do. A dead worker fails the requests in flight with a clear error;
  * the pipeline reconnects in the background and serves again once the worker is back. */
 #ifndef CSD_FLEET_PIPELINE_H
 #define CSD_FLEET_PIPELINE_H
@@ -28,6 +28,7 @@ typedef struct csd_fleet_opts {
     int hidden_dtype;                        /* CSD_DTYPE_F16 (default), F32 or BF16 */
     int64_t max_ctx;
     int64_t max_step_tokens;                 /* the workers' batch limit */
+    int micro_batches;                       /* steps kept in flight; 0: one per machine (fleet_hosts.h) */
 } csd_fleet_opts;
 
 typedef struct csd_model csd_model;
