@@ -67,4 +67,19 @@ has "$out" "1 stage, int4" "auto export"
 "$CASCADIA" inspect "$WORK/auto" >/dev/null || fail "inspect auto export failed"
 ok
 
+# A one-stage export runs as it is (run/bench/serve take its directory): the same greedy ids as
+# the Hugging Face directory at that precision, without quantizing again. A 2-stage export and a
+# --precision other than the export's are refused with what to do instead.
+ids() { "$CASCADIA" run "$@" -p "hello world" -n 12 --temp 0 --print-ids --threads 1 2>"$WORK/run.err" | xargs; }
+want=$(ids "$M" --precision int4) || fail "run MODEL_DIR: $(cat "$WORK/run.err")"
+got=$(ids "$WORK/auto") || fail "run EXPORT_DIR: $(cat "$WORK/run.err")"
+[ -n "$want" ] && [ "$want" = "$got" ] || fail "the 1-stage export runs differently:
+  hf:     $want
+  export: $got"
+if err=$("$CASCADIA" run "$WORK/exp" -p hi -n 2 2>&1); then fail "run on a 2-stage export accepted"; fi
+has "$err" "an export in 2 stages" "2-stage export"
+if err=$("$CASCADIA" run "$WORK/auto" --precision int8 -p hi -n 2 2>&1); then fail "--precision int8 on an int4 export accepted"; fi
+has "$err" "the export is int4" "precision mismatch"
+ok
+
 echo "$pass passed, 0 failed"

@@ -43,7 +43,7 @@ static int target_open(csd_bench_args *a, int max_requests, int64_t ctx, bench_t
         return 0;
     }
     uint64_t t0 = csd_now_ns();
-    rc = csd_model_load_hf(&t->model, a->model_dir, &a->model, err);
+    rc = csd_model_open(&t->model, a->model_dir, &a->model, err);
     if (rc) return rc;
     fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n", a->model_dir,
             (double)(csd_now_ns() - t0) * 1e-9, csd_dtype_name(csd_model_precision(t->model)),

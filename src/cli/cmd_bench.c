@@ -288,7 +288,7 @@ int csd_cmd_bench(int argc, char **argv) {
     if (a.model.max_ctx <= 0) a.model.max_ctx = a.n_prompt + a.n_gen + 16;
     if (a.n_prompt > CSD_MODEL_DEFAULT_MAX_BATCH) a.model.max_batch = a.n_prompt;
     uint64_t t0 = csd_now_ns();
-    rc = csd_model_load_hf(&model, a.model_dir, &a.model, &err);
+    rc = csd_model_open(&model, a.model_dir, &a.model, &err);
     if (!rc) {
         fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n", a.model_dir,
                 (double)(csd_now_ns() - t0) * 1e-9, csd_dtype_name(csd_model_precision(model)),

@@ -210,7 +210,7 @@ int csd_cmd_run(int argc, char **argv) {
         rc = csd_cli_fleet_open(&a.fleet, &a.model, 1, &pipe, &err);
         if (!rc) fprintf(stderr, "connected to the fleet in %.2f s\n", (double)(csd_now_ns() - t0) * 1e-9);
     } else if (!rc) {
-        rc = csd_model_load_hf(&model, a.model_dir, &a.model, &err);
+        rc = csd_model_open(&model, a.model_dir, &a.model, &err);
     }
     if (!rc && !a.fleet.fleet) {
         fprintf(stderr, "loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",

@@ -226,7 +226,7 @@ static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) 
                 (double)(csd_now_ns() - t0) * 1e-9);
         return 0;
     }
-    int rc = csd_model_load_hf(&b->model, a->model_dir, &a->model, err);
+    int rc = csd_model_open(&b->model, a->model_dir, &a->model, err);
     if (rc) return rc;
     fprintf(
         stderr,

@@ -4,6 +4,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "model_internal.h"
+#include "shard_model.h"
 
 void csd_model_opts_default(csd_model_opts *o) {
     memset(o, 0, sizeof *o);
@@ -89,6 +90,7 @@ void csd_model_destroy(csd_model *m) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) csd_free(bufs[i]);
     csd_free(m->pos);
     csd_free(m->mm_scratch);
+    csd_model_shard_close(m->shard);
     csd_free(m);
 }
 

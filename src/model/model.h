@@ -72,6 +72,11 @@ typedef struct csd_kv csd_kv;
 /* Loads a Hugging Face model directory (config.json + safetensors) for the range in opts,
  * converting weights to opts->precision. */
 int csd_model_load_hf(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err);
+/* Loads a one-stage export directory (`cascadia export --stages 1`: manifest.json + stage-0.shard):
+ * the weights as exported, no conversion; opts->precision, when set, must match the export's. */
+int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err);
+/* Either: an export directory (it has manifest.json) or a Hugging Face one. */
+int csd_model_open(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err);
 /* Builds a model around weights someone else owns (a mapped shard); the model borrows them. */
 int csd_model_create(csd_model **out, const csd_model_config *cfg, const csd_weights *weights,
                      const csd_model_opts *opts, csd_err *err);

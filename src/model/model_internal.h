@@ -9,6 +9,7 @@ struct csd_model {
     csd_model_config cfg;
     csd_weights w;
     void **owned;        /* buffers this model frees (converted weights); NULL when borrowed */
+    struct csd_model_shard *shard; /* csd_model_load_export's shard (the weights), closed last */
     int n_owned, cap_owned;
     int precision;       /* CSD_DTYPE_* of layer matrices */
     int kv_dtype;        /* CSD_DTYPE_F32, _F16 or _Q8 */
