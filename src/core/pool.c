@@ -25,6 +25,10 @@
  * kernels of one forward (microseconds), short enough that a pipeline stage waiting for the next
  * step, or another process on the same machine (a local fleet), gets the cores back at once. */
 #define POOL_SPIN_NS 100000ull
+/* Spinning longer than this yields the core now and then, for a preempted peer on a busy
+ * machine; shorter waits (almost all, at the joins of a decode step) make no system call,
+ * which under a hypervisor costs microseconds (perf: ~1% of a decode token went there). */
+#define POOL_YIELD_AFTER_NS 20000ull
 
 /* ticket = gen (24 bits) | n_chunks (20 bits) | next (20 bits) */
 #define TICKET_BITS 20
@@ -83,8 +87,9 @@ static uint64_t wait_for_job(csd_pool *pool, uint64_t seen) {
         if (gen != seen || atomic_load(&pool->stop)) return gen;
         cpu_relax();
         if (++spins % 1024 == 0) {
-            if (csd_now_ns() - start > POOL_SPIN_NS) break;
-            sched_yield(); /* let a preempted peer (busy machine) have this core */
+            uint64_t spun = csd_now_ns() - start;
+            if (spun > POOL_SPIN_NS) break;
+            if (spun > POOL_YIELD_AFTER_NS) sched_yield(); /* a preempted peer may want this core */
         }
     }
     pthread_mutex_lock(&pool->mutex);
@@ -176,9 +181,14 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
     }
     work_on(pool, pool->gen);
     unsigned spins = 0;
+    uint64_t start = 0;
     while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_chunks) {
         cpu_relax();
-        if (++spins % 256 == 0) sched_yield(); /* a claimed chunk's thread was preempted */
+        if (++spins % 256 == 0) { /* a claimed chunk's thread may have been preempted */
+            uint64_t now = csd_now_ns();
+            if (!start) start = now;
+            else if (now - start > POOL_YIELD_AFTER_NS) sched_yield();
+        }
     }
 }
 

@@ -34,4 +34,24 @@ static inline void csd_split_range(int64_t n, int ith, int nth, int64_t *begin, 
     *end = *begin + base + (ith < extra ? 1 : 0);
 }
 
+/* Guided chunking for csd_pool_run_chunks: the slice of chunk ith of nth = rounds * threads.
+ * Round r covers half of what the rounds before it left (the last round: all the rest), split
+ * evenly among the threads: big chunks first, small ones last, so threads that run at different
+ * speeds (a busy core, memory contention) finish a job within one small chunk of each other,
+ * while most of the work still goes in long runs. The chunks tile [0, n) in order. nth not a
+ * multiple of threads (or threads < 1): csd_split_range. */
+static inline void csd_split_guided(int64_t n, int ith, int nth, int threads, int64_t *begin,
+                                    int64_t *end) {
+    if (threads < 1 || nth % threads) {
+        csd_split_range(n, ith, nth, begin, end);
+        return;
+    }
+    int rounds = nth / threads, r = ith / threads;
+    int64_t rb = n - (n >> r), re = r == rounds - 1 ? n : n - (n >> (r + 1));
+    int64_t b, e;
+    csd_split_range(re - rb, ith % threads, threads, &b, &e);
+    *begin = rb + b;
+    *end = rb + e;
+}
+
 #endif

@@ -8,12 +8,7 @@
 #include <string.h>
 
 float csd_attn_softmax(float *att, int64_t n, float max) {
-    double sum = 0.0;
-    for (int64_t t = 0; t < n; t++) {
-        att[t] = expf(att[t] - max);
-        sum += att[t];
-    }
-    return (float)(1.0 / sum);
+    return csd_kern_ops_current()->softmax(att, n, max);
 }
 
 static void attend_composed(const csd_kern_ops *ops, float *out, const float *q,
@@ -24,7 +19,7 @@ static void attend_composed(const csd_kern_ops *ops, float *out, const float *q,
         att[t] = ops->dot_f32_f16(q, k + t * ld, hd) * scale;
         if (att[t] > max) max = att[t];
     }
-    float inv = csd_attn_softmax(att, n, max);
+    float inv = ops->softmax(att, n, max);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int64_t t = 0; t < n; t++) ops->axpy_f16(out, att[t] * inv, v + t * ld, hd);
 }

@@ -76,6 +76,10 @@ static void fill_gaps(csd_kern_ops *t, const csd_kern_ops *r) {
     FILL(axpy_f32);
     FILL(axpy_f16);
     FILL(f32_to_f16);
+    FILL(softmax);
+    FILL(silu_mul);
+    FILL(rmsnorm);
+    FILL(read_streams);
 #undef FILL
 }
 
@@ -153,6 +157,18 @@ void csd_axpy_f32(float *y, float a, const float *x, int64_t n) {
 
 void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
     csd_kern_ops_current()->axpy_f16(y, a, x, n);
+}
+
+void csd_silu_mul(float *g, const float *u, int64_t n) { csd_kern_ops_current()->silu_mul(g, u, n); }
+
+uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams) {
+    if (streams < 1) streams = 1;
+    if (streams > 8) streams = 8;
+    return csd_kern_ops_current()->read_streams(p, bytes, streams);
+}
+
+void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    csd_kern_ops_current()->rmsnorm(out, x, w, n, eps);
 }
 
 void csd_f32_to_f16_vec(uint16_t *out, const float *in, int64_t n) {

@@ -61,9 +61,18 @@ float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n);
 void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
 /* y[i] += a * f32(x[i]), x in IEEE half (the multiply-add may be fused). */
 void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
-/* The softmax step of attention: att[t] = exp(att[t] - max) in place, summed in double; returns
- * 1 / sum. Shared by every attention implementation (same rounding everywhere). */
+/* The softmax step of attention: att[t] = exp(att[t] - max) in place; returns 1 / sum. Every
+ * attention path of a table uses its table's (same rounding on every path); tables differ by
+ * their exp (libm's in ref, a vector polynomial within 2 ulp in avx512). */
 float csd_attn_softmax(float *att, int64_t n, float max);
+/* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)): the gated FFN's activation. */
+void csd_silu_mul(float *g, const float *u, int64_t n);
+/* out = x * rsqrt(mean(x^2) + eps) * w (LlamaRMSNorm); the sum of squares in double. out may be x. */
+void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* Reads bytes (a multiple of 64 * streams) as `streams` equal parts walked side by side (1..8),
+ * the way the matvec kernels walk weights, with the table's widest loads; returns a sum of the
+ * data so the reads cannot be optimised away. For the bandwidth test of `cascadia bench`. */
+uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams);
 /* Attention of one query head over n cached positions whose f16 K and V rows are ld halves apart:
  * out[0..hd) = sum_t p[t] v_t with p = softmax(scale * q . k_t). att holds n floats of scratch.
  * The result depends only on the inputs (never on threads or batch), like the helpers above. */

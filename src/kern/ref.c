@@ -128,6 +128,38 @@ static void ref_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     csd_f32_to_f16_row(out, in, n);
 }
 
+static float ref_softmax(float *att, int64_t n, float max) {
+    double sum = 0.0;
+    for (int64_t t = 0; t < n; t++) {
+        att[t] = expf(att[t] - max);
+        sum += att[t];
+    }
+    return (float)(1.0 / sum);
+}
+
+static void ref_silu_mul(float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* Eight accumulators per line: no carried dependency between words. */
+static uint64_t ref_read_streams(const uint8_t *p, size_t bytes, int streams) {
+    size_t part = bytes / (size_t)streams / 64 * 64;
+    uint64_t sum[8] = {0};
+    for (size_t o = 0; o < part; o += 64)
+        for (int s = 0; s < streams; s++) {
+            const uint64_t *w = (const uint64_t *)(const void *)(p + (size_t)s * part + o);
+            for (int k = 0; k < 8; k++) sum[k] += w[k];
+        }
+    return sum[0] + sum[1] + sum[2] + sum[3] + sum[4] + sum[5] + sum[6] + sum[7];
+}
+
 const csd_kern_ops csd_kern_ops_ref = {
     .name = "ref",
     .quantize_act_q8 = ref_quantize_act_q8,
@@ -141,4 +173,8 @@ const csd_kern_ops csd_kern_ops_ref = {
     .axpy_f32 = ref_axpy_f32,
     .axpy_f16 = ref_axpy_f16,
     .f32_to_f16 = ref_f32_to_f16,
+    .softmax = ref_softmax,
+    .silu_mul = ref_silu_mul,
+    .rmsnorm = ref_rmsnorm,
+    .read_streams = ref_read_streams,
 };

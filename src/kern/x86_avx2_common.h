@@ -72,6 +72,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         sums[t] = (const int32_t *)(const void *)(dx[t] + ng);
         acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     }
+    if (pf) csd_q_prefetch_scales(blk, q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = blk + (size_t)g * gbytes;
         __m256i isum[QT_MAX][2];

@@ -5,6 +5,7 @@
  * output element is computed by the same operation sequence whatever the tile it falls in. */
 #include "kern_internal.h"
 
+#include <assert.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -77,9 +78,16 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
 }
 
 /* Weight streams per thread in a Q matvec (q_streams). */
-#ifndef MV_STREAMS
-#define MV_STREAMS 2
+/* Weight streams per thread in a matvec (q_streams): DRAM serves several streams faster than one.
+ * Measured (kern_bench, 2 threads): Q8 +15% from 1 to 2; Q4, whose bytes go faster, another +7%
+ * on the large matrices from 2 to 3 (4: no further gain). */
+#ifndef MV_STREAMS_Q4
+#define MV_STREAMS_Q4 3
 #endif
+#ifndef MV_STREAMS_Q8
+#define MV_STREAMS_Q8 2
+#endif
+#define MV_STREAMS_MAX 3
 /* Most tokens in one Q tile: T float + T int accumulators + unpacked weights fit 32 zmm. */
 #define QT_MAX 8
 
@@ -115,6 +123,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         sums[t] = (const int32_t *)(const void *)(dx[t] + ng);
         acc[t] = _mm512_setzero_ps();
     }
+    if (pf) csd_q_prefetch_scales(blk, q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = blk + (size_t)g * gbytes;
         __m512i is[QT_MAX][4], ih[QT_MAX][4]; /* ih: Q4 high nibbles, kept x16 (no shift) */
@@ -185,8 +194,7 @@ typedef csd_q_block_fn q_block_fn;
 DEF_Q_BLOCKS(blocks_q4, 1)
 DEF_Q_BLOCKS(blocks_q8, 0)
 
-/* Matvec over S blocks far apart at once: S weight streams per thread (DRAM serves several
- * streams faster than one: measured +15% from 1 to 2 streams). Same per-output float sequence as
+/* Matvec over S blocks far apart at once: S weight streams per thread. Same per-output float sequence as
  * q_block; only the exact integer part is split differently. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
@@ -197,13 +205,16 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
-    __m512 acc[MV_STREAMS];
+    __m512 acc[MV_STREAMS_MAX];
 #pragma GCC unroll 4
-    for (int i = 0; i < S; i++) acc[i] = _mm512_setzero_ps();
+    for (int i = 0; i < S; i++) {
+        acc[i] = _mm512_setzero_ps();
+        csd_q_prefetch_scales(blk[i], q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
+    }
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
-        __m512i ia[MV_STREAMS], ib[MV_STREAMS];
-        const uint8_t *wg[MV_STREAMS];
+        __m512i ia[MV_STREAMS_MAX], ib[MV_STREAMS_MAX];
+        const uint8_t *wg[MV_STREAMS_MAX];
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
             wg[i] = blk[i] + (size_t)g * gbytes;
@@ -253,54 +264,58 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     for (int i = 0; i < S; i++) _mm512_mask_storeu_ps(y[i], tail_mask(nrows[i]), acc[i]);
 }
 
-static void streams_q4(float *const *y, const int *nrows, const uint8_t *const *blk,
-                       const uint8_t *act, int64_t ng) {
-    q_streams(MV_STREAMS, 1, y, nrows, blk, act, ng);
-}
-
-static void streams_q8(float *const *y, const int *nrows, const uint8_t *const *blk,
-                       const uint8_t *act, int64_t ng) {
-    q_streams(MV_STREAMS, 0, y, nrows, blk, act, ng);
-}
-
 typedef void (*q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
                              const uint8_t *act, int64_t ng);
 
-/* One token: the thread's blocks are cut into MV_STREAMS parts walked side by side; the blocks
- * left over go through q_block one at a time. */
-static void matvec_q(q_streams_fn streams, const q_block_fn single, float *y, const csd_qmat *w,
+#define DEF_Q_STREAMS(name, q4, S)                                                           \
+    static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
+                           const uint8_t *act, int64_t ng) {                                 \
+        q_streams(S, q4, y, nrows, blk, act, ng);                                            \
+    }
+DEF_Q_STREAMS(streams_q4, 1, 1)
+DEF_Q_STREAMS(streams_q4, 1, 2)
+DEF_Q_STREAMS(streams_q4, 1, 3)
+DEF_Q_STREAMS(streams_q8, 0, 1)
+DEF_Q_STREAMS(streams_q8, 0, 2)
+static const q_streams_fn streams_q4[MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2, streams_q4_3};
+static const q_streams_fn streams_q8[MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2, NULL};
+static_assert(MV_STREAMS_Q4 <= MV_STREAMS_MAX && MV_STREAMS_Q8 <= 2, "stream tables");
+
+/* One token: the thread's blocks are cut into S parts walked side by side (streams[S - 1]); the
+ * nb % S blocks left over are walked together, one stream each. */
+static void matvec_q(const q_streams_fn *streams, int S, float *y, const csd_qmat *w,
                      const uint8_t *act, int64_t r0, int64_t r1) {
     int64_t ng = csd_quant_groups(w->cols);
     size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
     int64_t first = r0 / CSD_QUANT_BLOCK_ROWS;
     int64_t nb = (r1 - r0 + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
-    int64_t part = nb / MV_STREAMS;
-    float *ys[MV_STREAMS];
-    int nr[MV_STREAMS];
-    const uint8_t *bs[MV_STREAMS];
-    for (int64_t j = 0; j < nb; j++) {
-        int64_t i = j < part * MV_STREAMS ? j % MV_STREAMS : 0;
-        int64_t b = first + (j < part * MV_STREAMS ? i * part + j / MV_STREAMS : j);
-        int64_t r = b * CSD_QUANT_BLOCK_ROWS;
-        ys[i] = y + r;
-        nr[i] = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
-        bs[i] = (const uint8_t *)w->data + (size_t)b * block_bytes;
-        if (j >= part * MV_STREAMS)
-            single(ys[0], w->rows, nr[0], bs[0], act, csd_quant_act_stride(w->cols), ng, 1);
-        else if (i == MV_STREAMS - 1)
-            streams(ys, nr, bs, act, ng);
+    int64_t part = nb / S, left = nb - part * S;
+    float *ys[MV_STREAMS_MAX];
+    int nr[MV_STREAMS_MAX];
+    const uint8_t *bs[MV_STREAMS_MAX];
+    /* step j walks block j of every part; the last step (j == part) walks the leftovers */
+    for (int64_t j = 0; j <= part; j++) {
+        int n = j < part ? S : (int)left;
+        for (int i = 0; i < n; i++) {
+            int64_t b = first + (j < part ? i * part + j : part * S + i);
+            int64_t r = b * CSD_QUANT_BLOCK_ROWS;
+            ys[i] = y + r;
+            nr[i] = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
+            bs[i] = (const uint8_t *)w->data + (size_t)b * block_bytes;
+        }
+        if (n > 0) streams[n - 1](ys, nr, bs, act, ng);
     }
 }
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) matvec_q(streams_q4, blocks_q4[0], y, w, act, r0, r1);
+    if (n_tok == 1) matvec_q(streams_q4, MV_STREAMS_Q4, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) matvec_q(streams_q8, blocks_q8[0], y, w, act, r0, r1);
+    if (n_tok == 1) matvec_q(streams_q8, MV_STREAMS_Q8, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
@@ -453,6 +468,89 @@ static void avx512_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
 
 /* Fused attention of one head: q (NV chunks of 16, the last one masked) stays in registers for
  * the scores, the output accumulates in registers over the positions. hd <= 256. */
+/* exp(x) for 16 floats, within 2 ulp over the whole float range: x = n ln2 + r with |r| <= ln2/2
+ * (ln2 split in two so n ln2 is exact), exp(r) by the Cephes degree-6 polynomial, 2^n by
+ * scalef (which also gives 0 below -104 and inf above 88.7). NaN stays NaN. */
+AI __m512 exp512(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* the max returns x when x is NaN */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* The sum runs in 16 float lanes, then in double across them: a fixed order for every n. */
+static float avx512_softmax(float *att, int64_t n, float max) {
+    __m512 mx = _mm512_set1_ps(max), sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+        __mmask16 m = tail_mask(n - t);
+        __m512 e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, att + t), mx));
+        _mm512_mask_storeu_ps(att + t, m, e);
+        sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, sum);
+    double total = 0.0;
+    for (int i = 0; i < 16; i++) total += lanes[i];
+    return (float)(1.0 / total);
+}
+
+/* The bandwidth test's read: 64-byte loads over `streams` parts side by side, prefetched as far
+ * ahead as the matvec kernels prefetch. */
+static uint64_t avx512_read_streams(const uint8_t *p, size_t bytes, int streams) {
+    size_t part = bytes / (size_t)streams / 64 * 64;
+    __m512i acc[8];
+    for (int s = 0; s < 8; s++) acc[s] = _mm512_setzero_si512();
+    for (size_t o = 0; o < part; o += 64)
+        for (int s = 0; s < streams; s++) {
+            const uint8_t *a = p + (size_t)s * part + o;
+            _mm_prefetch((const char *)a + PF_AHEAD, _MM_HINT_T0);
+            acc[s] = _mm512_add_epi64(acc[s], _mm512_loadu_si512(a));
+        }
+    for (int s = 1; s < 8; s++) acc[0] = _mm512_add_epi64(acc[0], acc[s]);
+    return (uint64_t)_mm512_reduce_add_epi64(acc[0]);
+}
+
+/* Squares summed in 2 x 8 double lanes (a fixed order), then across them; the scaling is the
+ * same float sequence per element as ref's. */
+static void avx512_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+        __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        s0 = _mm512_fmadd_pd(lo, lo, s0);
+        s1 = _mm512_fmadd_pd(hi, hi, s1);
+    }
+    double lanes[8], ss = 0.0;
+    _mm512_storeu_pd(lanes, _mm512_add_pd(s0, s1));
+    for (int i = 0; i < 8; i++) ss += lanes[i];
+    __m512 scale = _mm512_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), scale);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, w + i)));
+    }
+}
+
+static void avx512_silu_mul(float *g, const float *u, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 x = _mm512_maskz_loadu_ps(m, g + i);
+        __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
+    }
+}
+
 AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, const uint16_t *v,
                   int64_t ld, int64_t n, int64_t hd, float scale, float *att) {
     __m512 qv[16], o[16];
@@ -475,7 +573,7 @@ AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, c
         att[t] = s;
         max = s > max ? s : max;
     }
-    float inv = csd_attn_softmax(att, n, max);
+    float inv = avx512_softmax(att, n, max);
     for (int64_t t = 0; t < n; t++) {
         const uint16_t *vt = v + t * ld;
         __m512 p = _mm512_set1_ps(att[t] * inv);
@@ -525,4 +623,8 @@ const csd_kern_ops csd_kern_ops_avx512 = {
     .axpy_f16 = avx512_axpy_f16,
     .f32_to_f16 = avx512_f32_to_f16,
     .attend_f16 = avx512_attend_f16,
+    .softmax = avx512_softmax,
+    .silu_mul = avx512_silu_mul,
+    .rmsnorm = avx512_rmsnorm,
+    .read_streams = avx512_read_streams,
 };

@@ -10,14 +10,6 @@
 #include "core/dtype.h"
 #include "model_internal.h"
 
-/* out = x * rsqrt(mean(x^2) + eps) * w  (LlamaRMSNorm), accumulated in double for exactness. */
-static void rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
-    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
-    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
-}
-
 static void add_bias(float *y, const float *b, int64_t n_tok, int64_t dim) {
     if (!b) return;
     for (int64_t t = 0; t < n_tok; t++)
@@ -108,7 +100,7 @@ static void for_tokens(csd_model *m, int64_t n, token_range_fn fn, const void *a
 static void norm_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
     int64_t dim = m->cfg.dim;
     for (int64_t t = t0; t < t1; t++)
-        rmsnorm(m->xb + t * dim, m->x + t * dim, arg, dim, m->cfg.norm_eps);
+        csd_rmsnorm(m->xb + t * dim, m->x + t * dim, arg, dim, m->cfg.norm_eps);
 }
 
 /* x += tmp (the residual connection) for tokens [t0, t1). */
@@ -122,10 +114,7 @@ static void residual_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t
 static void silu_mul_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
     (void)arg;
     int64_t hid = m->cfg.hidden_dim;
-    for (int64_t i = t0 * hid; i < t1 * hid; i++) {
-        float g = m->hb[i];
-        m->hb[i] = g / (1.0f + expf(-g)) * m->hb2[i];
-    }
+    csd_silu_mul(m->hb + t0 * hid, m->hb2 + t0 * hid, (t1 - t0) * hid);
 }
 
 typedef struct attn_job {
@@ -200,8 +189,8 @@ static void qk_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; t++) {
         float *q = m->q + t * m->q_dim, *k = m->k + t * m->kv_dim;
         if (lw->q_norm) { /* Qwen3: per-head RMSNorm on q and k before RoPE */
-            for (int64_t h = 0; h < c->n_heads; h++) rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->norm_eps);
-            for (int64_t h = 0; h < c->n_kv_heads; h++) rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->norm_eps);
+            for (int64_t h = 0; h < c->n_heads; h++) csd_rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->norm_eps);
+            for (int64_t h = 0; h < c->n_kv_heads; h++) csd_rmsnorm(k + h * hd, k + h * hd, lw->k_norm, hd, c->norm_eps);
         }
         const float *cos_t = m->rope_cos + t * (hd / 2), *sin_t = m->rope_sin + t * (hd / 2);
         rope_apply(q, c->n_heads, hd, cos_t, sin_t);
@@ -291,7 +280,7 @@ static void write_output(csd_model *m, const csd_batch *b, float *out) {
     int64_t rows = 0;
     for (int64_t i = 0; i < b->n; i++) { /* model.norm on the tokens that want logits */
         if (b->want_logits && !b->want_logits[i]) continue;
-        rmsnorm(m->xb + rows * dim, m->x + i * dim, m->w.final_norm, dim, c->norm_eps);
+        csd_rmsnorm(m->xb + rows * dim, m->x + i * dim, m->w.final_norm, dim, c->norm_eps);
         rows++;
     }
     if (rows) csd_matmul(m->pool, &m->w.head, m->xb, rows, out, m->mm_scratch); /* lm_head */

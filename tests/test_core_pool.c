@@ -1,0 +1,94 @@
+/* The fork-join pool: every chunk of a job runs exactly once whatever the thread count, jobs follow
+ * each other without mixing, and the guided split tiles its range in order with chunks that never
+ * grow (the big ones first), as the matmul driver relies on. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <stdatomic.h>
+
+#include "core/pool.h"
+
+#define MAX_CHUNKS 4096
+
+typedef struct count_job {
+    atomic_int runs[MAX_CHUNKS];
+    atomic_int bad_nth;
+    int n;
+} count_job;
+
+static void count_chunk(void *ctx, int ith, int nth) {
+    count_job *j = ctx;
+    if (nth != j->n || ith < 0 || ith >= nth) atomic_fetch_add(&j->bad_nth, 1);
+    else atomic_fetch_add(&j->runs[ith], 1);
+}
+
+static void test_every_chunk_once(void **state) {
+    (void)state;
+    static count_job job;
+    for (int threads = 1; threads <= 4; threads++) {
+        csd_pool *pool = NULL;
+        csd_err err = {0};
+        assert_int_equal(csd_pool_create(&pool, threads, &err), 0);
+        assert_int_equal(csd_pool_size(pool), threads);
+        for (int rep = 0; rep < 200; rep++) { /* many jobs back to back: no chunk of one leaks into the next */
+            int n = 1 + (rep * 37) % 300;
+            for (int i = 0; i < n; i++) atomic_store(&job.runs[i], 0);
+            atomic_store(&job.bad_nth, 0);
+            job.n = n;
+            csd_pool_run_chunks(pool, count_chunk, &job, n);
+            assert_int_equal(atomic_load(&job.bad_nth), 0);
+            for (int i = 0; i < n; i++) assert_int_equal(atomic_load(&job.runs[i]), 1);
+        }
+        csd_pool_destroy(pool);
+    }
+}
+
+static void test_guided_split_tiles_in_order(void **state) {
+    (void)state;
+    static const int64_t sizes[] = {0, 1, 5, 16, 160, 704, 2000, 100003};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        int64_t n = sizes[si];
+        for (int threads = 1; threads <= 4; threads++)
+            for (int rounds = 1; rounds <= 7; rounds++) {
+                int chunks = rounds * threads;
+                int64_t next = 0, prev_round_size = INT64_MAX;
+                for (int c = 0; c < chunks; c++) {
+                    int64_t b, e;
+                    csd_split_guided(n, c, chunks, threads, &b, &e);
+                    assert_int_equal(b, next); /* contiguous, in order */
+                    assert_true(e >= b);
+                    next = e;
+                    if (c % threads == 0) { /* a round's first chunk is its largest */
+                        if (rounds > 1 && c / threads < rounds - 1 && n >= (int64_t)threads << rounds)
+                            assert_true(e - b <= prev_round_size);
+                        prev_round_size = e - b;
+                    }
+                }
+                assert_int_equal(next, n); /* the chunks cover [0, n) exactly */
+            }
+    }
+    /* 12 chunks over 2 threads, 128 blocks: half the range in the first round */
+    int64_t b, e;
+    csd_split_guided(128, 0, 12, 2, &b, &e);
+    assert_int_equal(e - b, 32);
+    csd_split_guided(128, 11, 12, 2, &b, &e);
+    assert_int_equal(e, 128);
+    assert_true(e - b <= 2);
+    /* not a multiple of the threads: the even split */
+    csd_split_guided(100, 3, 7, 2, &b, &e);
+    int64_t b2, e2;
+    csd_split_range(100, 3, 7, &b2, &e2);
+    assert_int_equal(b, b2);
+    assert_int_equal(e, e2);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_chunk_once),
+        cmocka_unit_test(test_guided_split_tiles_in_order),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
