@@ -49,6 +49,7 @@ struct csd_pool {
     _Atomic uint64_t ticket;
     atomic_int done;          /* chunks of the current job finished */
     atomic_bool stop;
+    atomic_bool rest;         /* csd_pool_rest: idle workers sleep now instead of spinning */
     pthread_mutex_t mutex;    /* only for sleeping workers */
     pthread_cond_t wake;
     atomic_int sleepers;
@@ -85,6 +86,7 @@ static uint64_t wait_for_job(csd_pool *pool, uint64_t seen) {
     for (;;) {
         uint64_t gen = ticket_gen(atomic_load_explicit(&pool->ticket, memory_order_acquire));
         if (gen != seen || atomic_load(&pool->stop)) return gen;
+        if (atomic_load_explicit(&pool->rest, memory_order_relaxed)) break;
         cpu_relax();
         if (++spins % 1024 == 0) {
             uint64_t spun = csd_now_ns() - start;
@@ -167,6 +169,7 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
         for (int i = 0; i < n_chunks; i++) fn(ctx, i, n_chunks);
         return;
     }
+    atomic_store_explicit(&pool->rest, false, memory_order_relaxed);
     pool->fn = fn;
     pool->ctx = ctx;
     atomic_store_explicit(&pool->done, 0, memory_order_relaxed);
@@ -190,6 +193,10 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
             else if (now - start > POOL_YIELD_AFTER_NS) sched_yield();
         }
     }
+}
+
+void csd_pool_rest(csd_pool *pool) {
+    if (pool) atomic_store_explicit(&pool->rest, true, memory_order_relaxed);
 }
 
 void csd_pool_run(csd_pool *pool, csd_pool_fn fn, void *ctx) {

@@ -24,6 +24,10 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
  * jobs that keep per-ith scratch (each ith runs once, so its scratch is never shared). */
 void csd_pool_run(csd_pool *pool, csd_pool_fn fn, void *ctx);
 int csd_pool_size(const csd_pool *pool);
+/* No job is coming soon (a pipeline stage between steps): idle workers stop spinning and sleep
+ * until the next job, leaving the cores to whoever shares the machine (the other stages of a local
+ * fleet). The next csd_pool_run_chunks wakes them. */
+void csd_pool_rest(csd_pool *pool);
 /* Online cores of this machine (at least 1). */
 int csd_cpu_count(void);
 

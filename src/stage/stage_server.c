@@ -391,6 +391,13 @@ static item *pop_item(csd_stage_server *s, int wait_ms) {
     return it;
 }
 
+static bool queue_empty(csd_stage_server *s) {
+    pthread_mutex_lock(&s->mu);
+    bool empty = !s->q_head;
+    pthread_mutex_unlock(&s->mu);
+    return empty;
+}
+
 static void recycle(csd_stage_server *s, item *it) {
     pthread_mutex_lock(&s->mu);
     it->next = s->free_items;
@@ -427,6 +434,7 @@ static void *compute_main(void *arg) {
         }
         if (n) run_batch(s, s->batch, n);
         for (int k = 0; k < n; k++) recycle(s, s->batch[k]);
+        if (queue_empty(s)) csd_pool_rest(csd_model_pool(s->model)); /* the next step is a round trip away */
     }
     return NULL;
 }
