@@ -33,7 +33,8 @@ static void test_every_chunk_once(void **state) {
         csd_err err = {0};
         assert_int_equal(csd_pool_create(&pool, threads, &err), 0);
         assert_int_equal(csd_pool_size(pool), threads);
-        for (int rep = 0; rep < 200; rep++) { /* many jobs back to back: no chunk of one leaks into the next */
+        /* many jobs back to back: no chunk of one leaks into the next */
+        for (int rep = 0; rep < 200; rep++) {
             int n = 1 + (rep * 37) % 300;
             for (int i = 0; i < n; i++) atomic_store(&job.runs[i], 0);
             atomic_store(&job.bad_nth, 0);

@@ -32,7 +32,8 @@ static void membw_fn(void *ctx, int ith, int nth) {
         return;
     }
     size_t bytes = (size_t)(end - p) * sizeof *p;
-    uint64_t sum = csd_read_streams((const uint8_t *)p, bytes - bytes % (64 * (size_t)j->streams), j->streams);
+    bytes -= bytes % (64 * (size_t)j->streams); /* whole lines in every part */
+    uint64_t sum = csd_read_streams((const uint8_t *)p, bytes, j->streams);
     if (ith < CSD_BENCH_MAX_STREAMS) j->sums[ith] = sum;
 }
 

@@ -137,7 +137,8 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
     }
     if (job.act || job.xpad) prepare_activations(pool, &job);
     job.threads = csd_pool_size(pool);
-    csd_pool_run_chunks(pool, matmul_rows, &job, row_chunks((w->rows + ROW_BLOCK - 1) / ROW_BLOCK, job.threads));
+    int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+    csd_pool_run_chunks(pool, matmul_rows, &job, row_chunks(blocks, job.threads));
 }
 
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,

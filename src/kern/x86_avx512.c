@@ -77,7 +77,6 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
-/* Weight streams per thread in a Q matvec (q_streams). */
 /* Weight streams per thread in a matvec (q_streams): DRAM serves several streams faster than one.
  * Measured (kern_bench, 2 threads): Q8 +15% from 1 to 2; Q4, whose bytes go faster, another +7%
  * on the large matrices from 2 to 3 (4: no further gain). */
@@ -194,8 +193,8 @@ typedef csd_q_block_fn q_block_fn;
 DEF_Q_BLOCKS(blocks_q4, 1)
 DEF_Q_BLOCKS(blocks_q8, 0)
 
-/* Matvec over S blocks far apart at once: S weight streams per thread. Same per-output float sequence as
- * q_block; only the exact integer part is split differently. */
+/* Matvec over S blocks far apart at once: S weight streams per thread. Same per-output float
+ * sequence as q_block; only the exact integer part is split differently. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
     const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
@@ -466,8 +465,6 @@ static void avx512_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
     }
 }
 
-/* Fused attention of one head: q (NV chunks of 16, the last one masked) stays in registers for
- * the scores, the output accumulates in registers over the positions. hd <= 256. */
 /* exp(x) for 16 floats, within 2 ulp over the whole float range: x = n ln2 + r with |r| <= ln2/2
  * (ln2 split in two so n ln2 is exact), exp(r) by the Cephes degree-6 polynomial, 2^n by
  * scalef (which also gives 0 below -104 and inf above 88.7). NaN stays NaN. */
@@ -551,6 +548,8 @@ static void avx512_silu_mul(float *g, const float *u, int64_t n) {
     }
 }
 
+/* Fused attention of one head: q (NV chunks of 16, the last one masked) stays in registers for
+ * the scores, the output accumulates in registers over the positions. hd <= 256. */
 AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, const uint16_t *v,
                   int64_t ld, int64_t n, int64_t hd, float scale, float *att) {
     __m512 qv[16], o[16];

@@ -16,9 +16,10 @@ static int open_stage0(csd_model_shard **shard, const csd_manifest *m, const csd
                            "an export in %d stages: serve it as a fleet (one `cascadia worker` per stage)",
                            m->n_stages);
     if (opts->precision >= 0 && opts->precision != m->precision)
-        return csd_err_set(err, CSD_EINVAL, "the export is %s; --precision %s needs the Hugging Face directory",
+        return csd_err_set(err, CSD_EINVAL,
+                           "the export is %s; --precision %s needs the Hugging Face directory",
                            csd_dtype_name(m->precision), csd_dtype_name(opts->precision));
-    if ((opts->layer_begin > 0) || (opts->layer_end >= 0 && opts->layer_end != m->cfg.n_layers))
+    if (opts->layer_begin > 0 || (opts->layer_end >= 0 && opts->layer_end != m->cfg.n_layers))
         return csd_err_set(err, CSD_EINVAL, "a layer range needs the Hugging Face directory");
     char path[4096];
     if (csd_path_join(path, sizeof path, m->dir, m->stages[0].file))
