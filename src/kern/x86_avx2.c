@@ -5,6 +5,8 @@
  * fixed per-element operation order in every tile (batch invariance). */
 #include "x86_avx2_common.h"
 
+#include <math.h>
+
 #include "core/dtype.h"
 
 AI float hsum8(__m256 v) {
@@ -189,6 +191,106 @@ static void avx2_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     for (; i < n; i++) out[i] = _cvtss_sh(in[i], _MM_FROUND_TO_NEAREST_INT);
 }
 
+/* ---- per-token vector ops (the avx512 table's, in 8 lanes) ---- */
+
+/* Lanes [0, left) of 8 set: masked loads and stores for the tail. */
+AI __m256i mask8(int64_t left) {
+    const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(left >= 8 ? 8 : (int)left), iota);
+}
+
+/* exp(x) for 8 floats, within 2 ulp: x = n ln2 + r (ln2 in two parts), the Cephes degree-6
+ * polynomial for exp(r), then 2^n applied as two halves so every factor is a normal float
+ * (exponents down to -150 give denormals or 0, above 128 inf). NaN stays NaN (max/min return
+ * their second operand when one is NaN). */
+AI __m256 exp256(__m256 x) {
+    x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    const __m256i bias = _mm256_set1_epi32(127);
+    __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+    __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, f1), f2);
+}
+
+static float avx2_softmax(float *att, int64_t n, float max) {
+    __m256 mx = _mm256_set1_ps(max), sum = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; t += 8) {
+        __m256i m = mask8(n - t);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_maskload_ps(att + t, m), mx));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(m));
+        _mm256_maskstore_ps(att + t, m, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, sum);
+    double total = 0.0;
+    for (int i = 0; i < 8; i++) total += lanes[i];
+    return (float)(1.0 / total);
+}
+
+static void avx2_silu_mul(float *g, const float *u, int64_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i m = mask8(n - i);
+        __m256 x = _mm256_maskload_ps(g + i, m);
+        __m256 e = exp256(_mm256_sub_ps(_mm256_setzero_ps(), x));
+        __m256 s = _mm256_div_ps(x, _mm256_add_ps(one, e));
+        _mm256_maskstore_ps(g + i, m, _mm256_mul_ps(s, _mm256_maskload_ps(u + i, m)));
+    }
+}
+
+/* Squares summed in 2 x 4 double lanes, then across them; the scaling as ref's. */
+static void avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    __m256d s0 = _mm256_setzero_pd(), s1 = _mm256_setzero_pd();
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256 v = _mm256_maskload_ps(x + i, mask8(n - i));
+        __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+        __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        s0 = _mm256_fmadd_pd(lo, lo, s0);
+        s1 = _mm256_fmadd_pd(hi, hi, s1);
+    }
+    double lanes[4], ss = 0.0;
+    _mm256_storeu_pd(lanes, _mm256_add_pd(s0, s1));
+    for (int i = 0; i < 4; i++) ss += lanes[i];
+    __m256 scale = _mm256_set1_ps((float)(1.0 / sqrt(ss / (double)n + (double)eps)));
+    for (int64_t i = 0; i < n; i += 8) {
+        __m256i m = mask8(n - i);
+        __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, m), scale);
+        _mm256_maskstore_ps(out + i, m, _mm256_mul_ps(v, _mm256_maskload_ps(w + i, m)));
+    }
+}
+
+/* The bandwidth test's read (kern.h): 32-byte loads, prefetched as the matvec prefetches. */
+static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams) {
+    size_t part = bytes / (size_t)streams / 64 * 64;
+    __m256i acc[8];
+    for (int s = 0; s < 8; s++) acc[s] = _mm256_setzero_si256();
+    for (size_t o = 0; o < part; o += 64)
+        for (int s = 0; s < streams; s++) {
+            const uint8_t *a = p + (size_t)s * part + o;
+            _mm_prefetch((const char *)a + PF_AHEAD, _MM_HINT_T0);
+            __m256i v = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(const void *)a),
+                                         _mm256_loadu_si256((const __m256i *)(const void *)(a + 32)));
+            acc[s] = _mm256_add_epi64(acc[s], v);
+        }
+    uint64_t lanes[4], sum = 0;
+    for (int s = 1; s < 8; s++) acc[0] = _mm256_add_epi64(acc[0], acc[s]);
+    _mm256_storeu_si256((__m256i *)(void *)lanes, acc[0]);
+    for (int i = 0; i < 4; i++) sum += lanes[i];
+    return sum;
+}
+
 const csd_kern_ops csd_kern_ops_avx2 = {
     .name = "avx2",
     .quantize_act_q8 = avx2_quantize_act_q8,
@@ -200,4 +302,8 @@ const csd_kern_ops csd_kern_ops_avx2 = {
     .axpy_f32 = avx2_axpy_f32,
     .axpy_f16 = avx2_axpy_f16,
     .f32_to_f16 = avx2_f32_to_f16,
+    .softmax = avx2_softmax,
+    .silu_mul = avx2_silu_mul,
+    .rmsnorm = avx2_rmsnorm,
+    .read_streams = avx2_read_streams,
 };
