@@ -4,8 +4,9 @@
  * a free slot, so a request goes to whichever pipeline has capacity and no pipeline is ever sent
  * more than --parallel requests (the phase-0 lesson: a flooded backend slows 17x). A step carries
  * the next token of every decoding request plus a bounded chunk of prompt tokens, so running
- * streams keep producing while a long prompt is prefilled. With a fleet of S stages, up to S steps
- * are in flight over disjoint groups of requests, so every stage has work. */
+ * streams keep producing while a long prompt is prefilled. With a fleet, up to max_in_flight steps
+ * (one per machine by default, at most one per stage) are in flight over disjoint groups of
+ * requests, so every machine has work. */
 #include "engine.h"
 
 #include <pthread.h>

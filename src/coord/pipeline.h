@@ -55,7 +55,7 @@ struct csd_pipeline {
     const csd_pipeline_ops *ops;
     csd_model_config cfg; /* the model being served */
     int64_t max_ctx;      /* longest request it accepts */
-    int max_in_flight;    /* steps that may overlap: 1 in-process, the stage count for a fleet */
+    int max_in_flight;    /* steps that may overlap: 1 in-process; a fleet: --micro-batches (fleet_hosts.h) */
     int64_t max_step_tokens; /* tokens one step may carry in all */
 };
 
