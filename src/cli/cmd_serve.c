@@ -23,7 +23,6 @@
 #include "tok/tokenizer.h"
 
 /* End-of-generation ids collected from the tokenizer (EOS + end-of-turn tokens). */
-#define SERVE_MAX_EOG 64
 
 static const char *const serve_usage =
     "usage: cascadia serve MODEL_DIR [options]\n"
@@ -296,8 +295,8 @@ int csd_cmd_serve(int argc, char **argv) {
         rc = build_pipelines(&a, &b, &err);
     }
     if (!rc && !g_stop_signal) {
-        int32_t eog[SERVE_MAX_EOG];
-        int n_eog = csd_cli_collect_eog(tok, eog, SERVE_MAX_EOG);
+        int32_t eog[CSD_CLI_MAX_EOG];
+        int n_eog = csd_cli_collect_eog(tok, eog, CSD_CLI_MAX_EOG);
         csd_engine_opts eo;
         csd_engine_opts_default(&eo);
         eo.parallel = a.parallel;

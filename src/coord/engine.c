@@ -326,10 +326,7 @@ static void build_step(worker *w, inflight_step *s, int limit) {
         if (!can_step(r)) continue;
         csd_step_entry *en = &s->entries[s->n];
         en->req = (uint32_t)r->id;
-        const csd_sampler_params *sp = &r->params.sampling;
-        en->argmax_only = sp->temperature <= 0.0f && sp->repetition_penalty == 1.0f &&
-                          sp->presence_penalty == 0.0f && sp->frequency_penalty == 0.0f &&
-                          !r->params.logprobs;
+        en->argmax_only = csd_sampler_is_plain_argmax(&r->params.sampling) && !r->params.logprobs;
         if (r->state == REQ_DECODE) {
             if (tokens + 1 > max_tokens) break;
             en->ids = &r->last_token;

@@ -28,8 +28,8 @@ static bool is_eog(const csd_pipeline *p, const csd_gen_params *gp, int32_t id) 
 
 /* One decode step. A greedy request without penalties only needs the argmax, so a fleet may send
  * back the token id instead of the whole logits row (128 KB for a 32K vocabulary). */
-static int decode_step(csd_pipeline *p, uint32_t req, const int32_t *id, bool argmax_only, float *logits,
-                       csd_err *err) {
+static int decode_step(csd_pipeline *p, uint32_t req, const int32_t *id, bool argmax_only,
+                       float *logits, csd_err *err) {
     csd_step_entry e = {req, id, 1, true, argmax_only};
     int rc = p->ops->step_begin(p, &e, 1, logits, err);
     return rc ? rc : p->ops->step_end(p, err);
@@ -40,9 +40,7 @@ static int decode_loop(csd_pipeline *p, uint32_t req, int64_t n_prompt, const cs
                        void *ctx, csd_gen_stats *st, csd_err *err) {
     int32_t vocab = (int32_t)p->cfg.vocab_size;
     int64_t ctx_len = p->max_ctx;
-    const csd_sampler_params *sp = &gp->sampling;
-    bool argmax_only = sp->temperature <= 0.0f && sp->repetition_penalty == 1.0f && sp->presence_penalty == 0.0f &&
-                       sp->frequency_penalty == 0.0f && !gp->need_logits;
+    bool argmax_only = csd_sampler_is_plain_argmax(&gp->sampling) && !gp->need_logits;
     uint64_t t0 = csd_now_ns();
     for (;;) {
         memcpy(raw, logits, (size_t)vocab * sizeof(float)); /* sampler edits logits in place */

@@ -147,16 +147,8 @@ float csd_dot_f32(const float *a, const float *b, int64_t n) {
     return csd_kern_ops_current()->dot_f32(a, b, n);
 }
 
-float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n) {
-    return csd_kern_ops_current()->dot_f32_f16(a, b, n);
-}
-
 void csd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     csd_kern_ops_current()->axpy_f32(y, a, x, n);
-}
-
-void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
-    csd_kern_ops_current()->axpy_f16(y, a, x, n);
 }
 
 void csd_silu_mul(float *g, const float *u, int64_t n) { csd_kern_ops_current()->silu_mul(g, u, n); }

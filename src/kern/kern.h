@@ -50,20 +50,16 @@ void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok
 void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, const float *x,
                       int64_t n_tok, float *const *y, void *scratch);
 
-/* Vector helpers for attention (F16 or F32 KV cache), dispatched like the matmul. Each table sums
- * in its own fixed order (the result depends only on the inputs and n, never on threads or batch);
- * tables differ from each other only by float rounding. */
+/* Vector helpers for attention over an F32 KV cache (the F16 one goes through csd_attend_f16),
+ * dispatched like the matmul. Each table sums in its own fixed order (the result depends only on
+ * the inputs and n, never on threads or batch); tables differ from each other only by rounding. */
 /* Returns sum_i a[i] * b[i]. */
 float csd_dot_f32(const float *a, const float *b, int64_t n);
-/* Returns sum_i a[i] * f32(b[i]), b in IEEE half. */
-float csd_dot_f32_f16(const float *a, const uint16_t *b, int64_t n);
 /* y[i] += a * x[i] (the multiply-add may be fused). */
 void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
-/* y[i] += a * f32(x[i]), x in IEEE half (the multiply-add may be fused). */
-void csd_axpy_f16(float *y, float a, const uint16_t *x, int64_t n);
 /* The softmax step of attention: att[t] = exp(att[t] - max) in place; returns 1 / sum. Every
  * attention path of a table uses its table's (same rounding on every path); tables differ by
- * their exp (libm's in ref, a vector polynomial within 2 ulp in avx512). */
+ * their exp (libm's in ref, a vector polynomial within 2 ulp in avx2, avxvnni and avx512). */
 float csd_attn_softmax(float *att, int64_t n, float max);
 /* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)): the gated FFN's activation. */
 void csd_silu_mul(float *g, const float *u, int64_t n);

@@ -70,6 +70,19 @@ static inline void csd_q_prefetch_scales(const uint8_t *blk, int dtype, int64_t 
     }
 }
 
+/* The vector tables' exp (Cephes expf): x = n ln2 + r with n = round(x log2 e), ln2 split in two
+ * so that n * LN2_HI is exact, exp(r) = 1 + r + r^2 (P0 + r (P1 + ... + r P5)) on |r| <= ln2/2,
+ * then times 2^n. Within 2 ulp; the ISA files apply it (and 2^n) in their own registers. */
+#define CSD_EXP_LOG2E 1.44269504088896341f
+#define CSD_EXP_LN2_HI 0.693359375f
+#define CSD_EXP_LN2_LO -2.12194440e-4f
+#define CSD_EXP_P0 5.0000001201e-1f
+#define CSD_EXP_P1 1.6666665459e-1f
+#define CSD_EXP_P2 4.1665795894e-2f
+#define CSD_EXP_P3 8.3334519073e-3f
+#define CSD_EXP_P4 1.3981999507e-3f
+#define CSD_EXP_P5 1.9875691500e-4f
+
 /* The blocked Q matmul loop shared by the ISA files: blocks[n - 1] handles n tokens (1..tile_max).
  * Rows [r0, r1) in blocks, tokens in chunks of 64 inner, so a block stays in L1/L2 while they
  * sweep it; the first tile of each block gets pf = 1. */

@@ -82,11 +82,13 @@ static int row_chunks(int64_t n, int threads) {
     return rounds * threads;
 }
 
+static int64_t row_blocks(const csd_qmat *w) { return (w->rows + ROW_BLOCK - 1) / ROW_BLOCK; }
+
 static void matmul_rows(void *ctx, int ith, int nth) {
     const matmul_job *job = ctx;
     const csd_qmat *w = job->w;
     int64_t b, e;
-    csd_split_guided((w->rows + ROW_BLOCK - 1) / ROW_BLOCK, ith, nth, job->threads, &b, &e);
+    csd_split_guided(row_blocks(w), ith, nth, job->threads, &b, &e);
     int64_t r0 = b * ROW_BLOCK, r1 = e * ROW_BLOCK < w->rows ? e * ROW_BLOCK : w->rows;
     if (r0 >= r1) return;
     const csd_kern_ops *ops = job->ops;
@@ -128,7 +130,7 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
 void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *w,
                           const float *x, int64_t n_tok, float *y, void *scratch) {
     if (n_tok <= 0 || w->rows <= 0) return;
-    matmul_job job = {ops, w, x, NULL, NULL, w->cols, n_tok, y, 1};
+    matmul_job job = {ops, w, x, NULL, NULL, w->cols, n_tok, y, csd_pool_size(pool)};
     if (w->dtype == CSD_DTYPE_Q4 || w->dtype == CSD_DTYPE_Q8) {
         job.act = scratch_base(scratch);
     } else if (n_tok > 1 && padded_ldx(w->cols) != w->cols) {
@@ -136,9 +138,7 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
         job.ldx = padded_ldx(w->cols);
     }
     if (job.act || job.xpad) prepare_activations(pool, &job);
-    job.threads = csd_pool_size(pool);
-    int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
-    csd_pool_run_chunks(pool, matmul_rows, &job, row_chunks(blocks, job.threads));
+    csd_pool_run_chunks(pool, matmul_rows, &job, row_chunks(row_blocks(w), job.threads));
 }
 
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
@@ -164,7 +164,7 @@ static void multi_rows(void *ctx, int ith, int nth) {
     csd_split_guided(job->total_blocks, ith, nth, job->threads, &b, &e);
     for (int i = 0; i < job->n_mats && b < e; i++) {
         const csd_qmat *w = job->w[i];
-        int64_t blocks = (w->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+        int64_t blocks = row_blocks(w);
         if (b < base + blocks) {
             int64_t end = e < base + blocks ? e : base + blocks;
             int64_t r0 = (b - base) * ROW_BLOCK, r1 = (end - base) * ROW_BLOCK;
@@ -186,7 +186,7 @@ void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, cons
     for (int i = 0; i < n_mats; i++) {
         fused = fused && (w[i]->dtype == CSD_DTYPE_Q4 || w[i]->dtype == CSD_DTYPE_Q8) &&
                 w[i]->cols == w[0]->cols;
-        total += (w[i]->rows + ROW_BLOCK - 1) / ROW_BLOCK;
+        total += row_blocks(w[i]);
     }
     if (!fused) { /* float weights or mixed shapes: one matmul each */
         for (int i = 0; i < n_mats; i++) csd_matmul(pool, w[i], x, n_tok, y[i], scratch);
@@ -195,7 +195,6 @@ void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, cons
     const csd_kern_ops *ops = csd_kern_ops_current();
     matmul_job prep = {ops, w[0], x, scratch_base(scratch), NULL, w[0]->cols, n_tok, NULL, 1};
     prepare_activations(pool, &prep);
-    multi_job job = {ops, w, y, n_mats, prep.act, n_tok, total, 1};
-    job.threads = csd_pool_size(pool);
+    multi_job job = {ops, w, y, n_mats, prep.act, n_tok, total, csd_pool_size(pool)};
     csd_pool_run_chunks(pool, multi_rows, &job, row_chunks(total, job.threads));
 }

@@ -64,21 +64,21 @@ static void ref_matmul_q(float *y, const csd_qmat *w, const uint8_t *act, int64_
         const uint8_t *blk = (const uint8_t *)w->data + (size_t)(b0 / CSD_QUANT_BLOCK_ROWS) * block_bytes;
         const uint16_t *dw = csd_quant_block_scales(w->dtype, blk, w->cols);
         int nr = (int)(r1 - b0 < CSD_QUANT_BLOCK_ROWS ? r1 - b0 : CSD_QUANT_BLOCK_ROWS);
-        for (int64_t t = 0; t < n_tok; t++) {
-            const int8_t *xq = (const int8_t *)(act + (size_t)t * stride);
-            const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
-            float acc[CSD_QUANT_BLOCK_ROWS] = {0};
-            for (int64_t g = 0; g < ng; g++) {
-                unpack_block_group(w->dtype, blk + (size_t)g * gbytes, q);
+        for (int64_t t = 0; t < n_tok; t++)
+            for (int r = 0; r < nr; r++) y[t * w->rows + b0 + r] = 0.0f;
+        for (int64_t g = 0; g < ng; g++) { /* each group unpacked once for all the tokens */
+            unpack_block_group(w->dtype, blk + (size_t)g * gbytes, q);
+            for (int64_t t = 0; t < n_tok; t++) {
+                const int8_t *xq = (const int8_t *)(act + (size_t)t * stride);
+                const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
                 const int8_t *xg = xq + g * CSD_QUANT_GROUP;
                 for (int r = 0; r < nr; r++) {
                     int32_t isum = 0;
                     for (int j = 0; j < CSD_QUANT_GROUP; j++) isum += (int32_t)q[r][j] * xg[j];
-                    acc[r] += (csd_f16_to_f32(dw[g * CSD_QUANT_BLOCK_ROWS + r]) * dx[g]) *
-                              (float)isum;
+                    y[t * w->rows + b0 + r] += (csd_f16_to_f32(dw[g * CSD_QUANT_BLOCK_ROWS + r]) * dx[g]) *
+                                               (float)isum;
                 }
             }
-            for (int r = 0; r < nr; r++) y[t * w->rows + b0 + r] = acc[r];
         }
     }
 }

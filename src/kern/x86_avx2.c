@@ -205,16 +205,16 @@ AI __m256i mask8(int64_t left) {
  * their second operand when one is NaN). */
 AI __m256 exp256(__m256 x) {
     x = _mm256_min_ps(_mm256_set1_ps(89.0f), _mm256_max_ps(_mm256_set1_ps(-104.0f), x));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CSD_EXP_LOG2E)),
                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CSD_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CSD_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(CSD_EXP_P5);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P0));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
     const __m256i bias = _mm256_set1_epi32(127);

@@ -470,16 +470,16 @@ static void avx512_axpy_f16(float *y, float a, const uint16_t *x, int64_t n) {
  * scalef (which also gives 0 below -104 and inf above 88.7). NaN stays NaN. */
 AI __m512 exp512(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x); /* the max returns x when x is NaN */
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CSD_EXP_LOG2E)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CSD_EXP_LN2_HI), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(CSD_EXP_LN2_LO), r);
+    __m512 p = _mm512_set1_ps(CSD_EXP_P5);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CSD_EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CSD_EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CSD_EXP_P2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CSD_EXP_P1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CSD_EXP_P0));
     p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
     return _mm512_scalef_ps(p, n);
 }

@@ -177,6 +177,11 @@ static void sort_desc(cand *c, int32_t n) { /* insertion sort: n is small after 
     }
 }
 
+bool csd_sampler_is_plain_argmax(const csd_sampler_params *p) {
+    return p->temperature <= 0.0f && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+           p->frequency_penalty == 0.0f;
+}
+
 int32_t csd_sampler_sample(csd_sampler *s, float *logits) {
     const csd_sampler_params *p = &s->p;
     apply_penalties(s, logits);

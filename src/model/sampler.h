@@ -25,6 +25,9 @@ typedef struct csd_sampler_params {
 void csd_sampler_params_default(csd_sampler_params *p);
 /* Checks ranges; the message names the field. */
 int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err);
+/* True when sampling is the plain argmax of the logits (greedy, no penalties): a fleet's last
+ * stage may then send back the token id instead of the logits row. */
+bool csd_sampler_is_plain_argmax(const csd_sampler_params *p);
 
 typedef struct csd_sampler csd_sampler;
 
