@@ -20,6 +20,9 @@ bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_
 /* Model flags common to run, logits, bench: --precision, --threads, --ctx, --kv-type.
  * Returns 1 when the flag was one of them (consumed), 0 when not, -1 on a bad value. */
 int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd_model_opts *opts);
+#define CSD_CLI_MODEL_DIR_HELP                                                              \
+    "  MODEL_DIR         a Hugging Face directory (converted to --precision at load), or a\n"   \
+    "                    one-stage export (`cascadia export --stages 1`: loads as exported)\n"
 #define CSD_CLI_MODEL_FLAGS_HELP                                                            \
     "  --precision P     f32|f16|bf16|int8|int4 (default: the file's dtype)\n"               \
     "  --threads N       worker threads (default: all cores)\n"                              \

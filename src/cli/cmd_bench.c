@@ -28,7 +28,7 @@ static const char *const bench_usage =
     "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
     "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
     "  --membw-mib N       buffer of the bandwidth test in MiB (default 1024, 0 = skip)\n"
-    "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_FLAGS_HELP
+    "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
     CSD_CLI_FLEET_FLAGS_HELP;
 
 void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *state) {

@@ -14,7 +14,7 @@ static const char *const logits_usage =
     "usage: cascadia logits MODEL_DIR --ids 1,2,3 [--top K] [--out FILE] [model options]\n"
     "  --ids LIST   token ids (comma-separated), fed as one sequence\n"
     "  --top K      logits printed per position (default 5)\n"
-    "  --out FILE   write all logits as float32 [positions x vocab]\n" CSD_CLI_MODEL_FLAGS_HELP;
+    "  --out FILE   write all logits as float32 [positions x vocab]\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP;
 
 /* Teacher-forced logits of every position, in chunks of the model's batch limit. */
 static int all_logits(csd_model *m, const int32_t *ids, int64_t n, float *out, csd_err *err) {
@@ -94,7 +94,7 @@ int csd_cmd_logits(int argc, char **argv) {
     float *logits = NULL;
     csd_kern_init();
     if (opts.max_ctx == 0) opts.max_ctx = n > 16 ? n : 16;
-    int rc = csd_model_load_hf(&m, dir, &opts, &err);
+    int rc = csd_model_open(&m, dir, &opts, &err);
     int64_t vocab = rc ? 0 : csd_model_cfg(m)->vocab_size;
     if (!rc && n > csd_model_max_ctx(m))
         rc = csd_err_set(&err, CSD_ERANGE, "%lld ids exceed the context", (long long)n);

@@ -27,7 +27,7 @@ static const char *const run_usage =
     "  --presence-penalty F, --frequency-penalty F   (default 0)\n"
     "  --seed S            sampling seed (default 24301)\n"
     "  --ignore-eos        keep generating past end-of-text\n"
-    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_FLAGS_HELP
+    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
     CSD_CLI_FLEET_FLAGS_HELP;
 
 typedef struct run_args {

@@ -37,7 +37,7 @@ static const char *const serve_usage =
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline (default 4, 0 = off)\n"
-    CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
+    CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
 
