@@ -24,6 +24,7 @@ typedef struct csd_bench_args {
     csd_model_opts model;         /* --precision, -t/--threads, --ctx, --kv-type */
     int64_t n_prompt;             /* -p: prompt tokens of the pp test (0: skip it) */
     int64_t n_gen;                /* -n: generated tokens of the tg test (0: skip it) */
+    int64_t depth;                /* -d: tokens already in the cache before each pp/tg test */
     int reps;                     /* -r: repetitions of every test */
     bool json;                    /* one JSON object (or list) on stdout instead of a table */
     uint64_t seed;                /* token ids are drawn from it */

@@ -1,6 +1,7 @@
 /* cmd_bench: `cascadia bench`: speed as llama-bench measures it. Prompt processing (one batched
- * forward of -p random tokens) and generation (-n single-token steps) in tokens/s, and the
- * generation roofline: weight bytes read per token over a memory bandwidth measured here.
+ * forward of -p random tokens) and generation (-n single-token steps) in tokens/s, optionally after
+ * -d tokens already in the cache, and the generation roofline: weight and KV cache bytes read per
+ * token over a memory bandwidth measured here.
  * --concurrency runs the continuous-batching engine; --fleet measures a fleet (bench_engine.c).
  * Results go to stdout (a table, or JSON with --json); progress goes to stderr. */
 #include <math.h>
@@ -16,12 +17,14 @@
 #include "core/dtype.h"
 
 static const char *const bench_usage =
-    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-t THREADS] [-r REPS] [--json]\n"
+    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-d 0] [-t THREADS] [-r REPS] [--json]\n"
     "       cascadia bench MODEL_DIR --concurrency 1,2,4,8,16 [-n 64] [options]\n"
     "       cascadia bench --fleet H:P,... --manifest DIR [--local-stage 0] (--key F | --insecure)\n"
     "                      [-n 128] [--concurrency LIST]\n"
     "  -p N                prompt tokens of the prompt-processing test (default 512, 0 = skip)\n"
     "  -n N                generated tokens (default 128; 64 with --concurrency)\n"
+    "  -d, --depth N       tokens already in the cache before each pp/tg test (default 0), as\n"
+    "                      llama-bench -d: the speed at a long context\n"
     "  -t, --threads N     threads (default: all cores)\n"
     "  -r N                repetitions of each test (default 3)\n"
     "  --json              one JSON object (a list with --concurrency) instead of the table\n"
@@ -90,7 +93,7 @@ static int parse_args(int argc, char **argv, csd_bench_args *a) {
             a->json = true;
         } else if (!strcmp(f, "-p") || !strcmp(f, "-n") || !strcmp(f, "-r") ||
                    !strcmp(f, "--membw-mib") || !strcmp(f, "--seed") ||
-                   !strcmp(f, "--stream-prompt")) {
+                   !strcmp(f, "--stream-prompt") || !strcmp(f, "-d") || !strcmp(f, "--depth")) {
             int64_t hi = !strcmp(f, "--seed") ? INT64_MAX : 1 << 20;
             int64_t lo = !strcmp(f, "-r") || !strcmp(f, "--stream-prompt") ? 1 : 0;
             if (!csd_cli_int("bench", f, value, lo, hi, &v)) return 2;
@@ -99,6 +102,7 @@ static int parse_args(int argc, char **argv, csd_bench_args *a) {
             else if (!strcmp(f, "-r")) a->reps = (int)(v < 1000 ? v : 1000);
             else if (!strcmp(f, "--membw-mib")) a->membw_mib = v;
             else if (!strcmp(f, "--seed")) a->seed = (uint64_t)v;
+            else if (!strcmp(f, "-d") || !strcmp(f, "--depth")) a->depth = v;
             else a->stream_prompt = v;
             i++;
         } else if (!strcmp(f, "--concurrency")) {
@@ -134,6 +138,11 @@ static int parse_args(int argc, char **argv, csd_bench_args *a) {
         fprintf(stderr, "cascadia bench: MODEL_DIR (or --fleet/--manifest) is required\n%s", bench_usage);
         return 2;
     }
+    if (a->depth > 0 && (a->n_levels || a->fleet.fleet)) {
+        fprintf(stderr, "cascadia bench: --depth applies to the single-model pp/tg tests, not to "
+                        "--concurrency or --fleet\n");
+        return 2;
+    }
     if (a->n_gen < 0) a->n_gen = a->n_levels ? 64 : 128;
     if (a->n_levels && a->n_gen < 2) {
         fprintf(stderr, "cascadia bench: --concurrency needs -n >= 2\n");
@@ -147,6 +156,7 @@ typedef struct bench_result {
     double pp_tps, pp_sd;
     double tg_tps, tg_sd;
     size_t weight_bytes;  /* read per generated token: layers + final norm + head */
+    size_t kv_bytes;      /* KV cache read per generated token, at the mean context of the tg test */
     double membw_gbs;
     double load_before, load_after; /* 1-minute load average around the tests */
 } bench_result;
@@ -164,7 +174,7 @@ static size_t bytes_per_token(const csd_model *m) {
 static int run_pp(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
                   float *logits, csd_err *err) {
     for (int r = 0; r < a->reps; r++) {
-        csd_kv_truncate(kv, 0);
+        csd_kv_truncate(kv, a->depth);
         uint64_t t0 = csd_now_ns();
         int rc = csd_model_forward_seq(m, kv, ids, NULL, a->n_prompt, logits, err);
         if (rc) return rc;
@@ -176,7 +186,7 @@ static int run_pp(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
 static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
                   float *logits, csd_err *err) {
     for (int r = 0; r < a->reps; r++) {
-        csd_kv_truncate(kv, 0);
+        csd_kv_truncate(kv, a->depth);
         uint64_t t0 = csd_now_ns();
         for (int64_t i = 0; i < a->n_gen; i++) {
             int rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
@@ -187,20 +197,32 @@ static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
     return 0;
 }
 
+/* The cache every test starts from: -d tokens, prefilled once (each test truncates back to it). */
+static int fill_depth(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+                      float *logits, csd_err *err) {
+    csd_kv_truncate(kv, 0);
+    if (a->depth == 0) return 0;
+    fprintf(stderr, "filling the cache to depth %lld\n", (long long)a->depth);
+    return csd_model_forward_seq(m, kv, ids, NULL, a->depth, logits, err);
+}
+
 static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res, csd_err *err) {
     const csd_model_config *c = csd_model_cfg(m);
     int64_t n_ids = a->n_prompt > a->n_gen ? a->n_prompt : a->n_gen;
+    if (a->depth > n_ids) n_ids = a->depth;
     int32_t *ids = csd_alloc_array((size_t)(n_ids + 1), sizeof(int32_t));
     float *logits = csd_alloc_array((size_t)c->vocab_size, sizeof(float));
     double *v = csd_alloc_array((size_t)a->reps, sizeof(double));
     csd_kv *kv = NULL;
     int rc = ids && logits && v ? 0 : csd_err_set(err, CSD_ENOMEM, "benchmark buffers");
-    if (!rc) rc = csd_kv_create(&kv, m, a->n_prompt + a->n_gen + 16, err);
+    if (!rc) rc = csd_kv_create(&kv, m, a->depth + a->n_prompt + a->n_gen + 16, err);
     uint64_t rng = a->seed;
     res->load_before = csd_cli_bench_loadavg();
     if (!rc) {
         csd_cli_bench_random_ids(ids, n_ids + 1, c->vocab_size, &rng);
         res->weight_bytes = bytes_per_token(m);
+        /* attention reads every cached position once per token: depth + i at step i */
+        res->kv_bytes = csd_kv_position_bytes(kv) * (size_t)(a->depth + (a->n_gen + 1) / 2);
         /* warm-up: page in every weight and the scratch, as llama-bench does */
         int64_t warm = a->n_prompt > 0 ? (a->n_prompt < 32 ? a->n_prompt : 32) : 1;
         rc = csd_model_forward_seq(m, kv, ids, NULL, warm, logits, err);
@@ -210,6 +232,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
                 csd_pool_size(csd_model_pool(m)));
         rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, err);
     }
+    if (!rc) rc = fill_depth(m, kv, ids, a, logits, err);
     if (!rc && a->n_prompt > 0) {
         fprintf(stderr, "pp%lld x %d\n", (long long)a->n_prompt, a->reps);
         rc = run_pp(m, kv, ids, a, v, logits, err);
@@ -246,32 +269,40 @@ static const char *base_name(const char *dir) {
 static void print_result(const csd_bench_args *a, const csd_model *m, const bench_result *r) {
     const char *prec = csd_dtype_name(csd_model_precision(m));
     int threads = csd_pool_size(csd_model_pool((csd_model *)m));
-    double roof = r->membw_gbs > 0 && r->weight_bytes ? r->membw_gbs * 1e9 / (double)r->weight_bytes : 0;
+    size_t read = r->weight_bytes + r->kv_bytes;
+    double roof = r->membw_gbs > 0 && read ? r->membw_gbs * 1e9 / (double)read : 0;
     double frac = roof > 0 ? r->tg_tps / roof : 0;
     if (a->json) {
         printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
-               "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, "
+               "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"reps\": %d, "
                "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
-               "\"weight_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
+               "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
                "\"roofline_fraction\": %.4f, \"load_avg\": [%.2f, %.2f]}\n",
                base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
-               (long long)a->n_prompt, (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps,
-               r->tg_sd, r->weight_bytes, r->membw_gbs, roof, frac, r->load_before, r->load_after);
+               (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
+               r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
+               r->load_before, r->load_after);
         return;
     }
     printf("| model | precision | size | threads | test | t/s |\n");
     printf("| --- | --- | ---: | ---: | ---: | ---: |\n");
     double mib = (double)csd_model_weight_bytes(m) / (1 << 20);
+    char at[32] = ""; /* llama-bench's label for a test at depth */
+    if (a->depth > 0) snprintf(at, sizeof at, " @ d%lld", (long long)a->depth);
     if (a->n_prompt > 0)
-        printf("| %s | %s | %.1f MiB | %d | pp%lld | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
-               threads, (long long)a->n_prompt, r->pp_tps, r->pp_sd);
+        printf("| %s | %s | %.1f MiB | %d | pp%lld%s | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
+               threads, (long long)a->n_prompt, at, r->pp_tps, r->pp_sd);
     if (a->n_gen > 0)
-        printf("| %s | %s | %.1f MiB | %d | tg%lld | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
-               threads, (long long)a->n_gen, r->tg_tps, r->tg_sd);
-    if (a->membw_mib > 0 && a->n_gen > 0)
-        printf("\nroofline: %.1f MiB read per token / %.2f GB/s read bandwidth (%d threads) = %.2f t/s; "
-               "generation reaches %.1f%% of it (kernels %s)\n",
-               (double)r->weight_bytes / (1 << 20), r->membw_gbs, threads, roof, 100 * frac, csd_kern_name());
+        printf("| %s | %s | %.1f MiB | %d | tg%lld%s | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
+               threads, (long long)a->n_gen, at, r->tg_tps, r->tg_sd);
+    if (a->membw_mib > 0 && a->n_gen > 0) {
+        char kv[64] = "";
+        if (r->kv_bytes > 0) snprintf(kv, sizeof kv, " + %.2f MiB KV cache", (double)r->kv_bytes / (1 << 20));
+        printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%d threads) = "
+               "%.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
+               (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, roof, 100 * frac,
+               csd_kern_name());
+    }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }
 
@@ -285,7 +316,7 @@ int csd_cmd_bench(int argc, char **argv) {
     csd_err err = {0};
     csd_model *model = NULL;
     /* llama-bench's sizing: the context holds the longest test, one batch holds the prompt */
-    if (a.model.max_ctx <= 0) a.model.max_ctx = a.n_prompt + a.n_gen + 16;
+    if (a.model.max_ctx <= 0) a.model.max_ctx = a.depth + a.n_prompt + a.n_gen + 16;
     if (a.n_prompt > CSD_MODEL_DEFAULT_MAX_BATCH) a.model.max_batch = a.n_prompt;
     uint64_t t0 = csd_now_ns();
     rc = csd_model_open(&model, a.model_dir, &a.model, &err);
@@ -294,6 +325,12 @@ int csd_cmd_bench(int argc, char **argv) {
                 (double)(csd_now_ns() - t0) * 1e-9, csd_dtype_name(csd_model_precision(model)),
                 (double)csd_model_weight_bytes(model) / (1 << 20), csd_pool_size(csd_model_pool(model)),
                 csd_kern_name());
+        int64_t trained = csd_model_cfg(model)->max_seq_len, longest = a.depth + a.n_prompt + a.n_gen;
+        if (trained > 0 && longest > trained) /* as llama-bench: measured anyway, but say so */
+            fprintf(stderr, "cascadia bench: warning: -d %lld + -p %lld + -n %lld = %lld tokens is past "
+                            "the model's trained context of %lld (max_position_embeddings)\n",
+                    (long long)a.depth, (long long)a.n_prompt, (long long)a.n_gen, (long long)longest,
+                    (long long)trained);
         bench_result res;
         memset(&res, 0, sizeof res);
         rc = bench_model(model, &a, &res, &err);

@@ -31,6 +31,21 @@ void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, co
     attend_composed(ops, out, q, k, v, ld, n, hd, scale, att);
 }
 
+void csd_attend_f16_group_with(const csd_kern_ops *ops, float *out, const float *q, int64_t g,
+                               const uint16_t *k, const uint16_t *v, int64_t ld, int64_t n,
+                               int64_t hd, float scale, float *att) {
+    if (ops->attend_f16_group && ops->attend_f16_group(out, q, g, k, v, ld, n, hd, scale, att))
+        return;
+    for (int64_t h = 0; h < g; h++)
+        csd_attend_f16_with(ops, out + h * hd, q + h * hd, k, v, ld, n, hd, scale, att);
+}
+
+void csd_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
+                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                          float *att) {
+    csd_attend_f16_group_with(csd_kern_ops_current(), out, q, g, k, v, ld, n, hd, scale, att);
+}
+
 void csd_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int64_t ld,
                     int64_t n, int64_t hd, float scale, float *att) {
     csd_attend_f16_with(csd_kern_ops_current(), out, q, k, v, ld, n, hd, scale, att);

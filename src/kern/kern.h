@@ -74,6 +74,13 @@ uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams);
  * The result depends only on the inputs (never on threads or batch), like the helpers above. */
 void csd_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int64_t ld,
                     int64_t n, int64_t hd, float scale, float *att);
+/* csd_attend_f16 for g query heads that share one K/V head (grouped-query attention): q and out
+ * hold g rows of hd floats, att g * n floats of scratch. Each head's output is bit-identical to
+ * csd_attend_f16 on that head alone; tables with a fused kernel read each K/V row once for
+ * several heads instead of once per head (the cache traffic of a long context). */
+void csd_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
+                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                          float *att);
 /* out[i] = half(in[i]), round to nearest even; bit-identical to csd_f32_to_f16 in every table
  * (NaN payloads aside). */
 void csd_f32_to_f16_vec(uint16_t *out, const float *in, int64_t n);

@@ -42,6 +42,11 @@ typedef struct csd_kern_ops {
      * or false: attention.c composes it from dot_f32_f16 and axpy_f16 (with ref's: the spec). */
     bool (*attend_f16)(float *out, const float *q, const uint16_t *k, const uint16_t *v,
                        int64_t ld, int64_t n, int64_t hd, float scale, float *att);
+    /* Fused csd_attend_f16_group (see kern.h), the same contract; NULL or false: attention.c
+     * calls attend_f16 head by head (bit-identical, the K/V rows read once per head). */
+    bool (*attend_f16_group)(float *out, const float *q, int64_t g, const uint16_t *k,
+                             const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                             float *att);
 } csd_kern_ops;
 
 /* One 16-row block x n tokens of a Q4/Q8 matmul (an ISA file's tile): y[t * ldy + r] for the
@@ -106,6 +111,10 @@ const csd_kern_ops *csd_kern_ops_current(void);
 void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, const uint16_t *k,
                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                          float *att);
+/* csd_attend_f16_group with an explicit table. */
+void csd_attend_f16_group_with(const csd_kern_ops *ops, float *out, const float *q, int64_t g,
+                               const uint16_t *k, const uint16_t *v, int64_t ld, int64_t n,
+                               int64_t hd, float scale, float *att);
 /* csd_matmul with an explicit table (tests compare tables through it). */
 void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *w,
                           const float *x, int64_t n_tok, float *y, void *scratch);

@@ -585,6 +585,101 @@ AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, c
     for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + 16 * j, m[j], o[j]);
 }
 
+/* K/V rows of one head are hd halves at a stride of the cache's kv_dim: too short a run for the
+ * hardware prefetcher, and a grouped step does enough work per row to expose the DRAM latency. */
+#ifndef ATTN_PF_ROWS
+#define ATTN_PF_ROWS 16
+#endif
+AI void attend_prefetch_row(const uint16_t *row, int64_t hd) {
+    for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
+}
+
+/* Fused attention of H heads sharing one K/V head: each K and V row is loaded and converted once
+ * for all H. Per head the operation sequence is attend_nv's, so the outputs are bit-identical to
+ * it. q and the outputs of the H heads stay in registers: H * NV <= 16. */
+AI void attend_group_nv(const int NV, const int H, float *out, const float *q, const uint16_t *k,
+                        const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                        float *att) {
+    __m512 qv[16], o[16], kv[8];
+    __mmask16 m[8];
+    float max[4], inv[4];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; j++) m[j] = tail_mask(hd - 16 * j);
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++) {
+        max[h] = -INFINITY;
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) qv[h * NV + j] = _mm512_maskz_loadu_ps(m[j], q + h * hd + 16 * j);
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (t + ATTN_PF_ROWS < n) attend_prefetch_row(k + (t + ATTN_PF_ROWS) * ld, hd);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++)
+            kv[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], k + t * ld + 16 * j));
+#pragma GCC unroll 4
+        for (int h = 0; h < H; h++) {
+            __m512 acc = _mm512_mul_ps(qv[h * NV], kv[0]);
+#pragma GCC unroll 8
+            for (int j = 1; j < NV; j++) acc = _mm512_fmadd_ps(qv[h * NV + j], kv[j], acc);
+            float s = hsum(acc) * scale;
+            att[h * n + t] = s;
+            max[h] = s > max[h] ? s : max[h];
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++) {
+        inv[h] = avx512_softmax(att + h * n, n, max[h]);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_setzero_ps(); /* qv is dead now */
+    }
+    for (int64_t t = 0; t < n; t++) {
+        if (t + ATTN_PF_ROWS < n) attend_prefetch_row(v + (t + ATTN_PF_ROWS) * ld, hd);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++)
+            kv[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
+#pragma GCC unroll 4
+        for (int h = 0; h < H; h++) {
+            __m512 p = _mm512_set1_ps(att[h * n + t] * inv[h]);
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_fmadd_ps(p, kv[j], o[h * NV + j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], o[h * NV + j]);
+}
+
+/* Heads in passes of as many as fit the registers (4 of 64 or fewer dims, 2 of up to 128). */
+static bool avx512_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
+                                    const uint16_t *v, int64_t ld, int64_t n, int64_t hd,
+                                    float scale, float *att) {
+    int nv = hd > 0 ? (int)((hd + 15) / 16) : 0;
+    if (nv < 1 || nv > 8) return false; /* wider heads: one at a time */
+    int per_pass = 16 / nv < 4 ? 16 / nv : 4;
+    for (int64_t h = 0; h < g;) {
+        int H = g - h < per_pass ? (int)(g - h) : per_pass;
+        const float *qh = q + h * hd;
+        float *oh = out + h * hd;
+#define GROUP_CASE(nv_, H_)                                                     \
+    if (nv == nv_ && H == H_) {                                                 \
+        attend_group_nv(nv_, H_, oh, qh, k, v, ld, n, hd, scale, att);          \
+    } else
+        GROUP_CASE(1, 1) GROUP_CASE(1, 2) GROUP_CASE(1, 3) GROUP_CASE(1, 4)
+        GROUP_CASE(2, 1) GROUP_CASE(2, 2) GROUP_CASE(2, 3) GROUP_CASE(2, 4)
+        GROUP_CASE(3, 1) GROUP_CASE(3, 2) GROUP_CASE(3, 3) GROUP_CASE(3, 4)
+        GROUP_CASE(4, 1) GROUP_CASE(4, 2) GROUP_CASE(4, 3) GROUP_CASE(4, 4)
+        GROUP_CASE(5, 1) GROUP_CASE(5, 2) GROUP_CASE(5, 3)
+        GROUP_CASE(6, 1) GROUP_CASE(6, 2)
+        GROUP_CASE(7, 1) GROUP_CASE(7, 2)
+        GROUP_CASE(8, 1) GROUP_CASE(8, 2)
+        return false; /* not reached: nv <= 8 and H <= per_pass */
+#undef GROUP_CASE
+        h += H;
+    }
+    return true;
+}
+
 static bool avx512_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v,
                               int64_t ld, int64_t n, int64_t hd, float scale, float *att) {
     /* constant chunk counts let the compiler keep q and out in zmm registers */
@@ -622,6 +717,7 @@ const csd_kern_ops csd_kern_ops_avx512 = {
     .axpy_f16 = avx512_axpy_f16,
     .f32_to_f16 = avx512_f32_to_f16,
     .attend_f16 = avx512_attend_f16,
+    .attend_f16_group = avx512_attend_f16_group,
     .softmax = avx512_softmax,
     .silu_mul = avx512_silu_mul,
     .rmsnorm = avx512_rmsnorm,

@@ -123,25 +123,23 @@ typedef struct attn_job {
     int64_t layer;      /* index within the stage */
 } attn_job;
 
-/* One (token, head): softmax(q . K^T / sqrt(hd)) V over the token's own sequence up to its
- * position (causal), limited to the sliding window when the model has one. */
+/* The first position a token at pos attends to: 0, or the start of the sliding window. */
+static int64_t first_position(const csd_model_config *c, int64_t pos) {
+    return c->sliding_window > 0 && pos + 1 > c->sliding_window ? pos + 1 - c->sliding_window : 0;
+}
+
+/* One (token, head) over an F32 or Q8 cache: softmax(q . K^T / sqrt(hd)) V over the token's own
+ * sequence up to its position (causal), from first_position. att: max_ctx floats of scratch. */
 static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int64_t h, float *att) {
     const csd_model_config *c = &m->cfg;
     int64_t hd = c->head_dim, pos = m->pos[tok];
     int64_t kvh = h / (c->n_heads / c->n_kv_heads);
-    int64_t first = 0;
-    if (c->sliding_window > 0 && pos + 1 > c->sliding_window) first = pos + 1 - c->sliding_window;
+    int64_t first = first_position(c, pos);
     const float *q = m->q + tok * m->q_dim + h * hd;
     float scale = 1.0f / sqrtf((float)hd);
     int64_t base = layer * kv->cap * kv->kv_dim + kvh * hd;
     int64_t n_kvh = kv->kv_dim / hd, srow = layer * kv->cap * n_kvh + kvh; /* q8 scales */
     float *out = m->xb + tok * m->q_dim + h * hd;
-    if (kv->dtype == CSD_DTYPE_F16) { /* the default cache: one fused kernel per head */
-        int64_t off = base + first * kv->kv_dim;
-        csd_attend_f16(out, q, (const uint16_t *)kv->k + off, (const uint16_t *)kv->v + off,
-                       kv->kv_dim, pos + 1 - first, hd, scale, att + first);
-        return;
-    }
     float max = -INFINITY;
     for (int64_t t = first; t <= pos; t++) {
         int64_t off = base + t * kv->kv_dim;
@@ -162,16 +160,40 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     }
 }
 
-/* Tasks (token, head) are dealt round-robin: under the causal mask later tokens cost more, so
- * contiguous slices would leave the first thread idle for most of a prompt. */
+/* Query heads [h0, h1) of one token, all of one KV head's group. The default F16 cache goes
+ * through one grouped kernel, which reads each K/V row once for several heads. att: scratch of
+ * CSD_ATTN_TASK_HEADS * max_ctx floats. */
+static void attend_heads(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int64_t h0,
+                         int64_t h1, float *att) {
+    if (kv->dtype != CSD_DTYPE_F16) {
+        for (int64_t h = h0; h < h1; h++) attend_one(m, kv, layer, tok, h, att);
+        return;
+    }
+    const csd_model_config *c = &m->cfg;
+    int64_t hd = c->head_dim, pos = m->pos[tok], first = first_position(c, pos);
+    int64_t kvh = h0 / (c->n_heads / c->n_kv_heads);
+    int64_t off = layer * kv->cap * kv->kv_dim + first * kv->kv_dim + kvh * hd;
+    csd_attend_f16_group(m->xb + tok * m->q_dim + h0 * hd, m->q + tok * m->q_dim + h0 * hd, h1 - h0,
+                         (const uint16_t *)kv->k + off, (const uint16_t *)kv->v + off, kv->kv_dim,
+                         pos + 1 - first, hd, 1.0f / sqrtf((float)hd), att);
+}
+
+/* Tasks are (token, KV head, up to CSD_ATTN_TASK_HEADS of the query heads that share it), dealt
+ * round-robin: under the causal mask later tokens cost more, so contiguous slices would leave
+ * the first thread idle for most of a prompt. */
 static void attention_worker(void *ctx, int ith, int nth) {
     attn_job *job = ctx;
     csd_model *m = job->m;
-    int64_t n_heads = m->cfg.n_heads;
-    float *att = m->att + (int64_t)ith * m->max_ctx;
-    for (int64_t task = ith; task < job->batch->n * n_heads; task += nth) {
-        int64_t tok = task / n_heads, h = task % n_heads;
-        attend_one(m, job->batch->kv[tok], job->layer, tok, h, att);
+    int64_t group = m->cfg.n_heads / m->cfg.n_kv_heads;
+    int64_t parts = (group + CSD_ATTN_TASK_HEADS - 1) / CSD_ATTN_TASK_HEADS; /* tasks per group */
+    int64_t per_tok = m->cfg.n_kv_heads * parts;
+    float *att = m->att + (int64_t)ith * CSD_ATTN_TASK_HEADS * m->max_ctx;
+    for (int64_t task = ith; task < job->batch->n * per_tok; task += nth) {
+        int64_t tok = task / per_tok, kvh = task % per_tok / parts, part = task % parts;
+        int64_t h0 = kvh * group + part * CSD_ATTN_TASK_HEADS;
+        int64_t h1 = h0 + CSD_ATTN_TASK_HEADS < (kvh + 1) * group ? h0 + CSD_ATTN_TASK_HEADS
+                                                                 : (kvh + 1) * group;
+        attend_heads(m, job->batch->kv[tok], job->layer, tok, h0, h1, att);
     }
 }
 

@@ -45,7 +45,7 @@ int csd_model_init_runtime(csd_model *m, const csd_model_opts *opts, csd_err *er
     m->v = scratch_floats(b * m->kv_dim, &failed);
     m->hb = scratch_floats(b * c->hidden_dim, &failed);
     m->hb2 = scratch_floats(b * c->hidden_dim, &failed);
-    m->att = scratch_floats((int64_t)csd_pool_size(m->pool) * m->max_ctx, &failed);
+    m->att = scratch_floats((int64_t)csd_pool_size(m->pool) * CSD_ATTN_TASK_HEADS * m->max_ctx, &failed);
     m->rope_cos = scratch_floats(b * (c->head_dim / 2), &failed);
     m->rope_sin = scratch_floats(b * (c->head_dim / 2), &failed);
     m->inv_freq = scratch_floats(c->head_dim / 2, &failed);

@@ -100,6 +100,9 @@ void csd_kv_destroy(csd_kv *kv);
 /* Number of positions filled. */
 int64_t csd_kv_len(const csd_kv *kv);
 int64_t csd_kv_capacity(const csd_kv *kv);
+/* Bytes one cached position occupies over the stage's layers (k and v, q8 scales included):
+ * what attention reads per position per generated token. */
+size_t csd_kv_position_bytes(const csd_kv *kv);
 /* Forgets every position >= pos (speculative decoding, prefix reuse). */
 int csd_kv_truncate(csd_kv *kv, int64_t pos);
 /* Copies the first n positions of src into dst (prefix cache). */

@@ -5,6 +5,10 @@
 
 #include "model.h"
 
+/* Query heads one attention task takes from a KV head's group: each K/V row is read once for
+ * them all, while a decode step still has n_kv_heads * group / 4 tasks to spread over threads. */
+#define CSD_ATTN_TASK_HEADS 4
+
 struct csd_model {
     csd_model_config cfg;
     csd_weights w;
@@ -27,7 +31,7 @@ struct csd_model {
     float *v;            /* (max_batch, kv_dim) */
     float *hb;           /* (max_batch, hidden_dim) gate, then silu(gate) * up */
     float *hb2;          /* (max_batch, hidden_dim) up */
-    float *att;          /* (n_threads, max_ctx) attention scores, one row per thread */
+    float *att;          /* (n_threads, CSD_ATTN_TASK_HEADS * max_ctx) attention scores */
     float *rope_cos;     /* (max_batch, head_dim / 2) */
     float *rope_sin;     /* (max_batch, head_dim / 2) */
     float *inv_freq;     /* (head_dim / 2) RoPE frequencies after scaling */

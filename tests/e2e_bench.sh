@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# `cascadia bench` on a synthesized tiny model: the table and --json carry pp/tg speeds and the
+# roofline; -d (depth) fills the cache first, labels the tests "@ dN" and counts the KV cache the
+# attention reads into the roofline; bad combinations are refused with exit 2.
+source "$(dirname "$0")/e2e_lib.sh"
+M="$WORK/tiny"
+"$CASCADIA" synth --arch llama --preset tiny --out "$M" >/dev/null 2>&1 || fail "synth"
+run_json() { "$CASCADIA" bench "$M" -p 16 -n 8 -r 1 --membw-mib 64 --json "$@" 2>"$WORK/err"; }
+run_json > "$WORK/d0.json" || fail "bench --json: $(cat "$WORK/err")"
+run_json -d 40 > "$WORK/d40.json" || fail "bench -d 40 --json: $(cat "$WORK/err")"
+/usr/bin/python3 - "$WORK/d0.json" "$WORK/d40.json" <<'PY' || fail "bench JSON"
+import json, sys
+d0, d40 = (json.load(open(p)) for p in sys.argv[1:3])
+for r in (d0, d40):
+    for f in ("pp_tps", "tg_tps", "roofline_fraction", "membw_gbs", "weight_bytes", "kv_bytes"):
+        assert r[f] > 0, (f, r)
+    assert r["n_prompt"] == 16 and r["n_gen"] == 8, r
+assert d0["depth"] == 0 and d40["depth"] == 40, (d0, d40)
+# tg reads the cache at its mean context: depth + (n + 1) // 2 positions of equal size
+per_pos0, per_pos40 = d0["kv_bytes"] / 4, d40["kv_bytes"] / 44
+assert per_pos0 == per_pos40 and per_pos0 == int(per_pos0), (d0["kv_bytes"], d40["kv_bytes"])
+assert d0["weight_bytes"] == d40["weight_bytes"]
+roof = d40["membw_gbs"] * 1e9 / (d40["weight_bytes"] + d40["kv_bytes"])
+assert abs(d40["roofline_tps"] - roof) < 1e-3 * roof, (d40["roofline_tps"], roof)
+PY
+"$CASCADIA" bench "$M" -p 16 -n 8 -r 1 --membw-mib 64 -d 40 > "$WORK/table" 2>/dev/null || fail "bench -d 40"
+grep -q "| pp16 @ d40 |" "$WORK/table" || fail "no pp16 @ d40 row: $(cat "$WORK/table")"
+grep -q "| tg8 @ d40 |" "$WORK/table" || fail "no tg8 @ d40 row: $(cat "$WORK/table")"
+grep -q "MiB KV cache read per token" "$WORK/table" || fail "roofline line without the KV cache"
+set +e
+"$CASCADIA" bench "$M" -d 4 --concurrency 1,2 >/dev/null 2>"$WORK/err"; rc=$?
+set -e
+[ $rc -eq 2 ] && grep -q -- "--depth applies" "$WORK/err" || fail "-d with --concurrency: rc $rc, $(cat "$WORK/err")"
+# past the trained context (512 positions in the tiny preset): measured, with a warning
+trained=$(/usr/bin/python3 -c "import json;print(json.load(open('$M/config.json'))['max_position_embeddings'])")
+"$CASCADIA" bench "$M" -p 4 -n 4 -r 1 --membw-mib 0 -d "$trained" >/dev/null 2>"$WORK/err" \
+    || fail "-d past the context failed: $(cat "$WORK/err")"
+grep -q "past the model's trained context of $trained" "$WORK/err" || fail "no warning: $(cat "$WORK/err")"
+echo "5 passed, 0 failed"
