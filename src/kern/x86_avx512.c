@@ -594,43 +594,79 @@ AI void attend_prefetch_row(const uint16_t *row, int64_t hd) {
     for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
 }
 
+/* Sixteen horizontal sums at once: lane L of the result is the sum of the 16 lanes of the vector
+ * in slot REDUCE16_SLOT[L]. Each lane goes through exactly hsum's tree (halves of 256, 128, then
+ * lanes 0+2 / 1+3, then the pair), so the sums are bit-identical to sixteen hsum calls for a third
+ * of the instructions and none of hsum's long dependency chain. */
+static const int REDUCE16_SLOT[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+AI __m512 reduce16(const __m512 *a) {
+    __m512 x[8], y[4], z[2];
+#pragma GCC unroll 8
+    for (int k = 0; k < 8; k++)
+        x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[k], a[k + 8], 0x44),
+                             _mm512_shuffle_f32x4(a[k], a[k + 8], 0xEE));
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++)
+        y[k] = _mm512_add_ps(_mm512_shuffle_f32x4(x[k], x[k + 4], 0x88),
+                             _mm512_shuffle_f32x4(x[k], x[k + 4], 0xDD));
+#pragma GCC unroll 2
+    for (int k = 0; k < 2; k++)
+        z[k] = _mm512_add_ps(_mm512_shuffle_ps(y[k], y[k + 2], 0x44), _mm512_shuffle_ps(y[k], y[k + 2], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
+}
+
 /* Fused attention of H heads sharing one K/V head: each K and V row is loaded and converted once
- * for all H. Per head the operation sequence is attend_nv's, so the outputs are bit-identical to
- * it. q and the outputs of the H heads stay in registers: H * NV <= 16. */
+ * for all H. Per head and position the operations are attend_nv's (q . k by one multiply and
+ * NV - 1 FMAs, hsum's tree, times scale), so the outputs are bit-identical to it; the scores are
+ * computed 16 positions at a time, their horizontal sums by reduce16. The outputs of the H heads
+ * stay in registers: H * NV <= 16. */
 AI void attend_group_nv(const int NV, const int H, float *out, const float *q, const uint16_t *k,
                         const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                         float *att) {
-    __m512 qv[16], o[16], kv[8];
+    __m512 o[16], kv[8], kf[16][8], mxv[4];
     __mmask16 m[8];
     float max[4], inv[4];
+    const __m512 scalev = _mm512_set1_ps(scale);
 #pragma GCC unroll 8
     for (int j = 0; j < NV; j++) m[j] = tail_mask(hd - 16 * j);
 #pragma GCC unroll 4
-    for (int h = 0; h < H; h++) {
-        max[h] = -INFINITY;
+    for (int h = 0; h < H; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
+    for (int64_t t0 = 0; t0 < n; t0 += 16) {
+        int nt = n - t0 < 16 ? (int)(n - t0) : 16;
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) { /* the block's K rows as floats (zeros past the end) */
+            const uint16_t *row = k + (t0 + i) * ld;
+            if (i < nt && t0 + i + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) qv[h * NV + j] = _mm512_maskz_loadu_ps(m[j], q + h * hd + 16 * j);
-    }
-    for (int64_t t = 0; t < n; t++) {
-        if (t + ATTN_PF_ROWS < n) attend_prefetch_row(k + (t + ATTN_PF_ROWS) * ld, hd);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; j++)
-            kv[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], k + t * ld + 16 * j));
+            for (int j = 0; j < NV; j++)
+                kf[i][j] = i < nt ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j))
+                                  : _mm512_setzero_ps();
+        }
+        __mmask16 valid = tail_mask(nt);
 #pragma GCC unroll 4
         for (int h = 0; h < H; h++) {
-            __m512 acc = _mm512_mul_ps(qv[h * NV], kv[0]);
+            __m512 qv[8], acc[16];
 #pragma GCC unroll 8
-            for (int j = 1; j < NV; j++) acc = _mm512_fmadd_ps(qv[h * NV + j], kv[j], acc);
-            float s = hsum(acc) * scale;
-            att[h * n + t] = s;
-            max[h] = s > max[h] ? s : max[h];
+            for (int j = 0; j < NV; j++) qv[j] = _mm512_maskz_loadu_ps(m[j], q + h * hd + 16 * j);
+#pragma GCC unroll 16
+            for (int s = 0; s < 16; s++) {
+                const __m512 *kr = kf[REDUCE16_SLOT[s]];
+                acc[s] = _mm512_mul_ps(qv[0], kr[0]);
+#pragma GCC unroll 8
+                for (int j = 1; j < NV; j++) acc[s] = _mm512_fmadd_ps(qv[j], kr[j], acc[s]);
+            }
+            __m512 sc = _mm512_mul_ps(reduce16(acc), scalev);
+            _mm512_mask_storeu_ps(att + h * n + t0, valid, sc);
+            mxv[h] = _mm512_mask_max_ps(mxv[h], valid, sc, mxv[h]); /* (s > max ? s : max) */
         }
     }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++) max[h] = _mm512_reduce_max_ps(mxv[h]); /* max is exact */
 #pragma GCC unroll 4
     for (int h = 0; h < H; h++) {
         inv[h] = avx512_softmax(att + h * n, n, max[h]);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_setzero_ps(); /* qv is dead now */
+        for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_setzero_ps();
     }
     for (int64_t t = 0; t < n; t++) {
         if (t + ATTN_PF_ROWS < n) attend_prefetch_row(v + (t + ATTN_PF_ROWS) * ld, hd);
