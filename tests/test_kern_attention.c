@@ -104,7 +104,7 @@ static void test_attend_matches_f64(void **state) {
  * kernel pass, leave a partial one or span several. */
 static void test_attend_group_matches_heads(void **state) {
     (void)state;
-    static const int64_t hds[] = {16, 64, 80, 128, 200};
+    static const int64_t hds[] = {16, 64, 76, 80, 128, 200};
     static const int64_t gs[] = {1, 2, 3, 4, 5, 8};
     static const int64_t ns[] = {1, 7, 64, 301};
     uint64_t seed = 0xabcdef;
@@ -126,7 +126,7 @@ static void test_attend_group_matches_heads(void **state) {
         for (int ti = 0; ti < N_TABLES; ti++) {
             const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
             if (!ops) continue;
-            fused += ops->attend_f16_group != NULL;
+            fused += hi == 0 && ops->attend_f16_group != NULL;
             for (size_t gi = 0; gi < sizeof gs / sizeof gs[0]; gi++)
                 for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++) {
                     int64_t g = gs[gi], n = ns[ni];
@@ -148,9 +148,9 @@ static void test_attend_group_matches_heads(void **state) {
         csd_free(one);
         csd_free(att);
     }
-    printf("grouped attention: %d cases checked, %d of them through a fused group kernel\n", checked,
-           fused * 6 * 4);
-    assert_true(checked >= 5 * 6 * 4); /* at least ref */
+    printf("grouped attention: %d cases checked; %d of the tables have a fused group kernel\n",
+           checked, fused);
+    assert_true(checked >= 6 * 6 * 4); /* at least ref */
 }
 
 int main(void) {

@@ -111,6 +111,8 @@ const csd_kern_ops *csd_kern_ops_current(void);
 void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, const uint16_t *k,
                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                          float *att);
+/* Most query heads per K/V head a fused group kernel takes in one call (more: head by head). */
+#define CSD_ATTN_GROUP_MAX 64
 /* csd_attend_f16_group with an explicit table. */
 void csd_attend_f16_group_with(const csd_kern_ops *ops, float *out, const float *q, int64_t g,
                                const uint16_t *k, const uint16_t *v, int64_t ld, int64_t n,

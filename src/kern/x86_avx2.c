@@ -6,6 +6,7 @@
 #include "x86_avx2_common.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "core/dtype.h"
 
@@ -239,6 +240,88 @@ static float avx2_softmax(float *att, int64_t n, float max) {
     return (float)(1.0 / total);
 }
 
+/* Grouped-query attention: the g query heads sharing one K/V head in one pass over the rows.
+ * Each K row and each block of V rows is converted to floats once for all the heads, where the
+ * composed path (attention.c) converts them once per head. Per head the float operations are the
+ * composed path's with this table's helpers: dot_any's two accumulators and hsum8 for the scores,
+ * then avx2_softmax, then axpy's fma(p, v, out) in position order, so the result is bit-identical. */
+#define ATTN_MAX_CHUNKS 16 /* head sizes up to 128 */
+#define ATTN_V_BLOCK 16    /* V rows converted per step */
+#define ATTN_PASS_HEADS 4
+
+/* dot_any(1, q, row, hd) from the row's chunks kf: hd / 16 steps of 16 on two accumulators, the
+ * rest 8 at a time on acc0 (q zero-padded like dot_any's masked tail loads). */
+AI float group_score(const int NC, int pairs, const float *q, const __m256 *kf) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+#pragma GCC unroll 16
+    for (int c = 0; c < 2 * pairs; c += 2) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), kf[c], acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c + 8), kf[c + 1], acc1);
+    }
+#pragma GCC unroll 16
+    for (int c = 2 * pairs; c < NC; c++) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), kf[c], acc0);
+    return hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+AI void attend_group_nc(const int NC, float *out, const float *q, int H, const uint16_t *k,
+                        const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                        float *att) {
+    float qp[ATTN_PASS_HEADS][ATTN_MAX_CHUNKS * 8], op[ATTN_PASS_HEADS][ATTN_MAX_CHUNKS * 8];
+    float max[ATTN_PASS_HEADS], inv[ATTN_PASS_HEADS];
+    __m256 kf[ATTN_MAX_CHUNKS], vf[ATTN_V_BLOCK][ATTN_MAX_CHUNKS];
+    for (int h = 0; h < H; h++) { /* zero-padded copies: the masked tail loads of dot_any */
+        memset(qp[h], 0, sizeof qp[h]);
+        memcpy(qp[h], q + h * hd, (size_t)hd * sizeof(float));
+        memset(op[h], 0, sizeof op[h]);
+        max[h] = -INFINITY;
+    }
+    for (int64_t t = 0; t < n; t++) {
+        const uint16_t *row = k + t * ld;
+#pragma GCC unroll 16
+        for (int c = 0; c < NC; c++) kf[c] = load_f16x8(row + 8 * c, hd - 8 * c);
+        for (int h = 0; h < H; h++) {
+            float s = group_score(NC, (int)(hd / 16), qp[h], kf) * scale;
+            att[h * n + t] = s;
+            if (s > max[h]) max[h] = s;
+        }
+    }
+    for (int h = 0; h < H; h++) inv[h] = avx2_softmax(att + h * n, n, max[h]);
+    for (int64_t t0 = 0; t0 < n; t0 += ATTN_V_BLOCK) {
+        int nt = n - t0 < ATTN_V_BLOCK ? (int)(n - t0) : ATTN_V_BLOCK;
+        for (int i = 0; i < nt; i++)
+#pragma GCC unroll 16
+            for (int c = 0; c < NC; c++) vf[i][c] = load_f16x8(v + (t0 + i) * ld + 8 * c, hd - 8 * c);
+        for (int h = 0; h < H; h++) {
+            __m256 o[ATTN_MAX_CHUNKS] = {0}; /* all set below; the 0 quiets -Wmaybe-uninitialized */
+#pragma GCC unroll 16
+            for (int c = 0; c < NC; c++) o[c] = _mm256_loadu_ps(op[h] + 8 * c);
+            for (int i = 0; i < nt; i++) {
+                __m256 p = _mm256_set1_ps(att[h * n + t0 + i] * inv[h]);
+#pragma GCC unroll 16
+                for (int c = 0; c < NC; c++) o[c] = _mm256_fmadd_ps(p, vf[i][c], o[c]);
+            }
+#pragma GCC unroll 16
+            for (int c = 0; c < NC; c++) _mm256_storeu_ps(op[h] + 8 * c, o[c]);
+        }
+    }
+    for (int h = 0; h < H; h++) memcpy(out + h * hd, op[h], (size_t)hd * sizeof(float));
+}
+
+static bool avx2_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
+                                  const uint16_t *v, int64_t ld, int64_t n, int64_t hd,
+                                  float scale, float *att) {
+    int nc = hd > 0 ? (int)((hd + 7) / 8) : 0;
+    if (nc < 1 || nc > ATTN_MAX_CHUNKS) return false; /* wider heads: the composed path */
+    for (int64_t h = 0; h < g; h += ATTN_PASS_HEADS) {
+        int H = g - h < ATTN_PASS_HEADS ? (int)(g - h) : ATTN_PASS_HEADS;
+        /* head sizes 64 and 128 unrolled; the others through the same code with a loop count */
+        if (nc == 8) attend_group_nc(8, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
+        else if (nc == 16) attend_group_nc(16, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
+        else attend_group_nc(nc, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
+    }
+    return true;
+}
+
 static void avx2_silu_mul(float *g, const float *u, int64_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     for (int64_t i = 0; i < n; i += 8) {
@@ -301,6 +384,7 @@ const csd_kern_ops csd_kern_ops_avx2 = {
     .dot_f32_f16 = avx2_dot_f32_f16,
     .axpy_f32 = avx2_axpy_f32,
     .axpy_f16 = avx2_axpy_f16,
+    .attend_f16_group = avx2_attend_f16_group,
     .f32_to_f16 = avx2_f32_to_f16,
     .softmax = avx2_softmax,
     .silu_mul = avx2_silu_mul,

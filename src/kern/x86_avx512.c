@@ -615,69 +615,72 @@ AI __m512 reduce16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
 }
 
-/* Fused attention of H heads sharing one K/V head: each K and V row is loaded and converted once
- * for all H. Per head and position the operations are attend_nv's (q . k by one multiply and
- * NV - 1 FMAs, hsum's tree, times scale), so the outputs are bit-identical to it; the scores are
- * computed 16 positions at a time, their horizontal sums by reduce16. The outputs of the H heads
- * stay in registers: H * NV <= 16. */
-AI void attend_group_nv(const int NV, const int H, float *out, const float *q, const uint16_t *k,
-                        const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
-                        float *att) {
-    __m512 o[16], kv[8], kf[16][8], mxv[4];
+/* The scores of g heads sharing one K/V head, 16 positions per step: each block of K rows is
+ * converted to floats once for all g heads. Per head and position the operations are attend_nv's
+ * (q . k by one multiply and NV - 1 FMAs, hsum's tree through reduce16, times scale), then the same
+ * softmax: att[h * n + t] = exp(score - max), inv[h] = 1 / sum. */
+#define ATTN_BLOCK 16
+AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k, int64_t ld,
+                      int64_t n, int64_t hd, float scale, float *att, float *inv) {
+    __m512 blk[ATTN_BLOCK][8];
     __mmask16 m[8];
-    float max[4], inv[4];
     const __m512 scalev = _mm512_set1_ps(scale);
 #pragma GCC unroll 8
     for (int j = 0; j < NV; j++) m[j] = tail_mask(hd - 16 * j);
-#pragma GCC unroll 4
-    for (int h = 0; h < H; h++) mxv[h] = _mm512_set1_ps(-INFINITY);
-    for (int64_t t0 = 0; t0 < n; t0 += 16) {
-        int nt = n - t0 < 16 ? (int)(n - t0) : 16;
-#pragma GCC unroll 16
-        for (int i = 0; i < 16; i++) { /* the block's K rows as floats (zeros past the end) */
+    for (int64_t t0 = 0; t0 < n; t0 += ATTN_BLOCK) {
+        int nt = n - t0 < ATTN_BLOCK ? (int)(n - t0) : ATTN_BLOCK;
+        for (int i = 0; i < ATTN_BLOCK; i++) { /* the block's K rows (zeros past the end) */
             const uint16_t *row = k + (t0 + i) * ld;
             if (i < nt && t0 + i + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++)
-                kf[i][j] = i < nt ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j))
-                                  : _mm512_setzero_ps();
+                blk[i][j] = i < nt ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j))
+                                   : _mm512_setzero_ps();
         }
         __mmask16 valid = tail_mask(nt);
-#pragma GCC unroll 4
-        for (int h = 0; h < H; h++) {
-            __m512 qv[8], acc[16];
+        for (int64_t h = 0; h < g; h++) {
+            __m512 qv[8], acc[ATTN_BLOCK];
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++) qv[j] = _mm512_maskz_loadu_ps(m[j], q + h * hd + 16 * j);
 #pragma GCC unroll 16
-            for (int s = 0; s < 16; s++) {
-                const __m512 *kr = kf[REDUCE16_SLOT[s]];
+            for (int s = 0; s < ATTN_BLOCK; s++) {
+                const __m512 *kr = blk[REDUCE16_SLOT[s]];
                 acc[s] = _mm512_mul_ps(qv[0], kr[0]);
 #pragma GCC unroll 8
                 for (int j = 1; j < NV; j++) acc[s] = _mm512_fmadd_ps(qv[j], kr[j], acc[s]);
             }
-            __m512 sc = _mm512_mul_ps(reduce16(acc), scalev);
-            _mm512_mask_storeu_ps(att + h * n + t0, valid, sc);
-            mxv[h] = _mm512_mask_max_ps(mxv[h], valid, sc, mxv[h]); /* (s > max ? s : max) */
+            _mm512_mask_storeu_ps(att + h * n + t0, valid, _mm512_mul_ps(reduce16(acc), scalev));
         }
     }
-#pragma GCC unroll 4
-    for (int h = 0; h < H; h++) max[h] = _mm512_reduce_max_ps(mxv[h]); /* max is exact */
-#pragma GCC unroll 4
-    for (int h = 0; h < H; h++) {
-        inv[h] = avx512_softmax(att + h * n, n, max[h]);
-#pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_setzero_ps();
+    for (int64_t h = 0; h < g; h++) {
+        __m512 mx = _mm512_set1_ps(-INFINITY); /* a maximum is exact in any order */
+        for (int64_t t = 0; t < n; t += 16)
+            mx = _mm512_mask_max_ps(mx, tail_mask(n - t), _mm512_maskz_loadu_ps(tail_mask(n - t), att + h * n + t), mx);
+        inv[h] = avx512_softmax(att + h * n, n, _mm512_reduce_max_ps(mx));
     }
+}
+
+/* The outputs of exactly H heads (H * NV <= 16), held in registers over all positions; each V
+ * row is converted once and used for the H heads from registers. The fast path for the common
+ * shapes (4 heads of 64, 2 of 128). Per head: o = fma(att * inv, v, o) in position order, as
+ * attend_nv. */
+AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t *v, int64_t ld,
+                           int64_t n, int64_t hd, const float *att, const float *inv) {
+    __m512 o[16], vr[8];
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; j++) m[j] = tail_mask(hd - 16 * j);
+#pragma GCC unroll 16
+    for (int i = 0; i < H * NV; i++) o[i] = _mm512_setzero_ps();
     for (int64_t t = 0; t < n; t++) {
         if (t + ATTN_PF_ROWS < n) attend_prefetch_row(v + (t + ATTN_PF_ROWS) * ld, hd);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++)
-            kv[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
+        for (int j = 0; j < NV; j++) vr[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
 #pragma GCC unroll 4
         for (int h = 0; h < H; h++) {
             __m512 p = _mm512_set1_ps(att[h * n + t] * inv[h]);
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_fmadd_ps(p, kv[j], o[h * NV + j]);
+            for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_fmadd_ps(p, vr[j], o[h * NV + j]);
         }
     }
 #pragma GCC unroll 4
@@ -686,32 +689,70 @@ AI void attend_group_nv(const int NV, const int H, float *out, const float *q, c
         for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], o[h * NV + j]);
 }
 
-/* Heads in passes of as many as fit the registers (4 of 64 or fewer dims, 2 of up to 128). */
+/* The outputs of any number of heads: 16 V rows converted per step, then each head's output
+ * loaded, advanced over them and stored back. Same per-head operations as attend_values_regs. */
+AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, int64_t ld,
+                      int64_t n, int64_t hd, const float *att, const float *inv) {
+    __m512 blk[ATTN_BLOCK][8];
+    __mmask16 m[8];
+#pragma GCC unroll 8
+    for (int j = 0; j < NV; j++) m[j] = tail_mask(hd - 16 * j);
+    for (int64_t h = 0; h < g; h++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], _mm512_setzero_ps());
+    for (int64_t t0 = 0; t0 < n; t0 += ATTN_BLOCK) {
+        int nt = n - t0 < ATTN_BLOCK ? (int)(n - t0) : ATTN_BLOCK;
+        for (int i = 0; i < nt; i++) {
+            const uint16_t *row = v + (t0 + i) * ld;
+            if (t0 + i + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) blk[i][j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j));
+        }
+        for (int64_t h = 0; h < g; h++) {
+            __m512 o[8];
+            float *oh = out + h * hd;
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) o[j] = _mm512_maskz_loadu_ps(m[j], oh + 16 * j);
+            for (int i = 0; i < nt; i++) {
+                __m512 p = _mm512_set1_ps(att[h * n + t0 + i] * inv[h]);
+#pragma GCC unroll 8
+                for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(p, blk[i][j], o[j]);
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(oh + 16 * j, m[j], o[j]);
+        }
+    }
+}
+
+/* Fused attention of the g heads sharing one K/V head: the scores, then the outputs, each block
+ * of K and V rows converted once for all the heads (for the common shapes, each V row used from
+ * registers for a pass of heads). Per head the operations are attend_nv's, so the outputs are
+ * bit-identical to it. */
+AI void attend_group_nv(const int NV, float *out, const float *q, int64_t g, const uint16_t *k,
+                        const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
+                        float *att) {
+    float inv[CSD_ATTN_GROUP_MAX];
+    attend_scores(NV, q, g, k, ld, n, hd, scale, att, inv);
+    int64_t h = 0;
+    if (NV == 4) /* the common shapes: passes with the outputs in registers */
+        for (; h + 4 <= g; h += 4) attend_values_regs(4, 4, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
+    if (NV == 8)
+        for (; h + 2 <= g; h += 2) attend_values_regs(8, 2, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
+    if (h < g) attend_values(NV, out + h * hd, g - h, v, ld, n, hd, att + h * n, inv + h);
+}
+
+/* Head sizes up to 128 (8 vectors); wider heads go one at a time through attend_nv. */
 static bool avx512_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
                                     const uint16_t *v, int64_t ld, int64_t n, int64_t hd,
                                     float scale, float *att) {
     int nv = hd > 0 ? (int)((hd + 15) / 16) : 0;
-    if (nv < 1 || nv > 8) return false; /* wider heads: one at a time */
-    int per_pass = 16 / nv < 4 ? 16 / nv : 4;
-    for (int64_t h = 0; h < g;) {
-        int H = g - h < per_pass ? (int)(g - h) : per_pass;
-        const float *qh = q + h * hd;
-        float *oh = out + h * hd;
-#define GROUP_CASE(nv_, H_)                                                     \
-    if (nv == nv_ && H == H_) {                                                 \
-        attend_group_nv(nv_, H_, oh, qh, k, v, ld, n, hd, scale, att);          \
-    } else
-        GROUP_CASE(1, 1) GROUP_CASE(1, 2) GROUP_CASE(1, 3) GROUP_CASE(1, 4)
-        GROUP_CASE(2, 1) GROUP_CASE(2, 2) GROUP_CASE(2, 3) GROUP_CASE(2, 4)
-        GROUP_CASE(3, 1) GROUP_CASE(3, 2) GROUP_CASE(3, 3) GROUP_CASE(3, 4)
-        GROUP_CASE(4, 1) GROUP_CASE(4, 2) GROUP_CASE(4, 3) GROUP_CASE(4, 4)
-        GROUP_CASE(5, 1) GROUP_CASE(5, 2) GROUP_CASE(5, 3)
-        GROUP_CASE(6, 1) GROUP_CASE(6, 2)
-        GROUP_CASE(7, 1) GROUP_CASE(7, 2)
-        GROUP_CASE(8, 1) GROUP_CASE(8, 2)
-        return false; /* not reached: nv <= 8 and H <= per_pass */
+    if (g < 1 || g > CSD_ATTN_GROUP_MAX || nv < 1 || nv > 8) return false;
+    switch (nv) { /* constant vector counts: q, the scores and the outputs stay in registers */
+#define GROUP_CASE(nv_) \
+    case nv_: attend_group_nv(nv_, out, q, g, k, v, ld, n, hd, scale, att); break;
+        GROUP_CASE(1) GROUP_CASE(2) GROUP_CASE(3) GROUP_CASE(4)
+        GROUP_CASE(5) GROUP_CASE(6) GROUP_CASE(7) GROUP_CASE(8)
 #undef GROUP_CASE
-        h += H;
     }
     return true;
 }
