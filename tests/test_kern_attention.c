@@ -1,5 +1,5 @@
-/* test_kern_attention: csd_attend_f16 in every table this CPU supports against a float64
- * softmax-attention over the same f16 cache, for head sizes with and without a fused kernel,
+/* test_kern_attention: single-head attention (csd_attend_f16_with) in every table this CPU
+ * supports against a float64 softmax-attention over the same f16 cache, for head sizes with and without a fused kernel,
  * strided rows and one to hundreds of positions; results deterministic call to call. The grouped
  * form (several query heads over one K/V head) gives each head exactly its single-head result. */
 #include <setjmp.h>
@@ -100,7 +100,7 @@ static void test_attend_matches_f64(void **state) {
     assert_true(checked >= 7 * 6); /* at least ref */
 }
 
-/* csd_attend_f16_group == csd_attend_f16 head by head, bit for bit, for group sizes that fill a
+/* csd_attend_f16_group == csd_attend_f16_with head by head, bit for bit, for group sizes that fill a
  * kernel pass, leave a partial one or span several. */
 static void test_attend_group_matches_heads(void **state) {
     (void)state;

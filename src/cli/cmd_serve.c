@@ -22,8 +22,6 @@
 #include "model/model.h"
 #include "tok/tokenizer.h"
 
-/* End-of-generation ids collected from the tokenizer (EOS + end-of-turn tokens). */
-
 static const char *const serve_usage =
     "usage: cascadia serve MODEL_DIR [options]\n"
     "       cascadia serve --manifest DIR --fleet H:P,H:P [--fleet H:P,H:P ...] (--key F | --insecure) [options]\n"

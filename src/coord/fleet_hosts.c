@@ -8,7 +8,7 @@
 #define LOOPBACK "localhost"
 
 static bool is_loopback(const char *host) {
-    return !strcmp(host, "localhost") || !strcmp(host, "::1") || !strncmp(host, "127.", 4);
+    return !strcmp(host, LOOPBACK) || !strcmp(host, "::1") || !strncmp(host, "127.", 4);
 }
 
 bool csd_fleet_host_of(const char *addr, char *out, size_t cap) {

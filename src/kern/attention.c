@@ -1,7 +1,7 @@
-/* attention: one query head against a span of the KV cache, softmax(scale * q K^T) V, the inner
- * loop of the forward pass. Tables with a fused kernel keep q and the output in registers and
- * loop over positions themselves; the others are composed here from their dot and axpy helpers
- * (composed from ref's, this is the spec). */
+/* attention: query heads against a span of the KV cache, softmax(scale * q K^T) V, the inner
+ * loop of the forward pass. Tables with fused kernels keep q and the output in registers and loop
+ * over positions themselves (a group of heads sharing a K/V head at once); the others are composed
+ * here, head by head, from their dot and axpy helpers (composed from ref's, this is the spec). */
 #include "kern_internal.h"
 
 #include <math.h>
@@ -44,9 +44,4 @@ void csd_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t 
                           const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                           float *att) {
     csd_attend_f16_group_with(csd_kern_ops_current(), out, q, g, k, v, ld, n, hd, scale, att);
-}
-
-void csd_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int64_t ld,
-                    int64_t n, int64_t hd, float scale, float *att) {
-    csd_attend_f16_with(csd_kern_ops_current(), out, q, k, v, ld, n, hd, scale, att);
 }

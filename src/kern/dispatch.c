@@ -80,6 +80,9 @@ static void fill_gaps(csd_kern_ops *t, const csd_kern_ops *r) {
     FILL(silu_mul);
     FILL(rmsnorm);
     FILL(read_streams);
+    /* the grouped attention kernel must do its single-head path's arithmetic: inherited only by
+     * avxvnni, which has all of avx2's attention helpers (ref has none) */
+    FILL(attend_f16_group);
 #undef FILL
 }
 
@@ -93,9 +96,6 @@ static void init_tables(void) {
     /* avxvnni only has the Q kernels: the rest is avx2's, which its CPUs run */
     tables[TABLE_AVXVNNI] = csd_kern_ops_avxvnni;
     fill_gaps(&tables[TABLE_AVXVNNI], &csd_kern_ops_avx2);
-    /* avxvnni has avx2's attention helpers, so avx2's grouped kernel matches them bit for bit */
-    if (!tables[TABLE_AVXVNNI].attend_f16_group)
-        tables[TABLE_AVXVNNI].attend_f16_group = csd_kern_ops_avx2.attend_f16_group;
     table_ok[TABLE_AVXVNNI] = table_ok[TABLE_AVX2] && f.avxvnni;
     tables[TABLE_AVX512] = csd_kern_ops_avx512;
     table_ok[TABLE_AVX512] = table_ok[TABLE_AVX2] && f.avx512f && f.avx512bw && f.avx512vl &&

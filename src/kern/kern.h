@@ -50,7 +50,7 @@ void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok
 void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, const float *x,
                       int64_t n_tok, float *const *y, void *scratch);
 
-/* Vector helpers for attention over an F32 KV cache (the F16 one goes through csd_attend_f16),
+/* Vector helpers for attention over an F32 KV cache (the F16 one goes through csd_attend_f16_group),
  * dispatched like the matmul. Each table sums in its own fixed order (the result depends only on
  * the inputs and n, never on threads or batch); tables differ from each other only by rounding. */
 /* Returns sum_i a[i] * b[i]. */
@@ -69,15 +69,12 @@ void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float ep
  * the way the matvec kernels walk weights, with the table's widest loads; returns a sum of the
  * data so the reads cannot be optimised away. For the bandwidth test of `cascadia bench`. */
 uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams);
-/* Attention of one query head over n cached positions whose f16 K and V rows are ld halves apart:
- * out[0..hd) = sum_t p[t] v_t with p = softmax(scale * q . k_t). att holds n floats of scratch.
- * The result depends only on the inputs (never on threads or batch), like the helpers above. */
-void csd_attend_f16(float *out, const float *q, const uint16_t *k, const uint16_t *v, int64_t ld,
-                    int64_t n, int64_t hd, float scale, float *att);
-/* csd_attend_f16 for g query heads that share one K/V head (grouped-query attention): q and out
- * hold g rows of hd floats, att g * n floats of scratch. Each head's output is bit-identical to
- * csd_attend_f16 on that head alone; tables with a fused kernel read each K/V row once for
- * several heads instead of once per head (the cache traffic of a long context). */
+/* Attention of g query heads that share one K/V head (grouped-query attention; g = 1 for plain
+ * multi-head) over n cached positions whose f16 K and V rows are ld halves apart: for each head h,
+ * out[h hd .. (h+1) hd) = sum_t p[t] v_t with p = softmax(scale * q_h . k_t). q and out hold g
+ * rows of hd floats, att g * n floats of scratch. Each head's output is bit-identical to the same
+ * call with that head alone, and depends only on the inputs (never on threads or batch); tables
+ * with a fused kernel read each K/V row once for several heads instead of once per head. */
 void csd_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
                           const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                           float *att);

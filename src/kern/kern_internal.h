@@ -38,8 +38,9 @@ typedef struct csd_kern_ops {
     void (*silu_mul)(float *g, const float *u, int64_t n);        /* csd_silu_mul */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps); /* csd_rmsnorm */
     uint64_t (*read_streams)(const uint8_t *p, size_t bytes, int streams); /* csd_read_streams */
-    /* Fused csd_attend_f16 (see kern.h). Returns false for a head size it does not handle; NULL
-     * or false: attention.c composes it from dot_f32_f16 and axpy_f16 (with ref's: the spec). */
+    /* Fused single-head attention (csd_attend_f16_group with g = 1, see kern.h). Returns false for
+     * a head size it does not handle; NULL or false: attention.c composes it from dot_f32_f16 and
+     * axpy_f16 (with ref's: the spec). */
     bool (*attend_f16)(float *out, const float *q, const uint16_t *k, const uint16_t *v,
                        int64_t ld, int64_t n, int64_t hd, float scale, float *att);
     /* Fused csd_attend_f16_group (see kern.h), the same contract; NULL or false: attention.c
@@ -75,6 +76,14 @@ static inline void csd_q_prefetch_scales(const uint8_t *blk, int dtype, int64_t 
     }
 }
 
+/* Attention's K/V rows: a head's row is hd halves at the stride of the whole cache row, too short
+ * a run for the hardware prefetcher, so the fused attention kernels prefetch the row this many
+ * positions ahead (callers keep row inside the cache). */
+#define CSD_ATTN_PF_ROWS 16
+static inline void csd_attn_prefetch_row(const uint16_t *row, int64_t hd) {
+    for (int64_t b = 0; b < hd * 2; b += 64) __builtin_prefetch((const char *)row + b, 0, 3);
+}
+
 /* The vector tables' exp (Cephes expf): x = n ln2 + r with n = round(x log2 e), ln2 split in two
  * so that n * LN2_HI is exact, exp(r) = 1 + r + r^2 (P0 + r (P1 + ... + r P5)) on |r| <= ln2/2,
  * then times 2^n. Within 2 ulp; the ISA files apply it (and 2^n) in their own registers. */
@@ -107,7 +116,7 @@ extern const csd_kern_ops csd_kern_ops_avx512;
 const csd_kern_ops *csd_kern_table(const char *name);
 /* The table chosen by csd_kern_init (initialises on first use). */
 const csd_kern_ops *csd_kern_ops_current(void);
-/* csd_attend_f16 with an explicit table. */
+/* One head's attention with an explicit table: the single-head path csd_attend_f16_group matches. */
 void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, const uint16_t *k,
                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                          float *att);

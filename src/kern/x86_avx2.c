@@ -244,17 +244,11 @@ static float avx2_softmax(float *att, int64_t n, float max) {
  * Each K row and each block of V rows is converted to floats once for all the heads, where the
  * composed path (attention.c) converts them once per head. Per head the float operations are the
  * composed path's with this table's helpers: dot_any's two accumulators and hsum8 for the scores,
- * then avx2_softmax, then axpy's fma(p, v, out) in position order, so the result is bit-identical. */
+ * then avx2_softmax, then axpy's fma(p, v, out) in position order, so the result is bit-identical.
+ * Rows are prefetched CSD_ATTN_PF_ROWS ahead. */
 #define ATTN_MAX_CHUNKS 16 /* head sizes up to 128 */
 #define ATTN_V_BLOCK 16    /* V rows converted per step */
 #define ATTN_PASS_HEADS 4
-/* A head's K/V row is hd halves at the stride of the whole cache row: too short a run for the
- * hardware prefetcher, so the rows this many ahead are prefetched (as in the AVX-512 kernel). */
-#define ATTN_PF_ROWS 16
-
-AI void attend_prefetch_row(const uint16_t *row, int64_t hd) {
-    for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
-}
 
 /* dot_any(1, q, row, hd) from the row's chunks kf: hd / 16 steps of 16 on two accumulators, the
  * rest 8 at a time on acc0 (q zero-padded like dot_any's masked tail loads). */
@@ -284,7 +278,7 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
     }
     for (int64_t t = 0; t < n; t++) {
         const uint16_t *row = k + t * ld;
-        if (t + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
+        if (t + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 16
         for (int c = 0; c < NC; c++) kf[c] = load_f16x8(row + 8 * c, hd - 8 * c);
         for (int h = 0; h < H; h++) {
@@ -298,7 +292,7 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
         int nt = n - t0 < ATTN_V_BLOCK ? (int)(n - t0) : ATTN_V_BLOCK;
         for (int i = 0; i < nt; i++) {
             const uint16_t *row = v + (t0 + i) * ld;
-            if (t0 + i + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
+            if (t0 + i + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 16
             for (int c = 0; c < NC; c++) vf[i][c] = load_f16x8(row + 8 * c, hd - 8 * c);
         }

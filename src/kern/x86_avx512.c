@@ -585,15 +585,6 @@ AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, c
     for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + 16 * j, m[j], o[j]);
 }
 
-/* K/V rows of one head are hd halves at a stride of the cache's kv_dim: too short a run for the
- * hardware prefetcher, and a grouped step does enough work per row to expose the DRAM latency. */
-#ifndef ATTN_PF_ROWS
-#define ATTN_PF_ROWS 16
-#endif
-AI void attend_prefetch_row(const uint16_t *row, int64_t hd) {
-    for (int64_t b = 0; b < hd * 2; b += 64) _mm_prefetch((const char *)row + b, _MM_HINT_T0);
-}
-
 /* Sixteen horizontal sums at once: lane L of the result is the sum of the 16 lanes of the vector
  * in slot REDUCE16_SLOT[L]. Each lane goes through exactly hsum's tree (halves of 256, 128, then
  * lanes 0+2 / 1+3, then the pair), so the sums are bit-identical to sixteen hsum calls for a third
@@ -631,7 +622,7 @@ AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k
         int nt = n - t0 < ATTN_BLOCK ? (int)(n - t0) : ATTN_BLOCK;
         for (int i = 0; i < ATTN_BLOCK; i++) { /* the block's K rows (zeros past the end) */
             const uint16_t *row = k + (t0 + i) * ld;
-            if (i < nt && t0 + i + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
+            if (i < nt && t0 + i + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++)
                 blk[i][j] = i < nt ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j))
@@ -673,7 +664,7 @@ AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t
 #pragma GCC unroll 16
     for (int i = 0; i < H * NV; i++) o[i] = _mm512_setzero_ps();
     for (int64_t t = 0; t < n; t++) {
-        if (t + ATTN_PF_ROWS < n) attend_prefetch_row(v + (t + ATTN_PF_ROWS) * ld, hd);
+        if (t + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(v + (t + CSD_ATTN_PF_ROWS) * ld, hd);
 #pragma GCC unroll 8
         for (int j = 0; j < NV; j++) vr[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
 #pragma GCC unroll 4
@@ -704,7 +695,7 @@ AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, in
         int nt = n - t0 < ATTN_BLOCK ? (int)(n - t0) : ATTN_BLOCK;
         for (int i = 0; i < nt; i++) {
             const uint16_t *row = v + (t0 + i) * ld;
-            if (t0 + i + ATTN_PF_ROWS < n) attend_prefetch_row(row + ATTN_PF_ROWS * ld, hd);
+            if (t0 + i + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++) blk[i][j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j));
         }

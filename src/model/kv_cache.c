@@ -51,13 +51,13 @@ void csd_kv_destroy(csd_kv *kv) {
 }
 
 int64_t csd_kv_len(const csd_kv *kv) { return kv->len; }
+int64_t csd_kv_capacity(const csd_kv *kv) { return kv->cap; }
 
 size_t csd_kv_position_bytes(const csd_kv *kv) {
     size_t row = (size_t)kv->kv_dim * csd_kv_elem_bytes(kv->dtype);
     if (kv->dtype == CSD_DTYPE_Q8) row += (size_t)kv->n_kv_heads * sizeof(float);
     return (size_t)kv->n_layers * 2 * row; /* k and v */
 }
-int64_t csd_kv_capacity(const csd_kv *kv) { return kv->cap; }
 
 int csd_kv_truncate(csd_kv *kv, int64_t pos) {
     if (pos < 0 || pos > kv->len) return CSD_ERANGE;
