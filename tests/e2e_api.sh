@@ -65,8 +65,16 @@ assert r["usage"]["completion_tokens"] == 16 or r["choices"][0]["finish_reason"]
 ' || fail "the docs/api.md curl example did not work: $doc_out"
 echo "ok   docs/api.md curl example"
 
-# --- a second server with one slot and no queue, for 429 ---
-start_server busy tiny --chat-template chatml --parallel 1 --queue 0
+# --- a second server with one slot and no queue, for 429 and disconnects: the same weights with an
+# 8192-token context, so that a request with ignore_eos runs for seconds, not milliseconds ---
+cp -r tiny tinylong
+/usr/bin/python3 - tinylong/config.json <<'PY' || fail "could not lengthen the context"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["max_position_embeddings"] = 8192
+json.dump(c, open(sys.argv[1], "w"))
+PY
+start_server busy tinylong --model-name tiny --chat-template chatml --parallel 1 --queue 0 --ctx 8192
 
 # --- greedy reference from `cascadia run` ---
 RUN_PROMPT="Once upon a time"

@@ -67,6 +67,7 @@ static void test_chat_minimal_defaults(void **state) {
     assert_false(r.has_seed);
     assert_int_equal(r.n_stop, 0);
     assert_false(r.logprobs);
+    assert_false(r.ignore_eos);
     assert_null(r.tools);
     assert_int_equal(json_array_size(r.messages), 1);
     json_t *m = json_array_get(r.messages, 0);
@@ -91,6 +92,7 @@ static void test_chat_every_parameter(void **state) {
         "\"max_completion_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,"
         "\"seed\":-3,\"stop\":[\"x\",\"yy\"],\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
         "\"repetition_penalty\":1.1,\"logprobs\":true,\"top_logprobs\":3,\"n\":1,\"user\":\"u1\","
+        "\"ignore_eos\":true,"
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}],"
         "\"tool_choice\":\"auto\",\"response_format\":{\"type\":\"text\"},"
         "\"some_future_field\":{\"ignored\":[1,2,3]},\"metadata\":null}";
@@ -115,6 +117,7 @@ static void test_chat_every_parameter(void **state) {
     assert_true(fabsf(r.sampling.repetition_penalty - 1.1f) < 1e-6f);
     assert_true(r.logprobs);
     assert_int_equal(r.top_logprobs, 3);
+    assert_true(r.ignore_eos);
     assert_string_equal(r.user, "u1");
     assert_non_null(r.tools);
     assert_string_equal(json_string_value(r.tool_choice), "auto");
@@ -193,6 +196,7 @@ static void test_chat_type_errors(void **state) {
     expect_chat_error("\"logprobs\":1", "logprobs");
     expect_chat_error("\"top_logprobs\":\"2\"", "top_logprobs");
     expect_chat_error("\"n\":\"1\"", "n");
+    expect_chat_error("\"ignore_eos\":1", "ignore_eos");
     expect_chat_error("\"user\":5", "user");
     expect_chat_error("\"tools\":{}", "tools");
     expect_chat_error("\"tools\":[5]", "tools[0]");

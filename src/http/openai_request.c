@@ -178,7 +178,7 @@ static int parse_sampling(const json_t *root, csd_http_req *r, csd_http_error *e
                                   (long long)v);
     if ((rc = read_int(root, "best_of", 1, 1, "1 (best_of > 1 is not supported)", NULL, &v, e)))
         return rc;
-    return 0;
+    return read_bool(root, "ignore_eos", &r->ignore_eos, e);
 }
 
 static int add_stop(csd_http_req *r, const json_t *s, const char *field, csd_http_error *e) {

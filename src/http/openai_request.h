@@ -58,6 +58,7 @@ typedef struct csd_http_req {
     int64_t max_tokens;          /* 0: not given (until the context is full) */
     csd_sampler_params sampling; /* OpenAI defaults where absent (temperature 1, top_p 1) */
     bool has_seed;               /* sampling.seed came from the request */
+    bool ignore_eos;             /* vLLM / llama-server extension: no stop at end-of-generation */
     int n_stop;
     char *stop[CSD_HTTP_MAX_STOP]; /* non-empty UTF-8 strings */
     bool logprobs;                 /* return logprobs of the chosen tokens */

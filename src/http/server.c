@@ -451,6 +451,7 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     /* without max_tokens, generate until the context is full (the engine stops there) */
     rp.max_tokens = req.max_tokens > 0 ? req.max_tokens : max_ctx - (int64_t)n_ids;
     rp.logprobs = req.logprobs;
+    rp.ignore_eos = req.ignore_eos;
     rp.top_logprobs = req.top_logprobs;
     if (csd_http_job_create(&j, &req, s->tok, s->model_name, engine, (int64_t)n_ids)) {
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
