@@ -12,7 +12,8 @@ run_json -d 40 > "$WORK/d40.json" || fail "bench -d 40 --json: $(cat "$WORK/err"
 import json, sys
 d0, d40 = (json.load(open(p)) for p in sys.argv[1:3])
 for r in (d0, d40):
-    for f in ("pp_tps", "tg_tps", "roofline_fraction", "membw_gbs", "weight_bytes", "kv_bytes"):
+    for f in ("pp_tps", "tg_tps", "roofline_fraction", "membw_gbs", "weight_bytes", "kv_bytes",
+              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction"):
         assert r[f] > 0, (f, r)
     assert r["n_prompt"] == 16 and r["n_gen"] == 8, r
 assert d0["depth"] == 0 and d40["depth"] == 40, (d0, d40)
@@ -22,11 +23,15 @@ assert per_pos0 == per_pos40 and per_pos0 == int(per_pos0), (d0["kv_bytes"], d40
 assert d0["weight_bytes"] == d40["weight_bytes"]
 roof = d40["membw_gbs"] * 1e9 / (d40["weight_bytes"] + d40["kv_bytes"])
 assert abs(d40["roofline_tps"] - roof) < 1e-3 * roof, (d40["roofline_tps"], roof)
+# the paired roofline: the tokens' rate against reads of the same bytes in the same seconds
+paired = d40["paired_tg_tps"] * (d40["weight_bytes"] + d40["kv_bytes"]) / (d40["paired_membw_gbs"] * 1e9)
+assert abs(d40["paired_roofline_fraction"] - paired) < 1e-3 * paired, (d40, paired)
 PY
 "$CASCADIA" bench "$M" -p 16 -n 8 -r 1 --membw-mib 64 -d 40 > "$WORK/table" 2>/dev/null || fail "bench -d 40"
 grep -q "| pp16 @ d40 |" "$WORK/table" || fail "no pp16 @ d40 row: $(cat "$WORK/table")"
 grep -q "| tg8 @ d40 |" "$WORK/table" || fail "no tg8 @ d40 row: $(cat "$WORK/table")"
 grep -q "MiB KV cache read per token" "$WORK/table" || fail "roofline line without the KV cache"
+grep -q "^paired: .* GB/s read, .* t/s generated in the same seconds" "$WORK/table" || fail "no paired roofline line"
 set +e
 "$CASCADIA" bench "$M" -d 4 --concurrency 1,2 >/dev/null 2>"$WORK/err"; rc=$?
 set -e

@@ -2,9 +2,14 @@
  * quoted: a STREAM-like read (a sum over a buffer much larger than the caches), on the same pool
  * threads the model uses. Decode reads every weight once per token, so bytes per token divided by
  * this bandwidth is the generation roofline. The read is the kernel table's csd_read_streams
- * (its widest loads, prefetched like the matvec), walking 1 to 4 parts per thread side by side;
- * the best of all is the bandwidth. (A plain C loop measured ~15% below what vector loads over
- * three streams reach here: a roofline from it would be too easy.) */
+ * (its widest loads, prefetched like the matvec), walking 1 to 4 parts per thread side by side.
+ * (A plain C loop measured ~15% below what vector loads over three streams reach here: a roofline
+ * from it would be too easy.)
+ *
+ * Two figures come from it. The peak: the best of many passes over a 1 GiB buffer. The paired
+ * bandwidth: a buffer of exactly the bytes a token reads, read once after every generated token,
+ * so that the reads see the same machine, in the same seconds, as the tokens they are compared
+ * with (on a shared host the bandwidth drifts by tens of percent within seconds). */
 #include <string.h>
 
 #include "bench_internal.h"
@@ -14,16 +19,17 @@
 
 #define MEMBW_MAX_STREAMS 4
 
-typedef struct membw_job {
+struct csd_bench_reader {
+    csd_pool *pool;
     uint64_t *buf;
     int64_t n;          /* uint64 words */
     bool fill;          /* first pass: write (first touch) instead of read */
     int streams;        /* parts per thread read side by side */
     uint64_t sums[CSD_BENCH_MAX_STREAMS]; /* per thread: stored, so the reads are not optimised out */
-} membw_job;
+};
 
-static void membw_fn(void *ctx, int ith, int nth) {
-    membw_job *j = ctx;
+static void reader_fn(void *ctx, int ith, int nth) {
+    csd_bench_reader *j = ctx;
     int64_t b, e;
     csd_split_range(j->n / 8, ith, nth, &b, &e); /* in 64-byte lines */
     uint64_t *p = j->buf + b * 8, *end = j->buf + e * 8;
@@ -37,33 +43,59 @@ static void membw_fn(void *ctx, int ith, int nth) {
     if (ith < CSD_BENCH_MAX_STREAMS) j->sums[ith] = sum;
 }
 
-int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_err *err) {
-    *gbs = 0;
-    size_t bytes = (size_t)mib << 20;
-    membw_job *j = csd_alloc(sizeof *j);
+int csd_cli_bench_reader_create(csd_pool *pool, size_t bytes, csd_bench_reader **out, csd_err *err) {
+    *out = NULL;
+    csd_bench_reader *j = csd_alloc(sizeof *j);
     if (!j) return csd_err_set(err, CSD_ENOMEM, "bandwidth test state");
+    memset(j, 0, sizeof *j);
+    bytes = (bytes + 63) / 64 * 64;
     j->buf = csd_alloc(bytes);
     if (!j->buf) {
         csd_free(j);
-        return csd_err_set(err, CSD_ENOMEM, "bandwidth test buffer of %lld MiB", (long long)mib);
+        return csd_err_set(err, CSD_ENOMEM, "bandwidth test buffer of %.1f MiB", (double)bytes / (1 << 20));
     }
+    j->pool = pool;
     j->n = (int64_t)(bytes / sizeof(uint64_t));
     j->fill = true;
-    csd_pool_run(pool, membw_fn, j);
+    csd_pool_run(pool, reader_fn, j);
     j->fill = false;
     j->streams = 1;
-    csd_pool_run(pool, membw_fn, j); /* warm-up pass: page-table and TLB state settle */
+    csd_pool_run(pool, reader_fn, j); /* warm-up pass: page-table and TLB state settle */
+    *out = j;
+    return 0;
+}
+
+double csd_cli_bench_reader_pass(csd_bench_reader *r, int streams) {
+    r->streams = streams < 1 ? 1 : streams > MEMBW_MAX_STREAMS ? MEMBW_MAX_STREAMS : streams;
+    uint64_t t0 = csd_now_ns();
+    csd_pool_run(r->pool, reader_fn, r);
+    return (double)(csd_now_ns() - t0) * 1e-9;
+}
+
+size_t csd_cli_bench_reader_bytes(const csd_bench_reader *r) { return (size_t)r->n * sizeof(uint64_t); }
+
+void csd_cli_bench_reader_destroy(csd_bench_reader *r) {
+    if (!r) return;
+    csd_free(r->buf);
+    csd_free(r);
+}
+
+int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, int *best_streams,
+                        csd_err *err) {
+    *gbs = 0;
+    csd_bench_reader *r;
+    int rc = csd_cli_bench_reader_create(pool, (size_t)mib << 20, &r, err);
+    if (rc) return rc;
     double best = 1e30;
-    for (int r = 0; r < (reps > 0 ? reps : 1); r++)
+    for (int rep = 0; rep < (reps > 0 ? reps : 1); rep++)
         for (int s = 1; s <= MEMBW_MAX_STREAMS; s++) {
-            j->streams = s;
-            uint64_t t0 = csd_now_ns();
-            csd_pool_run(pool, membw_fn, j);
-            double t = (double)(csd_now_ns() - t0) * 1e-9;
-            if (t < best) best = t;
+            double t = csd_cli_bench_reader_pass(r, s);
+            if (t < best) {
+                best = t;
+                if (best_streams) *best_streams = s;
+            }
         }
-    *gbs = (double)bytes / best / 1e9;
-    csd_free(j->buf);
-    csd_free(j);
+    *gbs = (double)csd_cli_bench_reader_bytes(r) / best / 1e9;
+    csd_cli_bench_reader_destroy(r);
     return 0;
 }

@@ -30,7 +30,8 @@ static const char *const bench_usage =
     "  --json              one JSON object (a list with --concurrency) instead of the table\n"
     "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
     "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
-    "  --membw-mib N       buffer of the bandwidth test in MiB (default 1024, 0 = skip)\n"
+    "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it and\n"
+    "                      the paired roofline: tg again, each token followed by a read of its bytes)\n"
     "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
     CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -157,7 +158,10 @@ typedef struct bench_result {
     double tg_tps, tg_sd;
     size_t weight_bytes;  /* read per generated token: layers + final norm + head */
     size_t kv_bytes;      /* KV cache read per generated token, at the mean context of the tg test */
-    double membw_gbs;
+    double membw_gbs;     /* peak: best pass over a 1 GiB buffer */
+    int membw_streams;    /* the streams per thread of that pass */
+    double paired_gbs;    /* the reads paired with generated tokens (bench_membw.c) */
+    double paired_tg_tps; /* those tokens' rate */
     double load_before, load_after; /* 1-minute load average around the tests */
 } bench_result;
 
@@ -197,6 +201,32 @@ static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
     return 0;
 }
 
+/* The paired roofline: every generated token is followed by one read of exactly the bytes a token
+ * reads, so reads and tokens share the machine's state, second by second. */
+static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+                      bench_result *res, float *logits, csd_err *err) {
+    csd_bench_reader *reader;
+    int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes, &reader, err);
+    if (rc) return rc;
+    double t_tokens = 0, t_reads = 0;
+    for (int r = 0; r < a->reps && !rc; r++) {
+        csd_kv_truncate(kv, a->depth);
+        for (int64_t i = 0; i < a->n_gen && !rc; i++) {
+            uint64_t t0 = csd_now_ns();
+            rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
+            t_tokens += (double)(csd_now_ns() - t0) * 1e-9;
+            t_reads += csd_cli_bench_reader_pass(reader, res->membw_streams);
+        }
+    }
+    if (!rc) {
+        double n = (double)a->reps * (double)a->n_gen;
+        res->paired_gbs = n * (double)csd_cli_bench_reader_bytes(reader) / t_reads / 1e9;
+        res->paired_tg_tps = n / t_tokens;
+    }
+    csd_cli_bench_reader_destroy(reader);
+    return rc;
+}
+
 /* The cache every test starts from: -d tokens, prefilled once (each test truncates back to it). */
 static int fill_depth(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
                       float *logits, csd_err *err) {
@@ -230,7 +260,8 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     if (!rc && a->membw_mib > 0) {
         fprintf(stderr, "measuring memory bandwidth (%lld MiB, %d threads)\n", (long long)a->membw_mib,
                 csd_pool_size(csd_model_pool(m)));
-        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, err);
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, &res->membw_streams,
+                                 err);
     }
     if (!rc) rc = fill_depth(m, kv, ids, a, logits, err);
     if (!rc && a->n_prompt > 0) {
@@ -245,8 +276,17 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     }
     if (!rc && a->membw_mib > 0) { /* again after the tests: the best of both, as the load drifts */
         double again = 0;
-        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, err);
-        if (again > res->membw_gbs) res->membw_gbs = again;
+        int streams = 1;
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, &streams, err);
+        if (again > res->membw_gbs) {
+            res->membw_gbs = again;
+            res->membw_streams = streams;
+        }
+    }
+    if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
+        fprintf(stderr, "tg%lld x %d, each token paired with a read of its bytes\n", (long long)a->n_gen,
+                a->reps);
+        rc = run_paired(m, kv, ids, a, res, logits, err);
     }
     res->load_after = csd_cli_bench_loadavg();
     csd_kv_destroy(kv);
@@ -272,16 +312,18 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
     size_t read = r->weight_bytes + r->kv_bytes;
     double roof = r->membw_gbs > 0 && read ? r->membw_gbs * 1e9 / (double)read : 0;
     double frac = roof > 0 ? r->tg_tps / roof : 0;
+    double paired_frac = r->paired_gbs > 0 ? r->paired_tg_tps * (double)read / (r->paired_gbs * 1e9) : 0;
     if (a->json) {
         printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
                "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"reps\": %d, "
                "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
-               "\"roofline_fraction\": %.4f, \"load_avg\": [%.2f, %.2f]}\n",
+               "\"roofline_fraction\": %.4f, \"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
+               "\"paired_roofline_fraction\": %.4f, \"load_avg\": [%.2f, %.2f]}\n",
                base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
                (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
                r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
-               r->load_before, r->load_after);
+               r->paired_gbs, r->paired_tg_tps, paired_frac, r->load_before, r->load_after);
         return;
     }
     printf("| model | precision | size | threads | test | t/s |\n");
@@ -302,6 +344,9 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
                "%.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
                (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, roof, 100 * frac,
                csd_kern_name());
+        printf("paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f t/s "
+               "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
+               r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);
     }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }
