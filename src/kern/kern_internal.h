@@ -103,6 +103,18 @@ static inline void csd_attn_prefetch_row(const uint16_t *row, int64_t hd) {
 void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, const csd_qmat *w,
                       const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1);
 
+/* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
+ * weight streams in flight (DRAM serves several streams faster than one). fn(y, nrows, blk, act,
+ * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
+ * versions for 1..CSD_MV_STREAMS_MAX streams. */
+#define CSD_MV_STREAMS_MAX 3
+typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
+                                 const uint8_t *act, int64_t ng);
+/* Rows [r0, r1) of one token: the thread's blocks are cut into S parts walked side by side
+ * (streams[S - 1]); the nb % S blocks left over are walked together, one stream each. */
+void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, const csd_qmat *w,
+                          const uint8_t *act, int64_t r0, int64_t r1);
+
 /* Per-file tables: NULL entries are filled by dispatch.c (avxvnni from avx2, then all from ref). */
 extern const csd_kern_ops csd_kern_ops_ref;
 #if defined(__x86_64__)

@@ -198,3 +198,27 @@ void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, cons
     multi_job job = {ops, w, y, n_mats, prep.act, n_tok, total, csd_pool_size(pool)};
     csd_pool_run_chunks(pool, multi_rows, &job, row_chunks(total, job.threads));
 }
+
+void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, const csd_qmat *w,
+                          const uint8_t *act, int64_t r0, int64_t r1) {
+    int64_t ng = csd_quant_groups(w->cols);
+    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
+    int64_t first = r0 / CSD_QUANT_BLOCK_ROWS;
+    int64_t nb = (r1 - r0 + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
+    int64_t part = nb / S, left = nb - part * S;
+    float *ys[CSD_MV_STREAMS_MAX];
+    int nr[CSD_MV_STREAMS_MAX];
+    const uint8_t *bs[CSD_MV_STREAMS_MAX];
+    /* step j walks block j of every part; the last step (j == part) walks the leftovers */
+    for (int64_t j = 0; j <= part; j++) {
+        int n = j < part ? S : (int)left;
+        for (int i = 0; i < n; i++) {
+            int64_t b = first + (j < part ? i * part + j : part * S + i);
+            int64_t r = b * CSD_QUANT_BLOCK_ROWS;
+            ys[i] = y + r;
+            nr[i] = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
+            bs[i] = (const uint8_t *)w->data + (size_t)b * block_bytes;
+        }
+        if (n > 0) streams[n - 1](ys, nr, bs, act, ng);
+    }
+}

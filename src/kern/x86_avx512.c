@@ -86,7 +86,6 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
 #ifndef MV_STREAMS_Q8
 #define MV_STREAMS_Q8 2
 #endif
-#define MV_STREAMS_MAX 3
 /* Most tokens in one Q tile: T float + T int accumulators + unpacked weights fit 32 zmm. */
 #define QT_MAX 8
 
@@ -204,7 +203,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
-    __m512 acc[MV_STREAMS_MAX];
+    __m512 acc[CSD_MV_STREAMS_MAX];
 #pragma GCC unroll 4
     for (int i = 0; i < S; i++) {
         acc[i] = _mm512_setzero_ps();
@@ -212,8 +211,8 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     }
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
-        __m512i ia[MV_STREAMS_MAX], ib[MV_STREAMS_MAX];
-        const uint8_t *wg[MV_STREAMS_MAX];
+        __m512i ia[CSD_MV_STREAMS_MAX], ib[CSD_MV_STREAMS_MAX];
+        const uint8_t *wg[CSD_MV_STREAMS_MAX];
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
             wg[i] = blk[i] + (size_t)g * gbytes;
@@ -263,9 +262,6 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     for (int i = 0; i < S; i++) _mm512_mask_storeu_ps(y[i], tail_mask(nrows[i]), acc[i]);
 }
 
-typedef void (*q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
-                             const uint8_t *act, int64_t ng);
-
 #define DEF_Q_STREAMS(name, q4, S)                                                           \
     static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
                            const uint8_t *act, int64_t ng) {                                 \
@@ -276,45 +272,19 @@ DEF_Q_STREAMS(streams_q4, 1, 2)
 DEF_Q_STREAMS(streams_q4, 1, 3)
 DEF_Q_STREAMS(streams_q8, 0, 1)
 DEF_Q_STREAMS(streams_q8, 0, 2)
-static const q_streams_fn streams_q4[MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2, streams_q4_3};
-static const q_streams_fn streams_q8[MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2, NULL};
-static_assert(MV_STREAMS_Q4 <= MV_STREAMS_MAX && MV_STREAMS_Q8 <= 2, "stream tables");
-
-/* One token: the thread's blocks are cut into S parts walked side by side (streams[S - 1]); the
- * nb % S blocks left over are walked together, one stream each. */
-static void matvec_q(const q_streams_fn *streams, int S, float *y, const csd_qmat *w,
-                     const uint8_t *act, int64_t r0, int64_t r1) {
-    int64_t ng = csd_quant_groups(w->cols);
-    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
-    int64_t first = r0 / CSD_QUANT_BLOCK_ROWS;
-    int64_t nb = (r1 - r0 + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
-    int64_t part = nb / S, left = nb - part * S;
-    float *ys[MV_STREAMS_MAX];
-    int nr[MV_STREAMS_MAX];
-    const uint8_t *bs[MV_STREAMS_MAX];
-    /* step j walks block j of every part; the last step (j == part) walks the leftovers */
-    for (int64_t j = 0; j <= part; j++) {
-        int n = j < part ? S : (int)left;
-        for (int i = 0; i < n; i++) {
-            int64_t b = first + (j < part ? i * part + j : part * S + i);
-            int64_t r = b * CSD_QUANT_BLOCK_ROWS;
-            ys[i] = y + r;
-            nr[i] = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
-            bs[i] = (const uint8_t *)w->data + (size_t)b * block_bytes;
-        }
-        if (n > 0) streams[n - 1](ys, nr, bs, act, ng);
-    }
-}
+static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2, streams_q4_3};
+static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2, NULL};
+static_assert(MV_STREAMS_Q4 <= CSD_MV_STREAMS_MAX && MV_STREAMS_Q8 <= 2, "stream tables");
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) matvec_q(streams_q4, MV_STREAMS_Q4, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q4, MV_STREAMS_Q4, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) matvec_q(streams_q8, MV_STREAMS_Q8, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q8, MV_STREAMS_Q8, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
