@@ -5,6 +5,7 @@
 #ifndef CSD_KERN_INTERNAL_H
 #define CSD_KERN_INTERNAL_H
 
+#include <assert.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -108,8 +109,35 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
  * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
  * versions for 1..CSD_MV_STREAMS_MAX streams. */
 #define CSD_MV_STREAMS_MAX 3
+/* Streams used: measured (kern_bench, 2 threads, AVX-512): Q8 +15% from 1 to 2; Q4, whose bytes go
+ * faster, another +7% on the large matrices from 2 to 3 (4: no further gain). */
+#ifndef CSD_MV_STREAMS_Q4
+#define CSD_MV_STREAMS_Q4 3
+#endif
+#ifndef CSD_MV_STREAMS_Q8
+#define CSD_MV_STREAMS_Q8 2
+#endif
 typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
                                  const uint8_t *act, int64_t ng);
+/* Defines the tables streams_q4 (1-3 streams) and streams_q8 (1-2) from the including ISA file's
+ * always-inline q_streams(S, q4, y, nrows, blk, act, ng). */
+#define CSD_DEF_Q_STREAM(name, q4, S)                                                        \
+    static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
+                           const uint8_t *act, int64_t ng) {                                 \
+        q_streams(S, q4, y, nrows, blk, act, ng);                                            \
+    }
+#define CSD_DEF_Q_STREAM_TABLES                                                              \
+    CSD_DEF_Q_STREAM(streams_q4, 1, 1)                                                       \
+    CSD_DEF_Q_STREAM(streams_q4, 1, 2)                                                       \
+    CSD_DEF_Q_STREAM(streams_q4, 1, 3)                                                       \
+    CSD_DEF_Q_STREAM(streams_q8, 0, 1)                                                       \
+    CSD_DEF_Q_STREAM(streams_q8, 0, 2)                                                       \
+    static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2,  \
+                                                                    streams_q4_3};             \
+    static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2,  \
+                                                                    NULL};
+static_assert(CSD_MV_STREAMS_Q4 >= 1 && CSD_MV_STREAMS_Q4 <= 3 && CSD_MV_STREAMS_Q8 >= 1 &&
+                   CSD_MV_STREAMS_Q8 <= 2, "the stream tables hold 1-3 (Q4) and 1-2 (Q8) streams");
 /* Rows [r0, r1) of one token: the thread's blocks are cut into S parts walked side by side
  * (streams[S - 1]); the nb % S blocks left over are walked together, one stream each. */
 void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, const csd_qmat *w,

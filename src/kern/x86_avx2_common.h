@@ -228,35 +228,17 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     }
 }
 
-#define DEF_Q_STREAMS(name, q4, S)                                                           \
-    static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
-                           const uint8_t *act, int64_t ng) {                                 \
-        q_streams(S, q4, y, nrows, blk, act, ng);                                            \
-    }
-DEF_Q_STREAMS(streams_q4, 1, 1)
-DEF_Q_STREAMS(streams_q4, 1, 2)
-DEF_Q_STREAMS(streams_q4, 1, 3)
-DEF_Q_STREAMS(streams_q8, 0, 1)
-DEF_Q_STREAMS(streams_q8, 0, 2)
-static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2, streams_q4_3};
-static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2, NULL};
-
-#ifndef MV_STREAMS_Q4
-#define MV_STREAMS_Q4 3
-#endif
-#ifndef MV_STREAMS_Q8
-#define MV_STREAMS_Q8 2
-#endif
+CSD_DEF_Q_STREAM_TABLES
 
 static void q_matmul_q4(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q4, MV_STREAMS_Q4, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS_Q4, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void q_matmul_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q8, MV_STREAMS_Q8, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS_Q8, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 

@@ -77,15 +77,6 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     }
 }
 
-/* Weight streams per thread in a matvec (q_streams): DRAM serves several streams faster than one.
- * Measured (kern_bench, 2 threads): Q8 +15% from 1 to 2; Q4, whose bytes go faster, another +7%
- * on the large matrices from 2 to 3 (4: no further gain). */
-#ifndef MV_STREAMS_Q4
-#define MV_STREAMS_Q4 3
-#endif
-#ifndef MV_STREAMS_Q8
-#define MV_STREAMS_Q8 2
-#endif
 /* Most tokens in one Q tile: T float + T int accumulators + unpacked weights fit 32 zmm. */
 #define QT_MAX 8
 
@@ -262,29 +253,17 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     for (int i = 0; i < S; i++) _mm512_mask_storeu_ps(y[i], tail_mask(nrows[i]), acc[i]);
 }
 
-#define DEF_Q_STREAMS(name, q4, S)                                                           \
-    static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
-                           const uint8_t *act, int64_t ng) {                                 \
-        q_streams(S, q4, y, nrows, blk, act, ng);                                            \
-    }
-DEF_Q_STREAMS(streams_q4, 1, 1)
-DEF_Q_STREAMS(streams_q4, 1, 2)
-DEF_Q_STREAMS(streams_q4, 1, 3)
-DEF_Q_STREAMS(streams_q8, 0, 1)
-DEF_Q_STREAMS(streams_q8, 0, 2)
-static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2, streams_q4_3};
-static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2, NULL};
-static_assert(MV_STREAMS_Q4 <= CSD_MV_STREAMS_MAX && MV_STREAMS_Q8 <= 2, "stream tables");
+CSD_DEF_Q_STREAM_TABLES
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q4, MV_STREAMS_Q4, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS_Q4, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q8, MV_STREAMS_Q8, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS_Q8, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
