@@ -100,86 +100,82 @@ AI __m256 load_f32x8(const float *p, int64_t left) {
     return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
 }
 
-/* One row x T tokens of an F16 matmul (T constant after inlining: accumulators in registers). */
-AI void f16_tile(const int T, float *y, int64_t ldy, const uint16_t *row, const float *x,
-                 int64_t ldx, int64_t cols) {
-    __m256 acc[4];
+/* R rows x T tokens of an F16 matmul (constants after inlining: the R x T accumulators stay in
+ * registers). Per (row, token) one FMA chain over the columns in order, then hsum8: the same
+ * sequence for every R and T, so results depend neither on the batch nor on the tiling. Whole
+ * 8-column steps first, then the tail: a tail branch inside the loop (its copy is a call) made
+ * the compiler keep the accumulators on the stack, 4x slower. One row at a time (R = 1, T = 1) is
+ * bound by the FMA latency (16 bytes per 4 cycles, ~15 GB/s), so decode takes 4 rows. */
+AI void f16_tile(const int R, const int T, float *y, int64_t ldy, const uint16_t *row,
+                 int64_t cols, const float *x, int64_t ldx) {
+    __m256 acc[4][3];
 #pragma GCC unroll 4
-    for (int t = 0; t < T; t++) acc[t] = _mm256_setzero_ps();
-    /* whole 8-column steps, then the tail: a tail branch inside the loop (its copy is a call)
-     * made the compiler keep the accumulators on the stack, 4x slower */
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
     int64_t full = cols & ~(int64_t)7, c = 0;
     for (; c < full; c += 8) {
-        _mm_prefetch((const char *)(row + c + 2 * cols), _MM_HINT_T0); /* two rows ahead */
-        __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + c)));
+        __m256 xv[3];
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + c);
 #pragma GCC unroll 4
-        for (int t = 0; t < T; t++) acc[t] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + t * ldx + c), acc[t]);
-    }
-    if (c < cols) {
-        __m256 wv = load_f16x8(row + c, cols - c);
-#pragma GCC unroll 4
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm256_fmadd_ps(wv, load_f32x8(x + t * ldx + c, cols - c), acc[t]);
-    }
-#pragma GCC unroll 4
-    for (int t = 0; t < T; t++) y[t * ldy] = hsum8(acc[t]);
-}
-
-#define DEF_F16_TILE(T)                                                                      \
-    static void f16_tile_##T(float *y, int64_t ldy, const uint16_t *row, const float *x,     \
-                             int64_t ldx, int64_t cols) {                                    \
-        f16_tile(T, y, ldy, row, x, ldx, cols);                                              \
-    }
-DEF_F16_TILE(1)
-DEF_F16_TILE(2)
-DEF_F16_TILE(3)
-DEF_F16_TILE(4)
-
-typedef void (*f16_tile_fn)(float *y, int64_t ldy, const uint16_t *row, const float *x,
-                            int64_t ldx, int64_t cols);
-static const f16_tile_fn f16_tiles[4] = {f16_tile_1, f16_tile_2, f16_tile_3, f16_tile_4};
-
-/* Decode: four rows x one token, four independent FMA chains (one row at a time is bound by the
- * FMA latency: 16 bytes per 4 cycles, ~15 GB/s). Per row the same sequence as f16_tile, so the
- * result does not depend on the batch. Each row is a stream; the next four rows are prefetched. */
-static void f16_rows4(float *y, const uint16_t *row, const float *x, int64_t cols) {
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) acc[r] = _mm256_setzero_ps();
-    int64_t full = cols & ~(int64_t)7, c = 0; /* whole steps, then the tail (see f16_tile) */
-    for (; c < full; c += 8) {
-        __m256 xv = _mm256_loadu_ps(x + c);
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+        for (int r = 0; r < R; r++) {
             const uint16_t *p = row + r * cols + c;
-            if (c % 32 == 0) _mm_prefetch((const char *)(p + 4 * cols), _MM_HINT_T0); /* a line */
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p)),
-                                     xv, acc[r]);
+            if (c % 32 == 0) _mm_prefetch((const char *)(p + R * cols), _MM_HINT_T0); /* next rows */
+            __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
     }
     if (c < cols) {
-        __m256 xv = load_f32x8(x + c, cols - c);
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) acc[r] = _mm256_fmadd_ps(load_f16x8(row + r * cols + c, cols - c), xv, acc[r]);
+        for (int r = 0; r < R; r++) {
+            __m256 wv = load_f16x8(row + r * cols + c, cols - c);
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++)
+                acc[r][t] = _mm256_fmadd_ps(wv, load_f32x8(x + t * ldx + c, cols - c), acc[r][t]);
+        }
     }
 #pragma GCC unroll 4
-    for (int r = 0; r < 4; r++) y[r] = hsum8(acc[r]);
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
 }
+
+#define DEF_F16_TILE(R, T)                                                                   \
+    static void f16_tile_##R##_##T(float *y, int64_t ldy, const uint16_t *row, int64_t cols, \
+                                   const float *x, int64_t ldx) {                            \
+        f16_tile(R, T, y, ldy, row, cols, x, ldx);                                           \
+    }
+DEF_F16_TILE(1, 1)
+DEF_F16_TILE(1, 2)
+DEF_F16_TILE(1, 3)
+DEF_F16_TILE(4, 1)
+DEF_F16_TILE(4, 2)
+DEF_F16_TILE(4, 3)
+
+typedef void (*f16_tile_fn)(float *y, int64_t ldy, const uint16_t *row, int64_t cols,
+                            const float *x, int64_t ldx);
+static const f16_tile_fn f16_tiles[2][3] = {{f16_tile_1_1, f16_tile_1_2, f16_tile_1_3},
+                                            {f16_tile_4_1, f16_tile_4_2, f16_tile_4_3}};
+
+/* Tokens per chunk: a group of 4 rows stays in L1/L2 while the chunk's tokens sweep it. */
+#define F16_TOK_CHUNK 32
 
 static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
                             int64_t n_tok, int64_t r0, int64_t r1) {
     const uint16_t *base = w->data;
-    if (n_tok == 1) {
-        int64_t r = r0;
-        for (; r + 4 <= r1; r += 4) f16_rows4(y + r, base + r * w->cols, x, w->cols);
-        for (; r < r1; r++) f16_tile_1(y + r, w->rows, base + r * w->cols, x, ldx, w->cols);
-        return;
-    }
-    for (int64_t t0 = 0; t0 < n_tok; t0 += 4) {
-        int nt = (int)(n_tok - t0 < 4 ? n_tok - t0 : 4);
-        for (int64_t r = r0; r < r1; r++)
-            f16_tiles[nt - 1](y + t0 * w->rows + r, w->rows, base + r * w->cols, x + t0 * ldx, ldx,
-                              w->cols);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += F16_TOK_CHUNK) {
+        int64_t t1 = t0 + F16_TOK_CHUNK < n_tok ? t0 + F16_TOK_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1;) {
+            int four = r1 - r >= 4;
+            for (int64_t t = t0; t < t1; t += 3) {
+                int nt = (int)(t1 - t < 3 ? t1 - t : 3);
+                f16_tiles[four][nt - 1](y + t * w->rows + r, w->rows, base + r * w->cols, w->cols,
+                                        x + t * ldx, ldx);
+            }
+            r += four ? 4 : 1;
+        }
     }
 }
 
