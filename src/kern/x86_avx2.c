@@ -100,14 +100,35 @@ AI __m256 load_f32x8(const float *p, int64_t left) {
     return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
 }
 
-/* R rows x T tokens of an F16 matmul (constants after inlining: the R x T accumulators stay in
- * registers). Per (row, token) one FMA chain over the columns in order, then hsum8: the same
- * sequence for every R and T, so results depend neither on the batch nor on the tiling. Whole
- * 8-column steps first, then the tail: a tail branch inside the loop (its copy is a call) made
- * the compiler keep the accumulators on the stack, 4x slower. One row at a time (R = 1, T = 1) is
- * bound by the FMA latency (16 bytes per 4 cycles, ~15 GB/s), so decode takes 4 rows. */
-AI void f16_tile(const int R, const int T, float *y, int64_t ldy, const uint16_t *row,
-                 int64_t cols, const float *x, int64_t ldx) {
+/* Float weight kinds of the row-major matmul tiles. */
+enum { WF16, WBF16, WF32 };
+
+/* 8 weights of a row from column c as floats: whole (left >= 8) or the row's tail. */
+AI __m256 load_w8(const int kind, const uint8_t *row, int64_t c, int64_t left) {
+    if (kind == WF32) return load_f32x8((const float *)(const void *)row + c, left);
+    const uint16_t *p = (const uint16_t *)(const void *)row + c;
+    if (kind == WF16) return load_f16x8(p, left);
+    __m128i h;
+    if (left >= 8) {
+        h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    } else {
+        uint16_t tmp[8] = {0};
+        for (int64_t i = 0; i < left; i++) tmp[i] = p[i];
+        h = _mm_loadu_si128((const __m128i *)(const void *)tmp);
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16: high half */
+}
+
+/* R rows x T tokens of a float-weight matmul (constants after inlining: the R x T accumulators
+ * stay in registers). Per (row, token) one FMA chain over the columns in order, then hsum8: the
+ * same sequence for every R and T, so results depend neither on the batch nor on the tiling.
+ * Whole 8-column steps first, then the tail: a tail branch inside the loop (its copy is a call)
+ * made the compiler keep the accumulators on the stack, 4x slower. One row at a time (R = 1,
+ * T = 1) is bound by the FMA latency (16 bytes per 4 cycles for F16, ~15 GB/s), so decode takes
+ * 4 rows. */
+AI void f_tile(const int kind, const int R, const int T, float *y, int64_t ldy, const uint8_t *row,
+               size_t row_bytes, int64_t cols, const float *x, int64_t ldx) {
+    const int64_t line = kind == WF32 ? 16 : 32; /* columns per 64-byte line */
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -120,9 +141,11 @@ AI void f16_tile(const int R, const int T, float *y, int64_t ldy, const uint16_t
         for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(x + t * ldx + c);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const uint16_t *p = row + r * cols + c;
-            if (c % 32 == 0) _mm_prefetch((const char *)(p + R * cols), _MM_HINT_T0); /* next rows */
-            __m256 wv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+            const uint8_t *p = row + (size_t)r * row_bytes;
+            if (c % line == 0) /* the same line of the next rows */
+                _mm_prefetch((const char *)(p + (size_t)R * row_bytes) + c * (kind == WF32 ? 4 : 2),
+                             _MM_HINT_T0);
+            __m256 wv = load_w8(kind, p, c, 8);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
         }
@@ -130,7 +153,7 @@ AI void f16_tile(const int R, const int T, float *y, int64_t ldy, const uint16_t
     if (c < cols) {
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m256 wv = load_f16x8(row + r * cols + c, cols - c);
+            __m256 wv = load_w8(kind, row + (size_t)r * row_bytes, c, cols - c);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++)
                 acc[r][t] = _mm256_fmadd_ps(wv, load_f32x8(x + t * ldx + c, cols - c), acc[r][t]);
@@ -142,41 +165,57 @@ AI void f16_tile(const int R, const int T, float *y, int64_t ldy, const uint16_t
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum8(acc[r][t]);
 }
 
-#define DEF_F16_TILE(R, T)                                                                   \
-    static void f16_tile_##R##_##T(float *y, int64_t ldy, const uint16_t *row, int64_t cols, \
-                                   const float *x, int64_t ldx) {                            \
-        f16_tile(R, T, y, ldy, row, cols, x, ldx);                                           \
-    }
-DEF_F16_TILE(1, 1)
-DEF_F16_TILE(1, 2)
-DEF_F16_TILE(1, 3)
-DEF_F16_TILE(4, 1)
-DEF_F16_TILE(4, 2)
-DEF_F16_TILE(4, 3)
+typedef void (*f_tile_fn)(float *y, int64_t ldy, const uint8_t *row, size_t row_bytes, int64_t cols,
+                          const float *x, int64_t ldx);
 
-typedef void (*f16_tile_fn)(float *y, int64_t ldy, const uint16_t *row, int64_t cols,
-                            const float *x, int64_t ldx);
-static const f16_tile_fn f16_tiles[2][3] = {{f16_tile_1_1, f16_tile_1_2, f16_tile_1_3},
-                                            {f16_tile_4_1, f16_tile_4_2, f16_tile_4_3}};
+#define DEF_F_TILE(name, kind, R, T)                                                         \
+    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row, size_t row_bytes, \
+                                 int64_t cols, const float *x, int64_t ldx) {                \
+        f_tile(kind, R, T, y, ldy, row, row_bytes, cols, x, ldx);                            \
+    }
+#define DEF_F_TILES(name, kind)                                                              \
+    DEF_F_TILE(name, kind, 1, 1) DEF_F_TILE(name, kind, 1, 2) DEF_F_TILE(name, kind, 1, 3)    \
+    DEF_F_TILE(name, kind, 4, 1) DEF_F_TILE(name, kind, 4, 2) DEF_F_TILE(name, kind, 4, 3)    \
+    static const f_tile_fn name[2][3] = {{name##_1_1, name##_1_2, name##_1_3},               \
+                                         {name##_4_1, name##_4_2, name##_4_3}};
+DEF_F_TILES(tiles_f16, WF16)
+DEF_F_TILES(tiles_bf16, WBF16)
+DEF_F_TILES(tiles_f32, WF32)
 
 /* Tokens per chunk: a group of 4 rows stays in L1/L2 while the chunk's tokens sweep it. */
-#define F16_TOK_CHUNK 32
+#define F_TOK_CHUNK 32
 
-static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                            int64_t n_tok, int64_t r0, int64_t r1) {
-    const uint16_t *base = w->data;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += F16_TOK_CHUNK) {
-        int64_t t1 = t0 + F16_TOK_CHUNK < n_tok ? t0 + F16_TOK_CHUNK : n_tok;
+static void matmul_f(const f_tile_fn tiles[2][3], float *y, const csd_qmat *w, const float *x,
+                     int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
+    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    const uint8_t *base = w->data;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += F_TOK_CHUNK) {
+        int64_t t1 = t0 + F_TOK_CHUNK < n_tok ? t0 + F_TOK_CHUNK : n_tok;
         for (int64_t r = r0; r < r1;) {
             int four = r1 - r >= 4;
             for (int64_t t = t0; t < t1; t += 3) {
                 int nt = (int)(t1 - t < 3 ? t1 - t : 3);
-                f16_tiles[four][nt - 1](y + t * w->rows + r, w->rows, base + r * w->cols, w->cols,
-                                        x + t * ldx, ldx);
+                tiles[four][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
+                                    row_bytes, w->cols, x + t * ldx, ldx);
             }
             r += four ? 4 : 1;
         }
     }
+}
+
+static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
+                            int64_t n_tok, int64_t r0, int64_t r1) {
+    matmul_f(tiles_f16, y, w, x, ldx, n_tok, r0, r1);
+}
+
+static void avx2_matmul_bf16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
+                             int64_t n_tok, int64_t r0, int64_t r1) {
+    matmul_f(tiles_bf16, y, w, x, ldx, n_tok, r0, r1);
+}
+
+static void avx2_matmul_f32(float *y, const csd_qmat *w, const float *x, int64_t ldx,
+                            int64_t n_tok, int64_t r0, int64_t r1) {
+    matmul_f(tiles_f32, y, w, x, ldx, n_tok, r0, r1);
 }
 
 AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
@@ -421,7 +460,9 @@ const csd_kern_ops csd_kern_ops_avx2 = {
     .quantize_act_q8 = avx2_quantize_act_q8,
     .matmul_q4_q8 = q_matmul_q4,
     .matmul_q8_q8 = q_matmul_q8,
+    .matmul_f32_f32 = avx2_matmul_f32,
     .matmul_f16_f32 = avx2_matmul_f16,
+    .matmul_bf16_f32 = avx2_matmul_bf16,
     .dot_f32 = avx2_dot_f32,
     .dot_f32_f16 = avx2_dot_f32_f16,
     .axpy_f32 = avx2_axpy_f32,
