@@ -104,6 +104,17 @@ static inline void csd_attn_prefetch_row(const uint16_t *row, int64_t hd) {
 void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, const csd_qmat *w,
                       const uint8_t *act, int64_t n_tok, int64_t r0, int64_t r1);
 
+/* Defines name_f32, name_f16 and name_bf16, a table's float matmul entries, from the including
+ * ISA file's matmul_f(tiles, y, w, x, ldx, n_tok, r0, r1) and its tiles_f32/_f16/_bf16. */
+#define CSD_DEF_MATMUL_F_ONE(name, kind)                                                     \
+    static void name##_##kind(float *y, const csd_qmat *w, const float *x, int64_t ldx,      \
+                              int64_t n_tok, int64_t r0, int64_t r1) {                       \
+        matmul_f(tiles_##kind, y, w, x, ldx, n_tok, r0, r1);                                 \
+    }
+#define CSD_DEF_MATMUL_F(name)                                                               \
+    CSD_DEF_MATMUL_F_ONE(name, f32) CSD_DEF_MATMUL_F_ONE(name, f16)                          \
+    CSD_DEF_MATMUL_F_ONE(name, bf16)
+
 /* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
  * weight streams in flight (DRAM serves several streams faster than one). fn(y, nrows, blk, act,
  * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the

@@ -203,21 +203,6 @@ static void matmul_f(const f_tile_fn tiles[2][3], float *y, const csd_qmat *w, c
     }
 }
 
-static void avx2_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                            int64_t n_tok, int64_t r0, int64_t r1) {
-    matmul_f(tiles_f16, y, w, x, ldx, n_tok, r0, r1);
-}
-
-static void avx2_matmul_bf16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                             int64_t n_tok, int64_t r0, int64_t r1) {
-    matmul_f(tiles_bf16, y, w, x, ldx, n_tok, r0, r1);
-}
-
-static void avx2_matmul_f32(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                            int64_t n_tok, int64_t r0, int64_t r1) {
-    matmul_f(tiles_f32, y, w, x, ldx, n_tok, r0, r1);
-}
-
 AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -454,6 +439,8 @@ static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams) {
     for (int i = 0; i < 4; i++) sum += lanes[i];
     return sum;
 }
+
+CSD_DEF_MATMUL_F(avx2_matmul)
 
 const csd_kern_ops csd_kern_ops_avx2 = {
     .name = "avx2",

@@ -349,22 +349,6 @@ static void matmul_f(const f_tile_fn tiles[3][TILE_T], float *y, const csd_qmat 
     }
 }
 
-static void avx512_matmul_f32(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                              int64_t n_tok, int64_t r0, int64_t r1) {
-    matmul_f(tiles_f32, y, w, x, ldx, n_tok, r0, r1);
-}
-
-static void avx512_matmul_f16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                              int64_t n_tok, int64_t r0, int64_t r1) {
-    matmul_f(tiles_f16, y, w, x, ldx, n_tok, r0, r1);
-}
-
-static void avx512_matmul_bf16(float *y, const csd_qmat *w, const float *x, int64_t ldx,
-                              int64_t n_tok,
-                               int64_t r0, int64_t r1) {
-    matmul_f(tiles_bf16, y, w, x, ldx, n_tok, r0, r1);
-}
-
 /* Dot products: 4 accumulators over 64 elements, masked tail, fixed combination order. */
 AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
     __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
@@ -719,6 +703,8 @@ static void avx512_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
         _mm256_mask_storeu_epi16(out + i, m, h);
     }
 }
+
+CSD_DEF_MATMUL_F(avx512_matmul)
 
 const csd_kern_ops csd_kern_ops_avx512 = {
     .name = "avx512",
