@@ -380,9 +380,11 @@ static bool avx2_attend_f16_group(float *out, const float *q, int64_t g, const u
     if (nc < 1 || nc > ATTN_MAX_CHUNKS) return false; /* wider heads: the composed path */
     for (int64_t h = 0; h < g; h += ATTN_PASS_HEADS) {
         int H = g - h < ATTN_PASS_HEADS ? (int)(g - h) : ATTN_PASS_HEADS;
-        /* head sizes 64 and 128 unrolled; the others through the same code with a loop count */
-        if (nc == 8) attend_group_nc(8, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
-        else if (nc == 16) attend_group_nc(16, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
+        /* head sizes 64 and 128 unrolled with hd a constant (no tail loads in the loops: their
+         * copy calls would push the loop state to the stack); the others through the same code
+         * with a loop count */
+        if (hd == 64) attend_group_nc(8, out + h * hd, q + h * hd, H, k, v, ld, n, 64, scale, att);
+        else if (hd == 128) attend_group_nc(16, out + h * hd, q + h * hd, H, k, v, ld, n, 128, scale, att);
         else attend_group_nc(nc, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
     }
     return true;
