@@ -187,39 +187,38 @@ static int run_pp(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
     return 0;
 }
 
+/* tg: -r repetitions of -n single-token steps from the depth; v[r] = tokens/s of repetition r,
+ * from the steps' own times. With a reader, every step is followed by one read pass of it (the
+ * paired roofline), timed apart into *t_reads. */
 static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
-                  float *logits, csd_err *err) {
+                  float *logits, csd_bench_reader *reader, int streams, double *t_reads, csd_err *err) {
     for (int r = 0; r < a->reps; r++) {
         csd_kv_truncate(kv, a->depth);
-        uint64_t t0 = csd_now_ns();
+        double t_rep = 0;
         for (int64_t i = 0; i < a->n_gen; i++) {
+            uint64_t t0 = csd_now_ns();
             int rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
             if (rc) return rc;
+            t_rep += (double)(csd_now_ns() - t0) * 1e-9;
+            if (reader) *t_reads += csd_cli_bench_reader_pass(reader, streams);
         }
-        v[r] = (double)a->n_gen / ((double)(csd_now_ns() - t0) * 1e-9);
+        v[r] = (double)a->n_gen / t_rep;
     }
     return 0;
 }
 
-/* The paired roofline: every generated token is followed by one read of exactly the bytes a token
+/* The paired roofline: tg again, every token followed by one read of exactly the bytes a token
  * reads, so reads and tokens share the machine's state, second by second. */
-static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
                       bench_result *res, float *logits, csd_err *err) {
     csd_bench_reader *reader;
     int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes, &reader, err);
     if (rc) return rc;
-    double t_tokens = 0, t_reads = 0;
-    for (int r = 0; r < a->reps && !rc; r++) {
-        csd_kv_truncate(kv, a->depth);
-        for (int64_t i = 0; i < a->n_gen && !rc; i++) {
-            uint64_t t0 = csd_now_ns();
-            rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
-            t_tokens += (double)(csd_now_ns() - t0) * 1e-9;
-            t_reads += csd_cli_bench_reader_pass(reader, res->membw_streams);
-        }
-    }
+    double t_reads = 0;
+    rc = run_tg(m, kv, ids, a, v, logits, reader, res->membw_streams, &t_reads, err);
     if (!rc) {
-        double n = (double)a->reps * (double)a->n_gen;
+        double n = (double)a->reps * (double)a->n_gen, t_tokens = 0;
+        for (int r = 0; r < a->reps; r++) t_tokens += (double)a->n_gen / v[r];
         res->paired_gbs = n * (double)csd_cli_bench_reader_bytes(reader) / t_reads / 1e9;
         res->paired_tg_tps = n / t_tokens;
     }
@@ -271,7 +270,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     }
     if (!rc && a->n_gen > 0) {
         fprintf(stderr, "tg%lld x %d\n", (long long)a->n_gen, a->reps);
-        rc = run_tg(m, kv, ids, a, v, logits, err);
+        rc = run_tg(m, kv, ids, a, v, logits, NULL, 0, NULL, err);
         if (!rc) csd_cli_bench_stats(v, a->reps, &res->tg_tps, &res->tg_sd);
     }
     if (!rc && a->membw_mib > 0) { /* again after the tests: the best of both, as the load drifts */
@@ -286,7 +285,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
         fprintf(stderr, "tg%lld x %d, each token paired with a read of its bytes\n", (long long)a->n_gen,
                 a->reps);
-        rc = run_paired(m, kv, ids, a, res, logits, err);
+        rc = run_paired(m, kv, ids, a, v, res, logits, err);
     }
     res->load_after = csd_cli_bench_loadavg();
     csd_kv_destroy(kv);

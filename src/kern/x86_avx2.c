@@ -88,13 +88,16 @@ AI __m256i q8_dot4(__m256i part, __m256i w, __m256i x) {
 
 AI int32_t q8_offset(void) { return 0; }
 
-/* F16 weights: 8 columns at a time; the tail goes through a zero-padded copy. */
-AI __m256 load_f16x8(const uint16_t *p, int64_t left) {
-    if (left >= 8) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+/* 8 halves (F16 or BF16 bits); the tail goes through a zero-padded copy. */
+AI __m128i load_u16x8(const uint16_t *p, int64_t left) {
+    if (left >= 8) return _mm_loadu_si128((const __m128i *)(const void *)p);
     uint16_t tmp[8] = {0};
     for (int64_t i = 0; i < left; i++) tmp[i] = p[i];
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)tmp));
+    return _mm_loadu_si128((const __m128i *)(const void *)tmp);
 }
+
+/* F16 weights: 8 columns at a time. */
+AI __m256 load_f16x8(const uint16_t *p, int64_t left) { return _mm256_cvtph_ps(load_u16x8(p, left)); }
 
 AI __m256 load_f32x8(const float *p, int64_t left) {
     return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
@@ -108,15 +111,8 @@ AI __m256 load_w8(const int kind, const uint8_t *row, int64_t c, int64_t left) {
     if (kind == WF32) return load_f32x8((const float *)(const void *)row + c, left);
     const uint16_t *p = (const uint16_t *)(const void *)row + c;
     if (kind == WF16) return load_f16x8(p, left);
-    __m128i h;
-    if (left >= 8) {
-        h = _mm_loadu_si128((const __m128i *)(const void *)p);
-    } else {
-        uint16_t tmp[8] = {0};
-        for (int64_t i = 0; i < left; i++) tmp[i] = p[i];
-        h = _mm_loadu_si128((const __m128i *)(const void *)tmp);
-    }
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16: high half */
+    /* bf16: the high half of a float */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_u16x8(p, left)), 16));
 }
 
 /* R rows x T tokens of a float-weight matmul (constants after inlining: the R x T accumulators
@@ -128,7 +124,7 @@ AI __m256 load_w8(const int kind, const uint8_t *row, int64_t c, int64_t left) {
  * 4 rows. */
 AI void f_tile(const int kind, const int R, const int T, float *y, int64_t ldy, const uint8_t *row,
                size_t row_bytes, int64_t cols, const float *x, int64_t ldx) {
-    const int64_t line = kind == WF32 ? 16 : 32; /* columns per 64-byte line */
+    const int64_t esize = kind == WF32 ? 4 : 2, line = 64 / esize; /* columns per 64-byte line */
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -143,8 +139,7 @@ AI void f_tile(const int kind, const int R, const int T, float *y, int64_t ldy, 
         for (int r = 0; r < R; r++) {
             const uint8_t *p = row + (size_t)r * row_bytes;
             if (c % line == 0) /* the same line of the next rows */
-                _mm_prefetch((const char *)(p + (size_t)R * row_bytes) + c * (kind == WF32 ? 4 : 2),
-                             _MM_HINT_T0);
+                _mm_prefetch((const char *)(p + (size_t)R * row_bytes) + c * esize, _MM_HINT_T0);
             __m256 wv = load_w8(kind, p, c, 8);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);

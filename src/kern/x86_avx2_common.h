@@ -52,6 +52,41 @@ AI __m256i lane_mask(int64_t left) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(left > 8 ? 8 : left)), idx);
 }
 
+/* One 64-byte weight vector (4 inputs of rows 0-7 and 8-15) made ready for the dot hooks, once
+ * for every token that uses it: Q4 -> u[0..1] low nibbles (inputs 4k..4k+3), u[2..3] high
+ * nibbles (inputs 64+4k..); Q8 -> u[0..1] through q8_prep. */
+AI void q_unpack(const int q4, const uint8_t *v, __m256i u[4]) {
+    const __m256i low4 = _mm256_set1_epi8(0x0f);
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)v);
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(v + 32));
+    if (q4) {
+        u[0] = _mm256_and_si256(w0, low4);
+        u[1] = _mm256_and_si256(w1, low4);
+        u[2] = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low4);
+        u[3] = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low4);
+    } else {
+        u[0] = q8_prep(w0);
+        u[1] = q8_prep(w1);
+    }
+}
+
+/* part[h] (rows 8h..8h+7) += an unpacked vector times broadcast activations: xl for Q8 and Q4's
+ * low nibbles, xh for Q4's high nibbles. */
+AI void q_dot(const int q4, __m256i part[2], const __m256i u[4], __m256i xl, __m256i xh) {
+    if (q4) {
+        part[0] = q4_dot4(q4_dot4(part[0], u[0], xl), u[2], xh);
+        part[1] = q4_dot4(q4_dot4(part[1], u[1], xl), u[3], xh);
+    } else {
+        part[0] = q8_dot4(part[0], u[0], xl);
+        part[1] = q8_dot4(part[1], u[1], xl);
+    }
+}
+
+/* The int32 group sum plus a finished part (Q4 parts are int16 pairs, Q8 parts int32). */
+AI __m256i q_flush(const int q4, __m256i isum, __m256i part) {
+    return q4 ? q4_flush(isum, part) : _mm256_add_epi32(isum, part);
+}
+
 /* One 16-row block x T tokens. Integer sums are exact (parts added in any order); the float part
  * is the same sequence for every T, tile and thread split: per group in order,
  * acc = fma(float(isum), dw * dx, acc). */
@@ -59,7 +94,6 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
                 const uint8_t *act, size_t stride, int64_t ng, int pf) {
     const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
     const int32_t off = q4 ? -8 : -q8_offset();
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const uint16_t *dw = (const uint16_t *)(const void *)(blk + (size_t)ng * gbytes);
     const int8_t *xq[QT_MAX];
     const float *dx[QT_MAX];
@@ -87,36 +121,20 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
             for (int k = k0; k < k0 + Q_CHUNK; k++) {
                 const uint8_t *v = wg + (size_t)k * CSD_QUANT_VEC_BYTES;
                 if (pf) _mm_prefetch((const char *)v + PF_AHEAD, _MM_HINT_T0);
-                __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)v);
-                __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(v + 32));
-                if (q4) { /* low nibbles: inputs 4k..4k+3; high: 64+4k.. */
-                    __m256i lo0 = _mm256_and_si256(w0, low4), lo1 = _mm256_and_si256(w1, low4);
-                    __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low4);
-                    __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low4);
+                __m256i u[4];
+                q_unpack(q4, v, u);
 #pragma GCC unroll 4
-                    for (int t = 0; t < T; t++) {
-                        const int8_t *xg = xq[t] + g * CSD_QUANT_GROUP + 4 * k;
-                        __m256i xl = bcast4(xg), xh = bcast4(xg + 64);
-                        part[t][0] = q4_dot4(q4_dot4(part[t][0], lo0, xl), hi0, xh);
-                        part[t][1] = q4_dot4(q4_dot4(part[t][1], lo1, xl), hi1, xh);
-                    }
-                } else {
-                    w0 = q8_prep(w0);
-                    w1 = q8_prep(w1);
-#pragma GCC unroll 4
-                    for (int t = 0; t < T; t++) {
-                        __m256i x = bcast4(xq[t] + g * CSD_QUANT_GROUP + 4 * k);
-                        part[t][0] = q8_dot4(part[t][0], w0, x);
-                        part[t][1] = q8_dot4(part[t][1], w1, x);
-                    }
+                for (int t = 0; t < T; t++) {
+                    const int8_t *xg = xq[t] + g * CSD_QUANT_GROUP + 4 * k;
+                    __m256i xl = bcast4(xg), xh = q4 ? bcast4(xg + 64) : xl;
+                    q_dot(q4, part[t], u, xl, xh);
                 }
             }
 #pragma GCC unroll 4
             for (int t = 0; t < T; t++)
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++)
-                    isum[t][h] = q4 ? q4_flush(isum[t][h], part[t][h])
-                                    : _mm256_add_epi32(isum[t][h], part[t][h]);
+                    isum[t][h] = q_flush(q4, isum[t][h], part[t][h]);
         }
         const __m128i *dwg = (const __m128i *)(const void *)(dw + (size_t)g * CSD_QUANT_BLOCK_ROWS);
         __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(dwg));
@@ -158,7 +176,6 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
     const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
     const int32_t off = q4 ? -8 : -q8_offset();
-    const __m256i low4 = _mm256_set1_epi8(0x0f);
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
@@ -185,26 +202,16 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                 for (int i = 0; i < S; i++) {
                     const uint8_t *v = blk[i] + (size_t)g * gbytes + (size_t)k * CSD_QUANT_VEC_BYTES;
                     _mm_prefetch((const char *)v + PF_AHEAD, _MM_HINT_T0);
-                    __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)v);
-                    __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(v + 32));
-                    if (q4) {
-                        __m256i lo0 = _mm256_and_si256(w0, low4), lo1 = _mm256_and_si256(w1, low4);
-                        __m256i hi0 = _mm256_and_si256(_mm256_srli_epi16(w0, 4), low4);
-                        __m256i hi1 = _mm256_and_si256(_mm256_srli_epi16(w1, 4), low4);
-                        part[i][0] = q4_dot4(q4_dot4(part[i][0], lo0, xl), hi0, xh);
-                        part[i][1] = q4_dot4(q4_dot4(part[i][1], lo1, xl), hi1, xh);
-                    } else {
-                        part[i][0] = q8_dot4(part[i][0], q8_prep(w0), xl);
-                        part[i][1] = q8_dot4(part[i][1], q8_prep(w1), xl);
-                    }
+                    __m256i u[4];
+                    q_unpack(q4, v, u);
+                    q_dot(q4, part[i], u, xl, xh);
                 }
             }
 #pragma GCC unroll 4
             for (int i = 0; i < S; i++)
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++)
-                    isum[i][h] = q4 ? q4_flush(isum[i][h], part[i][h])
-                                    : _mm256_add_epi32(isum[i][h], part[i][h]);
+                    isum[i][h] = q_flush(q4, isum[i][h], part[i][h]);
         }
         __m256 dxv = _mm256_set1_ps(dx[g]);
 #pragma GCC unroll 4
