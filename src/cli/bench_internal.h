@@ -53,19 +53,25 @@ double csd_cli_bench_loadavg(void);
 /* Mean and sample standard deviation of v[0..n). */
 void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd);
 
-/* Read bandwidth in GB/s (1e9 bytes/s) over a buffer of mib MiB, best of reps passes at each of 1
- * to 4 streams per thread (best_streams, when not NULL, gets the winning count), every pool thread
- * reading its own contiguous slice (STREAM "read": a sum). The buffer is written first by the same
- * threads (first touch), so it is backed by real pages. */
-int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, int *best_streams,
+/* How a read pass walks each thread's slice: csd_read_streams' streams and prefetch hint. */
+typedef struct csd_bench_read_way {
+    int streams; /* 1..4 parts side by side */
+    bool nta;    /* non-temporal prefetch (the matvec's), else into L1/L2 */
+} csd_bench_read_way;
+
+/* Read bandwidth in GB/s (1e9 bytes/s) over a buffer of mib MiB, best of reps passes in each way
+ * (1 to 4 streams per thread, each prefetch hint; best, when not NULL, gets the winning way),
+ * every pool thread reading its own contiguous slice (STREAM "read": a sum). The buffer is
+ * written first by the same threads (first touch), so it is backed by real pages. */
+int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_bench_read_way *best,
                         csd_err *err);
 
 /* A buffer read by the pool threads on demand: the paired roofline reads one of exactly a token's
  * bytes after every generated token. */
 typedef struct csd_bench_reader csd_bench_reader;
 int csd_cli_bench_reader_create(csd_pool *pool, size_t bytes, csd_bench_reader **out, csd_err *err);
-/* One read pass over the whole buffer with the given streams per thread; returns its seconds. */
-double csd_cli_bench_reader_pass(csd_bench_reader *r, int streams);
+/* One read pass over the whole buffer, walked the given way; returns its seconds. */
+double csd_cli_bench_reader_pass(csd_bench_reader *r, csd_bench_read_way way);
 size_t csd_cli_bench_reader_bytes(const csd_bench_reader *r);
 void csd_cli_bench_reader_destroy(csd_bench_reader *r);
 

@@ -159,7 +159,7 @@ typedef struct bench_result {
     size_t weight_bytes;  /* read per generated token: layers + final norm + head */
     size_t kv_bytes;      /* KV cache read per generated token, at the mean context of the tg test */
     double membw_gbs;     /* peak: best pass over a 1 GiB buffer */
-    int membw_streams;    /* the streams per thread of that pass */
+    csd_bench_read_way membw_way; /* how that pass read */
     double paired_gbs;    /* the reads paired with generated tokens (bench_membw.c) */
     double paired_tg_tps; /* those tokens' rate */
     double load_before, load_after; /* 1-minute load average around the tests */
@@ -191,7 +191,8 @@ static int run_pp(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
  * from the steps' own times. With a reader, every step is followed by one read pass of it (the
  * paired roofline), timed apart into *t_reads. */
 static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
-                  float *logits, csd_bench_reader *reader, int streams, double *t_reads, csd_err *err) {
+                  float *logits, csd_bench_reader *reader, csd_bench_read_way way, double *t_reads,
+                  csd_err *err) {
     for (int r = 0; r < a->reps; r++) {
         csd_kv_truncate(kv, a->depth);
         double t_rep = 0;
@@ -200,7 +201,7 @@ static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
             int rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
             if (rc) return rc;
             t_rep += (double)(csd_now_ns() - t0) * 1e-9;
-            if (reader) *t_reads += csd_cli_bench_reader_pass(reader, streams);
+            if (reader) *t_reads += csd_cli_bench_reader_pass(reader, way);
         }
         v[r] = (double)a->n_gen / t_rep;
     }
@@ -215,7 +216,7 @@ static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_be
     int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes, &reader, err);
     if (rc) return rc;
     double t_reads = 0;
-    rc = run_tg(m, kv, ids, a, v, logits, reader, res->membw_streams, &t_reads, err);
+    rc = run_tg(m, kv, ids, a, v, logits, reader, res->membw_way, &t_reads, err);
     if (!rc) {
         double n = (double)a->reps * (double)a->n_gen, t_tokens = 0;
         for (int r = 0; r < a->reps; r++) t_tokens += (double)a->n_gen / v[r];
@@ -259,7 +260,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     if (!rc && a->membw_mib > 0) {
         fprintf(stderr, "measuring memory bandwidth (%lld MiB, %d threads)\n", (long long)a->membw_mib,
                 csd_pool_size(csd_model_pool(m)));
-        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, &res->membw_streams,
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, &res->membw_way,
                                  err);
     }
     if (!rc) rc = fill_depth(m, kv, ids, a, logits, err);
@@ -270,16 +271,16 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     }
     if (!rc && a->n_gen > 0) {
         fprintf(stderr, "tg%lld x %d\n", (long long)a->n_gen, a->reps);
-        rc = run_tg(m, kv, ids, a, v, logits, NULL, 0, NULL, err);
+        rc = run_tg(m, kv, ids, a, v, logits, NULL, res->membw_way, NULL, err);
         if (!rc) csd_cli_bench_stats(v, a->reps, &res->tg_tps, &res->tg_sd);
     }
     if (!rc && a->membw_mib > 0) { /* again after the tests: the best of both, as the load drifts */
         double again = 0;
-        int streams = 1;
-        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, &streams, err);
+        csd_bench_read_way way;
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, &way, err);
         if (again > res->membw_gbs) {
             res->membw_gbs = again;
-            res->membw_streams = streams;
+            res->membw_way = way;
         }
     }
     if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
@@ -318,11 +319,13 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
                "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
                "\"roofline_fraction\": %.4f, \"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
-               "\"paired_roofline_fraction\": %.4f, \"load_avg\": [%.2f, %.2f]}\n",
+               "\"paired_roofline_fraction\": %.4f, \"membw_streams\": %d, \"membw_nta\": %s, "
+               "\"load_avg\": [%.2f, %.2f]}\n",
                base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
                (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
                r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
-               r->paired_gbs, r->paired_tg_tps, paired_frac, r->load_before, r->load_after);
+               r->paired_gbs, r->paired_tg_tps, paired_frac, r->membw_way.streams,
+               r->membw_way.nta ? "true" : "false", r->load_before, r->load_after);
         return;
     }
     printf("| model | precision | size | threads | test | t/s |\n");
@@ -339,10 +342,10 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
     if (a->membw_mib > 0 && a->n_gen > 0) {
         char kv[64] = "";
         if (r->kv_bytes > 0) snprintf(kv, sizeof kv, " + %.2f MiB KV cache", (double)r->kv_bytes / (1 << 20));
-        printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%d threads) = "
-               "%.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
-               (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, roof, 100 * frac,
-               csd_kern_name());
+        printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%d threads, "
+               "%d streams each, %s prefetch) = %.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
+               (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, r->membw_way.streams,
+               r->membw_way.nta ? "non-temporal" : "L1", roof, 100 * frac, csd_kern_name());
         printf("paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f t/s "
                "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
                r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);

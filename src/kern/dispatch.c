@@ -156,10 +156,10 @@ void csd_axpy_f32(float *y, float a, const float *x, int64_t n) {
 
 void csd_silu_mul(float *g, const float *u, int64_t n) { csd_kern_ops_current()->silu_mul(g, u, n); }
 
-uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams) {
+uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
     if (streams < 1) streams = 1;
     if (streams > 8) streams = 8;
-    return csd_kern_ops_current()->read_streams(p, bytes, streams);
+    return csd_kern_ops_current()->read_streams(p, bytes, streams, nta);
 }
 
 void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {

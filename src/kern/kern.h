@@ -66,9 +66,10 @@ void csd_silu_mul(float *g, const float *u, int64_t n);
 /* out = x * rsqrt(mean(x^2) + eps) * w (LlamaRMSNorm); the sum of squares in double. out may be x. */
 void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Reads bytes (a multiple of 64 * streams) as `streams` equal parts walked side by side (1..8),
- * the way the matvec kernels walk weights, with the table's widest loads; returns a sum of the
+ * the way the matvec kernels walk weights, with the table's widest loads and software prefetch
+ * (non-temporal when nta, as the matvec prefetches weights; else into L1/L2); returns a sum of the
  * data so the reads cannot be optimised away. For the bandwidth test of `cascadia bench`. */
-uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams);
+uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta);
 /* Attention of g query heads that share one K/V head (grouped-query attention; g = 1 for plain
  * multi-head) over n cached positions whose f16 K and V rows are ld halves apart: for each head h,
  * out[h hd .. (h+1) hd) = sum_t p[t] v_t with p = softmax(scale * q_h . k_t). q and out hold g

@@ -118,10 +118,11 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
         for (int64_t r = r0; r < r1; r += CSD_QUANT_BLOCK_ROWS) {
             const uint8_t *blk = base + (size_t)(r / CSD_QUANT_BLOCK_ROWS) * block_bytes;
             int nrows = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
+            int pf = t1 - t0 <= tile_max ? CSD_PF_ONCE : CSD_PF_REUSED;
             for (int64_t t = t0; t < t1; t += tile_max) {
                 int nt = (int)(t1 - t < tile_max ? t1 - t : tile_max);
                 blocks[nt - 1](y + t * w->rows + r, w->rows, nrows, blk, act + (size_t)t * stride,
-                               stride, ng, t == 0);
+                               stride, ng, t == t0 ? pf : CSD_PF_NONE);
             }
         }
     }

@@ -148,8 +148,10 @@ static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t n, f
     for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
-/* Eight accumulators per line: no carried dependency between words. */
-static uint64_t ref_read_streams(const uint8_t *p, size_t bytes, int streams) {
+/* Eight accumulators per line: no carried dependency between words. No software prefetch (the
+ * portable path has none), so nta changes nothing. */
+static uint64_t ref_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
+    (void)nta;
     size_t part = bytes / (size_t)streams / 64 * 64;
     uint64_t sum[8] = {0};
     for (size_t o = 0; o < part; o += 64)

@@ -138,8 +138,9 @@ AI void f_tile(const int kind, const int R, const int T, float *y, int64_t ldy, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             const uint8_t *p = row + (size_t)r * row_bytes;
-            if (c % line == 0) /* the same line of the next rows */
-                _mm_prefetch((const char *)(p + (size_t)R * row_bytes) + c * esize, _MM_HINT_T0);
+            if (c % line == 0) /* the same line of the next rows; read once for one token */
+                CSD_PREFETCH_WEIGHTS(p + (size_t)R * row_bytes + c * esize,
+                                     T == 1 ? CSD_PF_ONCE : CSD_PF_REUSED);
             __m256 wv = load_w8(kind, p, c, 8);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[r][t] = _mm256_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -417,15 +418,16 @@ static void avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, 
     }
 }
 
-/* The bandwidth test's read (kern.h): 32-byte loads, prefetched as the matvec prefetches. */
-static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams) {
+/* The bandwidth test's read (kern.h): 32-byte loads, prefetched as the matvec prefetches, with
+ * the hint pf (CSD_PF_ONCE or CSD_PF_REUSED). */
+AI uint64_t read_streams(const int pf, const uint8_t *p, size_t bytes, int streams) {
     size_t part = bytes / (size_t)streams / 64 * 64;
     __m256i acc[8];
     for (int s = 0; s < 8; s++) acc[s] = _mm256_setzero_si256();
     for (size_t o = 0; o < part; o += 64)
         for (int s = 0; s < streams; s++) {
             const uint8_t *a = p + (size_t)s * part + o;
-            _mm_prefetch((const char *)a + PF_AHEAD, _MM_HINT_T0);
+            CSD_PREFETCH_WEIGHTS(a + PF_AHEAD, pf);
             __m256i v = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(const void *)a),
                                          _mm256_loadu_si256((const __m256i *)(const void *)(a + 32)));
             acc[s] = _mm256_add_epi64(acc[s], v);
@@ -435,6 +437,11 @@ static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams) {
     _mm256_storeu_si256((__m256i *)(void *)lanes, acc[0]);
     for (int i = 0; i < 4; i++) sum += lanes[i];
     return sum;
+}
+
+static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
+    return nta ? read_streams(CSD_PF_ONCE, p, bytes, streams)
+               : read_streams(CSD_PF_REUSED, p, bytes, streams);
 }
 
 CSD_DEF_MATMUL_F(avx2_matmul)

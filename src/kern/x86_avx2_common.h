@@ -120,7 +120,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
 #pragma GCC unroll 4
             for (int k = k0; k < k0 + Q_CHUNK; k++) {
                 const uint8_t *v = wg + (size_t)k * CSD_QUANT_VEC_BYTES;
-                if (pf) _mm_prefetch((const char *)v + PF_AHEAD, _MM_HINT_T0);
+                if (pf) CSD_PREFETCH_WEIGHTS(v + PF_AHEAD, pf);
                 __m256i u[4];
                 q_unpack(q4, v, u);
 #pragma GCC unroll 4
@@ -201,7 +201,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
 #pragma GCC unroll 4
                 for (int i = 0; i < S; i++) {
                     const uint8_t *v = blk[i] + (size_t)g * gbytes + (size_t)k * CSD_QUANT_VEC_BYTES;
-                    _mm_prefetch((const char *)v + PF_AHEAD, _MM_HINT_T0);
+                    CSD_PREFETCH_WEIGHTS(v + PF_AHEAD, CSD_PF_ONCE);
                     __m256i u[4];
                     q_unpack(q4, v, u);
                     q_dot(q4, part[i], u, xl, xh);

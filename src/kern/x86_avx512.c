@@ -20,16 +20,13 @@
 #define TILE_T 4
 /* Matvec (one token) uses 8-row tiles: twice the independent streams in flight per thread. */
 #define QR_MAX 8
-/* Float matvec: software prefetch of the same lines PF_TILES row tiles ahead, into L1: each row of
- * a tile is a stream of only ~16-44 lines, too short for the hardware prefetcher alone. */
+/* Float matvec: software prefetch of the same lines PF_TILES row tiles ahead: each row of a tile
+ * is a stream of only ~16-44 lines, too short for the hardware prefetcher alone. Non-temporal for
+ * one token (each weight read once), into L1/L2 when later token tiles read the rows again. */
 #define PF_TILES 1
-#define PF_HINT _MM_HINT_T0
 /* Q matvec: a block is one contiguous stream; prefetch this far ahead of the load. */
 #ifndef PF_AHEAD
 #define PF_AHEAD 2048
-#endif
-#ifndef PF_Q_HINT
-#define PF_Q_HINT _MM_HINT_T0
 #endif
 
 /* Fixed-order horizontal sum (the same tree for every element: batch invariance). */
@@ -127,7 +124,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         if (q4) {
 #pragma GCC unroll 16
             for (int k = 0; k < CSD_QUANT_GROUP / 8; k++) {
-                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_Q_HINT);
+                if (pf) CSD_PREFETCH_WEIGHTS(wg + 64 * k + PF_AHEAD, pf);
                 __m512i v = _mm512_loadu_si512(wg + 64 * k);
                 __m512i lo = _mm512_and_si512(v, low4), hi16 = _mm512_and_si512(v, high4);
 #pragma GCC unroll 8
@@ -146,7 +143,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         } else {
 #pragma GCC unroll 32
             for (int k = 0; k < CSD_QUANT_GROUP / 4; k++) {
-                if (pf) _mm_prefetch((const char *)(wg + 64 * k) + PF_AHEAD, PF_Q_HINT);
+                if (pf) CSD_PREFETCH_WEIGHTS(wg + 64 * k + PF_AHEAD, pf);
                 __m512i v = _mm512_xor_si512(_mm512_loadu_si512(wg + 64 * k), flip);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
@@ -216,7 +213,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                 __m512i xl = bcast4(xg + 4 * k), xh = bcast4(xg + 64 + 4 * k);
 #pragma GCC unroll 4
                 for (int i = 0; i < S; i++) {
-                    _mm_prefetch((const char *)(wg[i] + 64 * k) + PF_AHEAD, PF_Q_HINT);
+                    CSD_PREFETCH_WEIGHTS(wg[i] + 64 * k + PF_AHEAD, CSD_PF_ONCE);
                     __m512i v = _mm512_loadu_si512(wg[i] + 64 * k);
                     ia[i] = _mm512_dpbusd_epi32(ia[i], _mm512_and_si512(v, low4), xl);
                     ib[i] = _mm512_dpbusd_epi32(ib[i], _mm512_and_si512(v, high4), xh); /* x16 */
@@ -229,8 +226,8 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
 #pragma GCC unroll 4
                 for (int i = 0; i < S; i++) {
                     const uint8_t *p = wg[i] + 64 * k;
-                    _mm_prefetch((const char *)p + PF_AHEAD, PF_Q_HINT);
-                    _mm_prefetch((const char *)p + 64 + PF_AHEAD, PF_Q_HINT);
+                    CSD_PREFETCH_WEIGHTS(p + PF_AHEAD, CSD_PF_ONCE);
+                    CSD_PREFETCH_WEIGHTS(p + 64 + PF_AHEAD, CSD_PF_ONCE);
                     ia[i] = _mm512_dpbusd_epi32(
                         ia[i], _mm512_xor_si512(_mm512_loadu_si512(p), flip), xa);
                     ib[i] = _mm512_dpbusd_epi32(
@@ -290,8 +287,8 @@ AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, 
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const uint8_t *p = row0 + (size_t)r * row_bytes;
-            _mm_prefetch((const char *)(p + PF_TILES * R * row_bytes) + c * (kind == WF32 ? 4 : 2),
-                         PF_HINT);
+            CSD_PREFETCH_WEIGHTS(p + PF_TILES * R * row_bytes + c * (kind == WF32 ? 4 : 2),
+                                 T == 1 ? CSD_PF_ONCE : CSD_PF_REUSED);
             wv[r] = load_w16(kind, p, c, m);
         }
 #pragma GCC unroll 4
@@ -434,19 +431,24 @@ static float avx512_softmax(float *att, int64_t n, float max) {
 }
 
 /* The bandwidth test's read: 64-byte loads over `streams` parts side by side, prefetched as far
- * ahead as the matvec kernels prefetch. */
-static uint64_t avx512_read_streams(const uint8_t *p, size_t bytes, int streams) {
+ * ahead as the matvec kernels prefetch, with the hint pf (CSD_PF_ONCE or CSD_PF_REUSED). */
+AI uint64_t read_streams(const int pf, const uint8_t *p, size_t bytes, int streams) {
     size_t part = bytes / (size_t)streams / 64 * 64;
     __m512i acc[8];
     for (int s = 0; s < 8; s++) acc[s] = _mm512_setzero_si512();
     for (size_t o = 0; o < part; o += 64)
         for (int s = 0; s < streams; s++) {
             const uint8_t *a = p + (size_t)s * part + o;
-            _mm_prefetch((const char *)a + PF_AHEAD, _MM_HINT_T0);
+            CSD_PREFETCH_WEIGHTS(a + PF_AHEAD, pf);
             acc[s] = _mm512_add_epi64(acc[s], _mm512_loadu_si512(a));
         }
     for (int s = 1; s < 8; s++) acc[0] = _mm512_add_epi64(acc[0], acc[s]);
     return (uint64_t)_mm512_reduce_add_epi64(acc[0]);
+}
+
+static uint64_t avx512_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
+    return nta ? read_streams(CSD_PF_ONCE, p, bytes, streams)
+               : read_streams(CSD_PF_REUSED, p, bytes, streams);
 }
 
 /* Squares summed in 2 x 8 double lanes (a fixed order), then across them; the scaling is the
