@@ -18,7 +18,7 @@
 #include "core/clock.h"
 #include "kern/kern.h"
 
-#define MEMBW_MAX_STREAMS 4
+#define MEMBW_MAX_STREAMS CSD_READ_STREAMS_MAX
 
 struct csd_bench_reader {
     csd_pool *pool;

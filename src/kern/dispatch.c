@@ -158,7 +158,7 @@ void csd_silu_mul(float *g, const float *u, int64_t n) { csd_kern_ops_current()-
 
 uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
     if (streams < 1) streams = 1;
-    if (streams > 8) streams = 8;
+    if (streams > CSD_READ_STREAMS_MAX) streams = CSD_READ_STREAMS_MAX;
     return csd_kern_ops_current()->read_streams(p, bytes, streams, nta);
 }
 

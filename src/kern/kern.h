@@ -65,7 +65,9 @@ float csd_attn_softmax(float *att, int64_t n, float max);
 void csd_silu_mul(float *g, const float *u, int64_t n);
 /* out = x * rsqrt(mean(x^2) + eps) * w (LlamaRMSNorm); the sum of squares in double. out may be x. */
 void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
-/* Reads bytes (a multiple of 64 * streams) as `streams` equal parts walked side by side (1..8),
+/* Most parts csd_read_streams walks side by side. */
+#define CSD_READ_STREAMS_MAX 4
+/* Reads bytes (a multiple of 64 * streams) as `streams` equal parts walked side by side (1..4),
  * the way the matvec kernels walk weights, with the table's widest loads and software prefetch
  * (non-temporal when nta, as the matvec prefetches weights; else into L1/L2); returns a sum of the
  * data so the reads cannot be optimised away. For the bandwidth test of `cascadia bench`. */

@@ -418,14 +418,16 @@ static void avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, 
     }
 }
 
-/* The bandwidth test's read (kern.h): 32-byte loads, prefetched as the matvec prefetches, with
- * the hint pf (CSD_PF_ONCE or CSD_PF_REUSED). */
-AI uint64_t read_streams(const int pf, const uint8_t *p, size_t bytes, int streams) {
-    size_t part = bytes / (size_t)streams / 64 * 64;
-    __m256i acc[8];
-    for (int s = 0; s < 8; s++) acc[s] = _mm256_setzero_si256();
+/* The bandwidth test's read (kern.h): 32-byte loads over S parts, prefetched as the matvec
+ * prefetches, with the hint pf (CSD_PF_ONCE or CSD_PF_REUSED); S a constant (as in avx512). */
+AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t bytes) {
+    size_t part = bytes / (size_t)S / 64 * 64;
+    __m256i acc[CSD_READ_STREAMS_MAX];
+#pragma GCC unroll 4
+    for (int s = 0; s < S; s++) acc[s] = _mm256_setzero_si256();
     for (size_t o = 0; o < part; o += 64)
-        for (int s = 0; s < streams; s++) {
+#pragma GCC unroll 4
+        for (int s = 0; s < S; s++) {
             const uint8_t *a = p + (size_t)s * part + o;
             CSD_PREFETCH_WEIGHTS(a + PF_AHEAD, pf);
             __m256i v = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(const void *)a),
@@ -433,15 +435,25 @@ AI uint64_t read_streams(const int pf, const uint8_t *p, size_t bytes, int strea
             acc[s] = _mm256_add_epi64(acc[s], v);
         }
     uint64_t lanes[4], sum = 0;
-    for (int s = 1; s < 8; s++) acc[0] = _mm256_add_epi64(acc[0], acc[s]);
+#pragma GCC unroll 4
+    for (int s = 1; s < S; s++) acc[0] = _mm256_add_epi64(acc[0], acc[s]);
     _mm256_storeu_si256((__m256i *)(void *)lanes, acc[0]);
     for (int i = 0; i < 4; i++) sum += lanes[i];
     return sum;
 }
 
+AI uint64_t read_streams_any(const int pf, const uint8_t *p, size_t bytes, int streams) {
+    switch (streams) {
+    case 1: return read_streams(pf, 1, p, bytes);
+    case 2: return read_streams(pf, 2, p, bytes);
+    case 3: return read_streams(pf, 3, p, bytes);
+    default: return read_streams(pf, 4, p, bytes);
+    }
+}
+
 static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
-    return nta ? read_streams(CSD_PF_ONCE, p, bytes, streams)
-               : read_streams(CSD_PF_REUSED, p, bytes, streams);
+    return nta ? read_streams_any(CSD_PF_ONCE, p, bytes, streams)
+               : read_streams_any(CSD_PF_REUSED, p, bytes, streams);
 }
 
 CSD_DEF_MATMUL_F(avx2_matmul)
