@@ -167,11 +167,12 @@ static void test_deterministic_and_padding(void **state) {
     csd_free(src);
 }
 
-/* The documented byte layout (quant.h): weight (r, c) of a block group sits in vector c / 4 at byte
- * 4 r + c % 4 (Q4: vector (c % 64) / 4, high nibble for c >= 64, stored as q + 8). */
+/* The documented byte layout (quant.h): groups in pairs after a 64-byte scale line (16 f16 scales
+ * of the pair's first group, then of its second); weight (r, c) of a block group sits in vector
+ * c / 4 at byte 4 r + c % 4 (Q4: vector (c % 64) / 4, high nibble for c >= 64, stored as q + 8). */
 static void test_block_layout(void **state) {
     (void)state;
-    int64_t rows = 20, cols = 256; /* 2 blocks, the second one partial; 2 groups */
+    int64_t rows = 20, cols = 300; /* 2 blocks, the second one partial; 3 groups, the last short */
     float *src = make_data(rows * cols, 9, 1);
     for (int dtype = CSD_DTYPE_Q8; dtype <= CSD_DTYPE_Q4; dtype++) {
         size_t nb = csd_qmat_bytes(dtype, rows, cols), bb = csd_quant_block_bytes(dtype, cols);
@@ -181,19 +182,22 @@ static void test_block_layout(void **state) {
         csd_qmat w = {dtype, rows, cols, m, nb};
         for (int64_t r = 0; r < rows; r++) {
             const uint8_t *blk = m + (size_t)(r / 16) * bb;
-            const uint16_t *sc = csd_quant_block_scales(dtype, blk, cols);
             csd_qmat_dequant_row(&w, r, out);
             for (int64_t c = 0; c < cols; c++) {
                 int64_t g = c / 128, j = c % 128, lane = r % 16;
+                size_t gb = dtype == CSD_DTYPE_Q8 ? 2048 : 1024, pair = (size_t)(g / 2) * (64 + 2 * gb);
+                const uint8_t *grp = blk + pair + 64 + (size_t)(g % 2) * gb;
+                uint16_t sc;
+                memcpy(&sc, blk + pair + (size_t)(g % 2) * 32 + (size_t)lane * 2, sizeof sc);
                 int q;
                 if (dtype == CSD_DTYPE_Q8) {
-                    q = (int8_t)blk[g * 2048 + (j / 4) * 64 + lane * 4 + j % 4];
+                    q = (int8_t)grp[(j / 4) * 64 + lane * 4 + j % 4];
                 } else {
-                    uint8_t byte = blk[g * 1024 + ((j % 64) / 4) * 64 + lane * 4 + j % 4];
+                    uint8_t byte = grp[((j % 64) / 4) * 64 + lane * 4 + j % 4];
                     q = (j >= 64 ? byte >> 4 : byte & 15) - 8;
                 }
                 assert_int_equal(q, csd_quant_get_q(dtype, cols, m, r, c));
-                assert_true(out[c] == csd_f16_to_f32(sc[g * 16 + lane]) * (float)q);
+                assert_true(out[c] == csd_f16_to_f32(sc) * (float)q);
             }
         }
         csd_free(out);

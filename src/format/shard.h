@@ -20,7 +20,7 @@
 /* Version of the quantized byte layout of the tensors (kern/quant.h). Bump whenever the Q4/Q8 row
  * layout, group size or scale encoding changes: an old shard would be read as garbage otherwise.
  * src/model/shard_model.c pins the layout constants it was written for with static_asserts. */
-#define CSD_SHARD_KERNEL_LAYOUT 2
+#define CSD_SHARD_KERNEL_LAYOUT 3
 #define CSD_SHARD_HEADER_BYTES 192 /* fixed part of the header */
 #define CSD_SHARD_ENTRY_BYTES 128  /* one tensor table entry */
 #define CSD_SHARD_NAME_BYTES 80    /* name field of an entry, NUL-padded (<= 79 characters) */

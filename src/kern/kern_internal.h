@@ -76,20 +76,6 @@ typedef void (*csd_q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *
                            const uint8_t *act, size_t stride, int64_t ng, int pf) {          \
         q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf);                             \
     }
-/* A block's f16 scales sit after its groups, off the weight stream the kernels prefetch along, and
- * every group needs its own at once: fetch this block's and the next block's scale lines when a
- * block starts, so no group waits on DRAM for them (perf: 16% of the batched Q4 tile's time was
- * stalled on that load). A prefetch past the matrix's end is harmless. */
-static inline void csd_q_prefetch_scales(const uint8_t *blk, int dtype, int64_t ng) {
-    size_t sbytes = (size_t)ng * CSD_QUANT_BLOCK_ROWS * sizeof(uint16_t);
-    size_t bbytes = (size_t)ng * csd_quant_block_group_bytes(dtype) + sbytes;
-    bbytes = (bbytes + CSD_QUANT_BLOCK_ALIGN - 1) / CSD_QUANT_BLOCK_ALIGN * CSD_QUANT_BLOCK_ALIGN;
-    const uint8_t *s = blk + (size_t)ng * csd_quant_block_group_bytes(dtype);
-    for (size_t o = 0; o < sbytes; o += 64) {
-        __builtin_prefetch(s + o, 0, 3);
-        __builtin_prefetch(s + bbytes + o, 0, 3);
-    }
-}
 
 /* Attention's K/V rows: a head's row is hd halves at the stride of the whole cache row, too short
  * a run for the hardware prefetcher, so the fused attention kernels prefetch the row this many

@@ -32,21 +32,20 @@ void csd_quant_pack_group(int dtype, int64_t cols, uint8_t *mat, int64_t row, in
                           const int8_t *q, uint16_t scale) {
     int r, high;
     uint8_t *blk = block_of(dtype, cols, mat, row, &r);
-    size_t gbytes = csd_quant_block_group_bytes(dtype);
-    uint8_t *grp = blk + (size_t)g * gbytes;
+    uint8_t *grp = blk + csd_quant_group_offset(dtype, g);
     for (int j = 0; j < CSD_QUANT_GROUP; j++) {
         size_t o = group_offset(dtype, r, j, &high);
         if (dtype == CSD_DTYPE_Q8) grp[o] = (uint8_t)q[j];
         else grp[o] |= (uint8_t)((q[j] + 8) << (high ? 4 : 0));
     }
-    uint16_t *sc = (uint16_t *)(void *)(blk + (size_t)csd_quant_groups(cols) * gbytes);
-    sc[g * CSD_QUANT_BLOCK_ROWS + r] = scale;
+    uint16_t *sc = (uint16_t *)(void *)(blk + csd_quant_scale_offset(dtype, g));
+    sc[r] = scale;
 }
 
 int csd_quant_get_q(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t c) {
     int r, high;
     const uint8_t *blk = block_of(dtype, cols, mat, row, &r);
-    const uint8_t *grp = blk + (size_t)(c / CSD_QUANT_GROUP) * csd_quant_block_group_bytes(dtype);
+    const uint8_t *grp = blk + csd_quant_group_offset(dtype, c / CSD_QUANT_GROUP);
     uint8_t b = grp[group_offset(dtype, r, (int)(c % CSD_QUANT_GROUP), &high)];
     return dtype == CSD_DTYPE_Q8 ? (int8_t)b : (high ? b >> 4 : b & 15) - 8;
 }
@@ -54,7 +53,7 @@ int csd_quant_get_q(int dtype, int64_t cols, const uint8_t *mat, int64_t row, in
 uint16_t csd_quant_get_scale(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int64_t g) {
     int r;
     const uint8_t *blk = block_of(dtype, cols, mat, row, &r);
-    return csd_quant_block_scales(dtype, blk, cols)[g * CSD_QUANT_BLOCK_ROWS + r];
+    return csd_quant_group_scales(dtype, blk, g)[r];
 }
 
 /* Round half to even for |v| < 2^22 with plain float adds, branch-free (vectorises on SSE2). */
@@ -207,14 +206,12 @@ void csd_qmat_dequant_row(const csd_qmat *w, int64_t row, float *out) {
     if (w->dtype == CSD_DTYPE_Q4 || w->dtype == CSD_DTYPE_Q8) { /* e.g. an embedding lookup */
         int r, high;
         const uint8_t *blk = block_of(w->dtype, w->cols, w->data, row, &r);
-        const uint16_t *scales = csd_quant_block_scales(w->dtype, blk, w->cols);
-        size_t gbytes = csd_quant_block_group_bytes(w->dtype);
         for (int64_t c = 0; c < w->cols; c++) {
             int64_t g = c / CSD_QUANT_GROUP;
-            uint8_t b = blk[(size_t)g * gbytes +
+            uint8_t b = blk[csd_quant_group_offset(w->dtype, g) +
                             group_offset(w->dtype, r, (int)(c % CSD_QUANT_GROUP), &high)];
             int q = w->dtype == CSD_DTYPE_Q8 ? (int8_t)b : (high ? b >> 4 : b & 15) - 8;
-            out[c] = csd_f16_to_f32(scales[g * CSD_QUANT_BLOCK_ROWS + r]) * (float)q;
+            out[c] = csd_f16_to_f32(csd_quant_group_scales(w->dtype, blk, g)[r]) * (float)q;
         }
         return;
     }

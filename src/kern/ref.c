@@ -57,17 +57,16 @@ static void ref_matmul_q(float *y, const csd_qmat *w, const uint8_t *act, int64_
                          int64_t r0, int64_t r1) {
     int64_t ng = csd_quant_groups(w->cols);
     size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
-    size_t gbytes = csd_quant_block_group_bytes(w->dtype);
     size_t stride = csd_quant_act_stride(w->cols);
     int8_t q[CSD_QUANT_BLOCK_ROWS][CSD_QUANT_GROUP];
     for (int64_t b0 = r0; b0 < r1; b0 += CSD_QUANT_BLOCK_ROWS) {
         const uint8_t *blk = (const uint8_t *)w->data + (size_t)(b0 / CSD_QUANT_BLOCK_ROWS) * block_bytes;
-        const uint16_t *dw = csd_quant_block_scales(w->dtype, blk, w->cols);
         int nr = (int)(r1 - b0 < CSD_QUANT_BLOCK_ROWS ? r1 - b0 : CSD_QUANT_BLOCK_ROWS);
         for (int64_t t = 0; t < n_tok; t++)
             for (int r = 0; r < nr; r++) y[t * w->rows + b0 + r] = 0.0f;
         for (int64_t g = 0; g < ng; g++) { /* each group unpacked once for all the tokens */
-            unpack_block_group(w->dtype, blk + (size_t)g * gbytes, q);
+            unpack_block_group(w->dtype, blk + csd_quant_group_offset(w->dtype, g), q);
+            const uint16_t *dw = csd_quant_group_scales(w->dtype, blk, g);
             for (int64_t t = 0; t < n_tok; t++) {
                 const int8_t *xq = (const int8_t *)(act + (size_t)t * stride);
                 const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
@@ -75,7 +74,7 @@ static void ref_matmul_q(float *y, const csd_qmat *w, const uint8_t *act, int64_
                 for (int r = 0; r < nr; r++) {
                     int32_t isum = 0;
                     for (int j = 0; j < CSD_QUANT_GROUP; j++) isum += (int32_t)q[r][j] * xg[j];
-                    y[t * w->rows + b0 + r] += (csd_f16_to_f32(dw[g * CSD_QUANT_BLOCK_ROWS + r]) * dx[g]) *
+                    y[t * w->rows + b0 + r] += (csd_f16_to_f32(dw[r]) * dx[g]) *
                                                (float)isum;
                 }
             }

@@ -92,9 +92,8 @@ AI __m256i q_flush(const int q4, __m256i isum, __m256i part) {
  * acc = fma(float(isum), dw * dx, acc). */
 AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, const uint8_t *blk,
                 const uint8_t *act, size_t stride, int64_t ng, int pf) {
-    const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
+    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     const int32_t off = q4 ? -8 : -q8_offset();
-    const uint16_t *dw = (const uint16_t *)(const void *)(blk + (size_t)ng * gbytes);
     const int8_t *xq[QT_MAX];
     const float *dx[QT_MAX];
     const int32_t *sums[QT_MAX];
@@ -106,9 +105,10 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         sums[t] = (const int32_t *)(const void *)(dx[t] + ng);
         acc[t][0] = acc[t][1] = _mm256_setzero_ps();
     }
-    if (pf) csd_q_prefetch_scales(blk, q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
     for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *wg = blk + (size_t)g * gbytes;
+        const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
+        /* each pair's scale line moves the stream 64 bytes on: one more line ahead */
+        if (pf && g % 2) CSD_PREFETCH_WEIGHTS(wg + csd_quant_block_group_bytes(dtype) + PF_AHEAD, pf);
         __m256i isum[QT_MAX][2];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) isum[t][0] = isum[t][1] = _mm256_set1_epi32(off * sums[t][g]);
@@ -136,7 +136,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
                 for (int h = 0; h < 2; h++)
                     isum[t][h] = q_flush(q4, isum[t][h], part[t][h]);
         }
-        const __m128i *dwg = (const __m128i *)(const void *)(dw + (size_t)g * CSD_QUANT_BLOCK_ROWS);
+        const __m128i *dwg = (const __m128i *)(const void *)csd_quant_group_scales(dtype, blk, g);
         __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(dwg));
         __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(dwg + 1));
 #pragma GCC unroll 4
@@ -174,23 +174,26 @@ DEF_Q_BLOCKS(blocks_q8, 0)
  * one token; only the exact integer part is split differently. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
-    const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
+    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     const int32_t off = q4 ? -8 : -q8_offset();
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
     __m256 acc[CSD_MV_STREAMS_MAX][2];
 #pragma GCC unroll 4
-    for (int i = 0; i < S; i++) {
-        acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-        csd_q_prefetch_scales(blk[i], q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
-    }
+    for (int i = 0; i < S; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const int nvec = q4 ? CSD_QUANT_GROUP / 8 : CSD_QUANT_GROUP / 4;
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
         __m256i isum[CSD_MV_STREAMS_MAX][2];
+        const uint8_t *wg[CSD_MV_STREAMS_MAX];
 #pragma GCC unroll 4
-        for (int i = 0; i < S; i++) isum[i][0] = isum[i][1] = _mm256_set1_epi32(off * sums[g]);
+        for (int i = 0; i < S; i++) {
+            isum[i][0] = isum[i][1] = _mm256_set1_epi32(off * sums[g]);
+            wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
+            /* each pair's scale line moves the stream 64 bytes on: one more line ahead */
+            if (g % 2) CSD_PREFETCH_WEIGHTS(wg[i] + csd_quant_block_group_bytes(dtype) + PF_AHEAD, CSD_PF_ONCE);
+        }
         for (int k0 = 0; k0 < nvec; k0 += Q_CHUNK) {
             __m256i part[CSD_MV_STREAMS_MAX][2];
 #pragma GCC unroll 4
@@ -200,7 +203,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                 __m256i xl = bcast4(xg + 4 * k), xh = q4 ? bcast4(xg + 64 + 4 * k) : xl;
 #pragma GCC unroll 4
                 for (int i = 0; i < S; i++) {
-                    const uint8_t *v = blk[i] + (size_t)g * gbytes + (size_t)k * CSD_QUANT_VEC_BYTES;
+                    const uint8_t *v = wg[i] + (size_t)k * CSD_QUANT_VEC_BYTES;
                     CSD_PREFETCH_WEIGHTS(v + PF_AHEAD, CSD_PF_ONCE);
                     __m256i u[4];
                     q_unpack(q4, v, u);
@@ -216,8 +219,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
         __m256 dxv = _mm256_set1_ps(dx[g]);
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
-            const uint16_t *dw = (const uint16_t *)(const void *)(blk[i] + (size_t)ng * gbytes);
-            const __m128i *dwg = (const __m128i *)(const void *)(dw + (size_t)g * CSD_QUANT_BLOCK_ROWS);
+            const __m128i *dwg = (const __m128i *)(const void *)csd_quant_group_scales(dtype, blk[i], g);
             __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(dwg));
             __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(dwg + 1));
             acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][0]), _mm256_mul_ps(dw0, dxv), acc[i][0]);

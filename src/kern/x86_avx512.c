@@ -93,11 +93,10 @@ AI __m512i bcast4(const int8_t *x) {
 AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, const uint8_t *blk,
                 const uint8_t *act, size_t stride, int64_t ng, int pf) {
     const int P = T >= 4 ? 1 : 4 / T; /* integer chains per token */
-    const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
+    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     const int32_t off = q4 ? -8 : -128;
     const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
-    const uint16_t *dw = (const uint16_t *)(const void *)(blk + (size_t)ng * gbytes);
     const int8_t *xq[QT_MAX];
     const float *dx[QT_MAX];
     const int32_t *sums[QT_MAX];
@@ -109,9 +108,10 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         sums[t] = (const int32_t *)(const void *)(dx[t] + ng);
         acc[t] = _mm512_setzero_ps();
     }
-    if (pf) csd_q_prefetch_scales(blk, q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
     for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *wg = blk + (size_t)g * gbytes;
+        const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
+        __m256i dw = _mm256_loadu_si256((const __m256i *)(const void *)csd_quant_group_scales(dtype, blk, g));
+        if (pf && g % 2) CSD_PREFETCH_WEIGHTS(wg + csd_quant_block_group_bytes(dtype) + PF_AHEAD, pf);
         __m512i is[QT_MAX][4], ih[QT_MAX][4]; /* ih: Q4 high nibbles, kept x16 (no shift) */
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -153,7 +153,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
                 }
             }
         }
-        __m512 dwv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(dw + 16 * g)));
+        __m512 dwv = _mm512_cvtph_ps(dw);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512i isum = is[t][0];
@@ -184,7 +184,7 @@ DEF_Q_BLOCKS(blocks_q8, 0)
  * sequence as q_block; only the exact integer part is split differently. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
-    const size_t gbytes = csd_quant_block_group_bytes(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8);
+    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     const int32_t off = q4 ? -8 : -128;
     const __m512i low4 = _mm512_set1_epi8(0x0f), high4 = _mm512_set1_epi8((char)0xf0);
     const __m512i flip = _mm512_set1_epi8((char)0x80);
@@ -193,17 +193,19 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
     __m512 acc[CSD_MV_STREAMS_MAX];
 #pragma GCC unroll 4
-    for (int i = 0; i < S; i++) {
-        acc[i] = _mm512_setzero_ps();
-        csd_q_prefetch_scales(blk[i], q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);
-    }
+    for (int i = 0; i < S; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
         __m512i ia[CSD_MV_STREAMS_MAX], ib[CSD_MV_STREAMS_MAX];
+        __m256i dw[CSD_MV_STREAMS_MAX];
         const uint8_t *wg[CSD_MV_STREAMS_MAX];
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
-            wg[i] = blk[i] + (size_t)g * gbytes;
+            wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
+            /* the scale line came with the stream, just before the pair's weights */
+            dw[i] = _mm256_loadu_si256((const __m256i *)(const void *)csd_quant_group_scales(dtype, blk[i], g));
+            /* each pair's scale line moves the stream 64 bytes on: one more line ahead */
+            if (g % 2) CSD_PREFETCH_WEIGHTS(wg[i] + csd_quant_block_group_bytes(dtype) + PF_AHEAD, CSD_PF_ONCE);
             ia[i] = _mm512_set1_epi32(off * sums[g]);
             ib[i] = _mm512_setzero_si512();
         }
@@ -238,10 +240,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
         __m512 dxv = _mm512_set1_ps(dx[g]);
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
-            const uint16_t *dw = (const uint16_t *)(const void *)(blk[i] + (size_t)ng * gbytes);
-            __m512 sc = _mm512_mul_ps(
-                _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(dw + 16 * g))),
-                dxv);
+            __m512 sc = _mm512_mul_ps(_mm512_cvtph_ps(dw[i]), dxv);
             __m512i hi = q4 ? _mm512_srai_epi32(ib[i], 4) : ib[i]; /* exact: a multiple of 16 */
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ia[i], hi)), sc, acc[i]);
         }
