@@ -65,6 +65,23 @@ enum {
 #define CSD_PREFETCH_WEIGHTS(p, pf)                                                          \
     ((pf) == CSD_PF_ONCE ? __builtin_prefetch((p), 0, 0) : __builtin_prefetch((p), 0, 3))
 
+/* Defines name, the table's read_streams entry, from the including ISA file's always-inline
+ * read_streams(pf, S, p, bytes) (S a constant: 1..CSD_READ_STREAMS_MAX). */
+static_assert(CSD_READ_STREAMS_MAX == 4, "CSD_DEF_READ_STREAMS's switch covers 1-4 streams");
+#define CSD_DEF_READ_STREAMS(name)                                                           \
+    static uint64_t name##_any(const int pf, const uint8_t *p, size_t bytes, int streams) {  \
+        switch (streams) {                                                                   \
+        case 1: return read_streams(pf, 1, p, bytes);                                        \
+        case 2: return read_streams(pf, 2, p, bytes);                                        \
+        case 3: return read_streams(pf, 3, p, bytes);                                        \
+        default: return read_streams(pf, 4, p, bytes);                                       \
+        }                                                                                    \
+    }                                                                                        \
+    static uint64_t name(const uint8_t *p, size_t bytes, int streams, bool nta) {            \
+        return nta ? name##_any(CSD_PF_ONCE, p, bytes, streams)                              \
+                   : name##_any(CSD_PF_REUSED, p, bytes, streams);                           \
+    }
+
 /* One 16-row block x n tokens of a Q4/Q8 matmul (an ISA file's tile): y[t * ldy + r] for the
  * block's first nrows rows; pf (CSD_PF_*): whether and how to prefetch ahead in the block stream. */
 typedef void (*csd_q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,

@@ -442,19 +442,7 @@ AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t byt
     return sum;
 }
 
-AI uint64_t read_streams_any(const int pf, const uint8_t *p, size_t bytes, int streams) {
-    switch (streams) {
-    case 1: return read_streams(pf, 1, p, bytes);
-    case 2: return read_streams(pf, 2, p, bytes);
-    case 3: return read_streams(pf, 3, p, bytes);
-    default: return read_streams(pf, 4, p, bytes);
-    }
-}
-
-static uint64_t avx2_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
-    return nta ? read_streams_any(CSD_PF_ONCE, p, bytes, streams)
-               : read_streams_any(CSD_PF_REUSED, p, bytes, streams);
-}
+CSD_DEF_READ_STREAMS(avx2_read_streams)
 
 CSD_DEF_MATMUL_F(avx2_matmul)
 

@@ -450,19 +450,7 @@ AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t byt
     return (uint64_t)_mm512_reduce_add_epi64(acc[0]);
 }
 
-AI uint64_t read_streams_any(const int pf, const uint8_t *p, size_t bytes, int streams) {
-    switch (streams) {
-    case 1: return read_streams(pf, 1, p, bytes);
-    case 2: return read_streams(pf, 2, p, bytes);
-    case 3: return read_streams(pf, 3, p, bytes);
-    default: return read_streams(pf, 4, p, bytes);
-    }
-}
-
-static uint64_t avx512_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
-    return nta ? read_streams_any(CSD_PF_ONCE, p, bytes, streams)
-               : read_streams_any(CSD_PF_REUSED, p, bytes, streams);
-}
+CSD_DEF_READ_STREAMS(avx512_read_streams)
 
 /* Squares summed in 2 x 8 double lanes (a fixed order), then across them; the scaling is the
  * same float sequence per element as ref's. */
