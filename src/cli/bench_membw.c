@@ -18,8 +18,6 @@
 #include "core/clock.h"
 #include "kern/kern.h"
 
-#define MEMBW_MAX_STREAMS CSD_READ_STREAMS_MAX
-
 struct csd_bench_reader {
     csd_pool *pool;
     uint64_t *buf;
@@ -68,7 +66,7 @@ int csd_cli_bench_reader_create(csd_pool *pool, size_t bytes, csd_bench_reader *
 
 double csd_cli_bench_reader_pass(csd_bench_reader *r, csd_bench_read_way way) {
     if (way.streams < 1) way.streams = 1;
-    if (way.streams > MEMBW_MAX_STREAMS) way.streams = MEMBW_MAX_STREAMS;
+    if (way.streams > CSD_READ_STREAMS_MAX) way.streams = CSD_READ_STREAMS_MAX;
     r->way = way;
     uint64_t t0 = csd_now_ns();
     csd_pool_run(r->pool, reader_fn, r);
@@ -92,7 +90,7 @@ int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_
     double best_t = 1e30;
     for (int rep = 0; rep < (reps > 0 ? reps : 1); rep++)
         for (int nta = 0; nta <= 1; nta++)
-            for (int s = 1; s <= MEMBW_MAX_STREAMS; s++) {
+            for (int s = 1; s <= CSD_READ_STREAMS_MAX; s++) {
                 csd_bench_read_way way = {s, nta == 1};
                 double t = csd_cli_bench_reader_pass(r, way);
                 if (t < best_t) {

@@ -345,7 +345,7 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
         printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%d threads, "
                "%d streams each, %s prefetch) = %.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
                (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, r->membw_way.streams,
-               r->membw_way.nta ? "non-temporal" : "L1", roof, 100 * frac, csd_kern_name());
+               r->membw_way.nta ? "non-temporal" : "ordinary", roof, 100 * frac, csd_kern_name());
         printf("paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f t/s "
                "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
                r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);

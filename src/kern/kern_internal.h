@@ -65,6 +65,14 @@ enum {
 #define CSD_PREFETCH_WEIGHTS(p, pf)                                                          \
     ((pf) == CSD_PF_ONCE ? __builtin_prefetch((p), 0, 0) : __builtin_prefetch((p), 0, 3))
 
+/* Kernels prefetch `ahead` bytes past each 64-byte weight vector of group g (at wg) as they load
+ * it; every pair's scale line moves the stream 64 bytes further, so the second group of a pair
+ * adds the one line that would otherwise be missed. */
+static inline void csd_q_prefetch_pair_gap(const uint8_t *wg, int dtype, int64_t g, size_t ahead,
+                                           int pf) {
+    if (g % 2) CSD_PREFETCH_WEIGHTS(wg + csd_quant_block_group_bytes(dtype) + ahead, pf);
+}
+
 /* Defines name, the table's read_streams entry, from the including ISA file's always-inline
  * read_streams(pf, S, p, bytes) (S a constant: 1..CSD_READ_STREAMS_MAX). */
 static_assert(CSD_READ_STREAMS_MAX == 4, "CSD_DEF_READ_STREAMS's switch covers 1-4 streams");

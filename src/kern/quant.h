@@ -47,28 +47,27 @@ static inline int64_t csd_quant_groups(int64_t cols) {
     return (cols + CSD_QUANT_GROUP - 1) / CSD_QUANT_GROUP;
 }
 
-/* Bytes of one pair of groups with its scale line. */
-static inline size_t csd_quant_pair_bytes(int dtype) {
-    return CSD_QUANT_BLOCK_ALIGN + 2 * (dtype == CSD_DTYPE_Q4 ? CSD_Q4_BLOCK_GROUP_BYTES
-                                                              : CSD_Q8_BLOCK_GROUP_BYTES);
-}
-
-/* Offset in a block of group g's weights, and of its 16 f16 scales. */
-static inline size_t csd_quant_group_offset(int dtype, int64_t g) {
-    size_t gbytes = dtype == CSD_DTYPE_Q4 ? CSD_Q4_BLOCK_GROUP_BYTES : CSD_Q8_BLOCK_GROUP_BYTES;
-    return (size_t)(g / 2) * csd_quant_pair_bytes(dtype) + CSD_QUANT_BLOCK_ALIGN + (size_t)(g % 2) * gbytes;
-}
-static inline size_t csd_quant_scale_offset(int dtype, int64_t g) {
-    return (size_t)(g / 2) * csd_quant_pair_bytes(dtype) +
-           (size_t)(g % 2) * CSD_QUANT_BLOCK_ROWS * sizeof(uint16_t);
-}
-
 static inline int64_t csd_quant_blocks(int64_t rows) {
     return (rows + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
 }
 
 static inline size_t csd_quant_block_group_bytes(int dtype) {
     return dtype == CSD_DTYPE_Q4 ? CSD_Q4_BLOCK_GROUP_BYTES : CSD_Q8_BLOCK_GROUP_BYTES;
+}
+
+/* Bytes of one pair of groups with its scale line. */
+static inline size_t csd_quant_pair_bytes(int dtype) {
+    return CSD_QUANT_BLOCK_ALIGN + 2 * csd_quant_block_group_bytes(dtype);
+}
+
+/* Offset in a block of group g's weights, and of its 16 f16 scales. */
+static inline size_t csd_quant_group_offset(int dtype, int64_t g) {
+    return (size_t)(g / 2) * csd_quant_pair_bytes(dtype) + CSD_QUANT_BLOCK_ALIGN +
+           (size_t)(g % 2) * csd_quant_block_group_bytes(dtype);
+}
+static inline size_t csd_quant_scale_offset(int dtype, int64_t g) {
+    return (size_t)(g / 2) * csd_quant_pair_bytes(dtype) +
+           (size_t)(g % 2) * CSD_QUANT_BLOCK_ROWS * sizeof(uint16_t);
 }
 
 /* Bytes of one 16-row block of a Q4/Q8 matrix with cols inputs (a multiple of 64). */

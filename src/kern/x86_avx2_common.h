@@ -107,8 +107,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     }
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
-        /* each pair's scale line moves the stream 64 bytes on: one more line ahead */
-        if (pf && g % 2) CSD_PREFETCH_WEIGHTS(wg + csd_quant_block_group_bytes(dtype) + PF_AHEAD, pf);
+        if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, pf);
         __m256i isum[QT_MAX][2];
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) isum[t][0] = isum[t][1] = _mm256_set1_epi32(off * sums[t][g]);
@@ -191,8 +190,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
         for (int i = 0; i < S; i++) {
             isum[i][0] = isum[i][1] = _mm256_set1_epi32(off * sums[g]);
             wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
-            /* each pair's scale line moves the stream 64 bytes on: one more line ahead */
-            if (g % 2) CSD_PREFETCH_WEIGHTS(wg[i] + csd_quant_block_group_bytes(dtype) + PF_AHEAD, CSD_PF_ONCE);
+            csd_q_prefetch_pair_gap(wg[i], dtype, g, PF_AHEAD, CSD_PF_ONCE);
         }
         for (int k0 = 0; k0 < nvec; k0 += Q_CHUNK) {
             __m256i part[CSD_MV_STREAMS_MAX][2];

@@ -111,7 +111,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
         __m256i dw = _mm256_loadu_si256((const __m256i *)(const void *)csd_quant_group_scales(dtype, blk, g));
-        if (pf && g % 2) CSD_PREFETCH_WEIGHTS(wg + csd_quant_block_group_bytes(dtype) + PF_AHEAD, pf);
+        if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, pf);
         __m512i is[QT_MAX][4], ih[QT_MAX][4]; /* ih: Q4 high nibbles, kept x16 (no shift) */
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
@@ -204,8 +204,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
             wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
             /* the scale line came with the stream, just before the pair's weights */
             dw[i] = _mm256_loadu_si256((const __m256i *)(const void *)csd_quant_group_scales(dtype, blk[i], g));
-            /* each pair's scale line moves the stream 64 bytes on: one more line ahead */
-            if (g % 2) CSD_PREFETCH_WEIGHTS(wg[i] + csd_quant_block_group_bytes(dtype) + PF_AHEAD, CSD_PF_ONCE);
+            csd_q_prefetch_pair_gap(wg[i], dtype, g, PF_AHEAD, CSD_PF_ONCE);
             ia[i] = _mm512_set1_epi32(off * sums[g]);
             ib[i] = _mm512_setzero_si512();
         }
