@@ -36,6 +36,7 @@ struct csd_model {
     float *rope_sin;     /* (max_batch, head_dim / 2) */
     float *inv_freq;     /* (head_dim / 2) RoPE frequencies after scaling */
     int64_t *pos;        /* (max_batch) position of each batch token */
+    bool batch_distinct; /* the current batch's tokens all belong to different sequences */
     void *mm_scratch;    /* csd_matmul scratch for max_batch tokens */
 };
 
@@ -51,6 +52,14 @@ struct csd_kv {
     float *k_scale;      /* q8 only: (n_layers, cap, n_kv_heads) */
     float *v_scale;      /* q8 only */
 };
+
+/* fn(m, arg, t0, t1) over tokens [0, n): on the pool in token ranges when a batch has enough
+ * tokens to pay for the fork-join, else on the calling thread. forward.c. */
+typedef void (*csd_token_range_fn)(csd_model *m, const void *arg, int64_t t0, int64_t t1);
+void csd_model_for_tokens(csd_model *m, int64_t n, csd_token_range_fn fn, const void *arg);
+/* One layer's attention (index li within the stage) for batch b: from the projected m->q, m->k,
+ * m->v to the heads' outputs in m->xb, with RoPE and the cache write. attention_layer.c. */
+void csd_attention_layer(csd_model *m, const csd_batch *b, int64_t li);
 
 /* Bytes of one element of a KV cache of dtype (q8: the int8 value; scales are extra). */
 size_t csd_kv_elem_bytes(int dtype);
