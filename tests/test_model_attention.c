@@ -42,8 +42,7 @@ static void make_model(const char *dir, int64_t n_kv_heads) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(g_root, sizeof g_root, "%s/csd-attn-XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_root)) return -1;
+    if (csd_test_make_tmpdir(g_root, sizeof g_root, "csd-attn")) return -1;
     char dir[512];
     for (int kvh = 1; kvh <= 4; kvh *= 4) {
         snprintf(dir, sizeof dir, "%s/kvh-%d", g_root, kvh);
@@ -55,9 +54,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
-    return system(cmd) == 0 ? 0 : -1;
+    return csd_test_remove_tree(g_root);
 }
 
 static csd_model *load(int n_kv_heads, int kv_dtype, int threads) {

@@ -44,9 +44,7 @@ static void make_model(const char *dir, int arch) {
 
 static int setup(void **state) {
     (void)state;
-    snprintf(g_root, sizeof g_root, "%s/csd-shard-XXXXXX",
-             getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
-    if (!mkdtemp(g_root)) return -1;
+    if (csd_test_make_tmpdir(g_root, sizeof g_root, "csd-shard")) return -1;
     char dir[512];
     static const int arches[] = {CSD_ARCH_LLAMA, CSD_ARCH_QWEN2, CSD_ARCH_QWEN3};
     for (size_t i = 0; i < 3; i++) {
@@ -59,9 +57,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_root);
-    return system(cmd) == 0 ? 0 : -1;
+    return csd_test_remove_tree(g_root);
 }
 
 static void model_dir(char *out, size_t cap, int arch) {
