@@ -46,7 +46,7 @@ static void quantize_head_q8(int8_t *q, float *scale, const float *x, int64_t hd
 /* KV head kvh's K and V rows (k, v: hd floats each) into the cache at pos: f32, f16 or q8. */
 static void kv_store_head(csd_kv *kv, int64_t layer, int64_t pos, int64_t kvh, const float *k,
                           const float *v, int64_t hd) {
-    int64_t row = layer * kv->cap + pos, off = row * kv->kv_dim + kvh * hd;
+    int64_t off = csd_kv_row(kv, layer, kvh, pos);
     if (kv->dtype == CSD_DTYPE_F32) {
         memcpy((float *)kv->k + off, k, (size_t)hd * sizeof(float));
         memcpy((float *)kv->v + off, v, (size_t)hd * sizeof(float));
@@ -54,9 +54,9 @@ static void kv_store_head(csd_kv *kv, int64_t layer, int64_t pos, int64_t kvh, c
         csd_f32_to_f16_vec((uint16_t *)kv->k + off, k, hd);
         csd_f32_to_f16_vec((uint16_t *)kv->v + off, v, hd);
     } else {
-        int64_t srow = row * kv->n_kv_heads + kvh;
-        quantize_head_q8((int8_t *)kv->k + off, kv->k_scale + srow, k, hd);
-        quantize_head_q8((int8_t *)kv->v + off, kv->v_scale + srow, v, hd);
+        int64_t slot = csd_kv_slot(kv, layer, kvh, pos);
+        quantize_head_q8((int8_t *)kv->k + off, kv->k_scale + slot, k, hd);
+        quantize_head_q8((int8_t *)kv->v + off, kv->v_scale + slot, v, hd);
     }
 }
 
@@ -114,15 +114,14 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     int64_t first = first_position(c, pos);
     const float *q = m->q + tok * m->q_dim + h * hd;
     float scale = 1.0f / sqrtf((float)hd);
-    int64_t base = layer * kv->cap * kv->kv_dim + kvh * hd;
-    int64_t n_kvh = kv->kv_dim / hd, srow = layer * kv->cap * n_kvh + kvh; /* q8 scales */
+    int64_t base = csd_kv_row(kv, layer, kvh, 0), sbase = csd_kv_slot(kv, layer, kvh, 0);
     float *out = m->xb + tok * m->q_dim + h * hd;
     float max = -INFINITY;
     for (int64_t t = first; t <= pos; t++) {
-        int64_t off = base + t * kv->kv_dim;
+        int64_t off = base + t * hd;
         float s;
         if (kv->dtype == CSD_DTYPE_F32) s = csd_dot_f32(q, (const float *)kv->k + off, hd);
-        else s = dot_q8(q, (const int8_t *)kv->k + off, hd) * kv->k_scale[srow + t * n_kvh];
+        else s = dot_q8(q, (const int8_t *)kv->k + off, hd) * kv->k_scale[sbase + t];
         s *= scale;
         att[t] = s;
         if (s > max) max = s;
@@ -130,10 +129,10 @@ static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int
     float inv = csd_attn_softmax(att + first, pos + 1 - first, max);
     memset(out, 0, (size_t)hd * sizeof(float));
     for (int64_t t = first; t <= pos; t++) {
-        int64_t off = base + t * kv->kv_dim;
+        int64_t off = base + t * hd;
         float p = att[t] * inv;
         if (kv->dtype == CSD_DTYPE_F32) csd_axpy_f32(out, p, (const float *)kv->v + off, hd);
-        else axpy_q8(out, p * kv->v_scale[srow + t * n_kvh], (const int8_t *)kv->v + off, hd);
+        else axpy_q8(out, p * kv->v_scale[sbase + t], (const int8_t *)kv->v + off, hd);
     }
 }
 
@@ -149,26 +148,25 @@ static void attend_heads(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, i
     const csd_model_config *c = &m->cfg;
     int64_t hd = c->head_dim, pos = m->pos[tok], first = first_position(c, pos);
     int64_t kvh = h0 / (c->n_heads / c->n_kv_heads);
-    int64_t off = layer * kv->cap * kv->kv_dim + first * kv->kv_dim + kvh * hd;
+    int64_t off = csd_kv_row(kv, layer, kvh, first);
     csd_attend_f16_group(m->xb + tok * m->q_dim + h0 * hd, m->q + tok * m->q_dim + h0 * hd, h1 - h0,
-                         (const uint16_t *)kv->k + off, (const uint16_t *)kv->v + off, kv->kv_dim,
+                         (const uint16_t *)kv->k + off, (const uint16_t *)kv->v + off, hd,
                          pos + 1 - first, hd, 1.0f / sqrtf((float)hd), att);
 }
 
-/* Starts loading the first ATTN_PREFETCH_ROWS K and V rows token tok will read for KV head kvh. */
+/* Starts loading the first ATTN_PREFETCH_ROWS K and V rows token tok will read for KV head kvh
+ * (contiguous: the cache is head-major). */
 static void prefetch_unit_rows(const csd_model *m, const csd_kv *kv, int64_t layer, int64_t tok,
                                int64_t kvh) {
-    int64_t hd = m->cfg.head_dim, pos = m->pos[tok], first = first_position(&m->cfg, pos);
+    int64_t pos = m->pos[tok], first = first_position(&m->cfg, pos);
     int64_t last = pos - first > ATTN_PREFETCH_ROWS ? first + ATTN_PREFETCH_ROWS : pos;
-    size_t elem = csd_kv_elem_bytes(kv->dtype), row_bytes = (size_t)hd * elem;
-    size_t stride = (size_t)kv->kv_dim * elem;
-    size_t off = (size_t)(layer * kv->cap * kv->kv_dim + kvh * hd) * elem;
+    size_t elem = csd_kv_elem_bytes(kv->dtype), off = (size_t)csd_kv_row(kv, layer, kvh, first) * elem;
+    size_t bytes = (size_t)((last - first) * kv->head_dim) * elem;
     const char *k = (const char *)kv->k + off, *v = (const char *)kv->v + off;
-    for (int64_t t = first; t < last; t++)
-        for (size_t b = 0; b < row_bytes; b += 64) {
-            __builtin_prefetch(k + (size_t)t * stride + b, 0, 3);
-            __builtin_prefetch(v + (size_t)t * stride + b, 0, 3);
-        }
+    for (size_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch(k + b, 0, 3);
+        __builtin_prefetch(v + b, 0, 3);
+    }
 }
 
 typedef struct attn_job {

@@ -21,6 +21,7 @@ int csd_kv_create(csd_kv **out, const csd_model *m, int64_t max_ctx, csd_err *er
     kv->n_layers = m->w.layer_end - m->w.layer_begin;
     kv->kv_dim = m->kv_dim;
     kv->n_kv_heads = m->cfg.n_kv_heads;
+    kv->head_dim = m->cfg.head_dim;
     kv->cap = max_ctx;
     size_t elem = csd_kv_elem_bytes(kv->dtype);
     size_t n = (size_t)(kv->n_layers * kv->cap * kv->kv_dim);
@@ -66,21 +67,23 @@ int csd_kv_truncate(csd_kv *kv, int64_t pos) {
 }
 
 int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err) {
-    if (dst->dtype != src->dtype || dst->n_layers != src->n_layers || dst->kv_dim != src->kv_dim)
+    if (dst->dtype != src->dtype || dst->n_layers != src->n_layers || dst->kv_dim != src->kv_dim ||
+        dst->n_kv_heads != src->n_kv_heads)
         return csd_err_set(err, CSD_EMISMATCH, "kv caches of different shapes");
     if (n < 0 || n > src->len || n > dst->cap)
         return csd_err_set(err, CSD_ERANGE, "prefix of %lld positions does not fit", (long long)n);
-    size_t row = (size_t)src->kv_dim * csd_kv_elem_bytes(src->dtype);
-    for (int64_t l = 0; l < src->n_layers; l++) {
-        size_t so = (size_t)(l * src->cap) * row, d_o = (size_t)(l * dst->cap) * row;
-        memcpy((uint8_t *)dst->k + d_o, (const uint8_t *)src->k + so, (size_t)n * row);
-        memcpy((uint8_t *)dst->v + d_o, (const uint8_t *)src->v + so, (size_t)n * row);
-        if (src->dtype == CSD_DTYPE_Q8) {
-            size_t sr = (size_t)src->n_kv_heads, ss = (size_t)(l * src->cap) * sr, ds = (size_t)(l * dst->cap) * sr;
-            memcpy(dst->k_scale + ds, src->k_scale + ss, (size_t)n * sr * sizeof(float));
-            memcpy(dst->v_scale + ds, src->v_scale + ss, (size_t)n * sr * sizeof(float));
+    size_t elem = csd_kv_elem_bytes(src->dtype), bytes = (size_t)(n * src->head_dim) * elem;
+    for (int64_t l = 0; l < src->n_layers; l++)
+        for (int64_t h = 0; h < src->n_kv_heads; h++) { /* each head's first n positions */
+            size_t so = (size_t)csd_kv_row(src, l, h, 0) * elem, d_o = (size_t)csd_kv_row(dst, l, h, 0) * elem;
+            memcpy((uint8_t *)dst->k + d_o, (const uint8_t *)src->k + so, bytes);
+            memcpy((uint8_t *)dst->v + d_o, (const uint8_t *)src->v + so, bytes);
+            if (src->dtype == CSD_DTYPE_Q8) {
+                int64_t ss = csd_kv_slot(src, l, h, 0), ds = csd_kv_slot(dst, l, h, 0);
+                memcpy(dst->k_scale + ds, src->k_scale + ss, (size_t)n * sizeof(float));
+                memcpy(dst->v_scale + ds, src->v_scale + ss, (size_t)n * sizeof(float));
+            }
         }
-    }
     dst->len = n;
     return 0;
 }

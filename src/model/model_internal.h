@@ -40,18 +40,32 @@ struct csd_model {
     void *mm_scratch;    /* csd_matmul scratch for max_batch tokens */
 };
 
+/* Keys and values are stored head-major, (n_layers, n_kv_heads, cap, head_dim): a KV head's
+ * positions are contiguous, so attention over one head streams them instead of picking 128-256
+ * bytes out of every position's whole row (csd_kv_row). */
 struct csd_kv {
     int dtype;           /* CSD_DTYPE_F32, _F16 or _Q8 */
     int64_t n_layers;    /* layers of the owning stage */
-    int64_t kv_dim;
+    int64_t kv_dim;      /* n_kv_heads * head_dim */
     int64_t n_kv_heads;
+    int64_t head_dim;
     int64_t cap;         /* positions allocated */
     int64_t len;         /* positions filled */
-    void *k;             /* (n_layers, cap, kv_dim) */
-    void *v;             /* (n_layers, cap, kv_dim) */
-    float *k_scale;      /* q8 only: (n_layers, cap, n_kv_heads) */
+    void *k;             /* (n_layers, n_kv_heads, cap, head_dim) */
+    void *v;             /* (n_layers, n_kv_heads, cap, head_dim) */
+    float *k_scale;      /* q8 only: (n_layers, n_kv_heads, cap) */
     float *v_scale;      /* q8 only */
 };
+
+/* Index of KV head kvh's scale at pos in layer (q8 caches); times head_dim, of its first element. */
+static inline int64_t csd_kv_slot(const csd_kv *kv, int64_t layer, int64_t kvh, int64_t pos) {
+    return (layer * kv->n_kv_heads + kvh) * kv->cap + pos;
+}
+/* Element offset of KV head kvh's row at pos in layer, in k or v. Rows of one head are head_dim
+ * elements apart. */
+static inline int64_t csd_kv_row(const csd_kv *kv, int64_t layer, int64_t kvh, int64_t pos) {
+    return csd_kv_slot(kv, layer, kvh, pos) * kv->head_dim;
+}
 
 /* fn(m, arg, t0, t1) over tokens [0, n): on the pool in token ranges when a batch has enough
  * tokens to pay for the fork-join, else on the calling thread. forward.c. */
