@@ -7,7 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "core/dtype.h"
 #include "model_internal.h"
 
 static void add_bias(float *y, const float *b, int64_t n_tok, int64_t dim) {

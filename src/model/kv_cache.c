@@ -19,17 +19,16 @@ int csd_kv_create(csd_kv **out, const csd_model *m, int64_t max_ctx, csd_err *er
     if (!kv) return csd_err_set(err, CSD_ENOMEM, "kv cache");
     kv->dtype = m->kv_dtype;
     kv->n_layers = m->w.layer_end - m->w.layer_begin;
-    kv->kv_dim = m->kv_dim;
     kv->n_kv_heads = m->cfg.n_kv_heads;
     kv->head_dim = m->cfg.head_dim;
     kv->cap = max_ctx;
     size_t elem = csd_kv_elem_bytes(kv->dtype);
-    size_t n = (size_t)(kv->n_layers * kv->cap * kv->kv_dim);
+    size_t n = (size_t)(kv->n_layers * kv->n_kv_heads * kv->cap * kv->head_dim);
     kv->k = csd_alloc_array(n ? n : 1, elem);
     kv->v = csd_alloc_array(n ? n : 1, elem);
     bool scales_ok = true;
     if (kv->dtype == CSD_DTYPE_Q8) {
-        size_t ns = (size_t)(kv->n_layers * kv->cap * m->cfg.n_kv_heads);
+        size_t ns = (size_t)(kv->n_layers * kv->n_kv_heads * kv->cap);
         kv->k_scale = csd_alloc_array(ns ? ns : 1, sizeof(float));
         kv->v_scale = csd_alloc_array(ns ? ns : 1, sizeof(float));
         scales_ok = kv->k_scale && kv->v_scale;
@@ -55,7 +54,7 @@ int64_t csd_kv_len(const csd_kv *kv) { return kv->len; }
 int64_t csd_kv_capacity(const csd_kv *kv) { return kv->cap; }
 
 size_t csd_kv_position_bytes(const csd_kv *kv) {
-    size_t row = (size_t)kv->kv_dim * csd_kv_elem_bytes(kv->dtype);
+    size_t row = (size_t)(kv->n_kv_heads * kv->head_dim) * csd_kv_elem_bytes(kv->dtype);
     if (kv->dtype == CSD_DTYPE_Q8) row += (size_t)kv->n_kv_heads * sizeof(float);
     return (size_t)kv->n_layers * 2 * row; /* k and v */
 }
@@ -67,8 +66,8 @@ int csd_kv_truncate(csd_kv *kv, int64_t pos) {
 }
 
 int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err) {
-    if (dst->dtype != src->dtype || dst->n_layers != src->n_layers || dst->kv_dim != src->kv_dim ||
-        dst->n_kv_heads != src->n_kv_heads)
+    if (dst->dtype != src->dtype || dst->n_layers != src->n_layers ||
+        dst->n_kv_heads != src->n_kv_heads || dst->head_dim != src->head_dim)
         return csd_err_set(err, CSD_EMISMATCH, "kv caches of different shapes");
     if (n < 0 || n > src->len || n > dst->cap)
         return csd_err_set(err, CSD_ERANGE, "prefix of %lld positions does not fit", (long long)n);

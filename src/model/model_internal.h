@@ -46,7 +46,6 @@ struct csd_model {
 struct csd_kv {
     int dtype;           /* CSD_DTYPE_F32, _F16 or _Q8 */
     int64_t n_layers;    /* layers of the owning stage */
-    int64_t kv_dim;      /* n_kv_heads * head_dim */
     int64_t n_kv_heads;
     int64_t head_dim;
     int64_t cap;         /* positions allocated */
