@@ -146,10 +146,11 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
  * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
  * versions for 1..CSD_MV_STREAMS_MAX streams. */
 #define CSD_MV_STREAMS_MAX 3
-/* Streams used: measured (kern_bench, 2 threads, AVX-512): Q8 +15% from 1 to 2; Q4, whose bytes go
- * faster, another +7% on the large matrices from 2 to 3 (4: no further gain). */
+/* Streams used, measured end to end (decode, token by token in one process): Q8 2 (1: +0.4% token
+ * time); Q4 2 since the broadcast became the vpdpbusd operand (3: +5-6% with AVX-512, +1.5-2% with
+ * AVX2 and AVX-VNNI; 1: as 3). The 3rd stream paid for itself only while it shared broadcasts. */
 #ifndef CSD_MV_STREAMS_Q4
-#define CSD_MV_STREAMS_Q4 3
+#define CSD_MV_STREAMS_Q4 2
 #endif
 #ifndef CSD_MV_STREAMS_Q8
 #define CSD_MV_STREAMS_Q8 2
