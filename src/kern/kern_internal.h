@@ -144,20 +144,15 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
 /* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
  * weight streams in flight (DRAM serves several streams faster than one). fn(y, nrows, blk, act,
  * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
- * versions for 1..CSD_MV_STREAMS_MAX streams. */
-#define CSD_MV_STREAMS_MAX 3
-/* Streams used, measured end to end (decode, token by token in one process): Q8 2 (1: +0.4% token
- * time); Q4 2 since the broadcast became the vpdpbusd operand (3: +5-6% with AVX-512, +1.5-2% with
- * AVX2 and AVX-VNNI; 1: as 3). The 3rd stream paid for itself only while it shared broadcasts. */
-#ifndef CSD_MV_STREAMS_Q4
-#define CSD_MV_STREAMS_Q4 2
-#endif
-#ifndef CSD_MV_STREAMS_Q8
-#define CSD_MV_STREAMS_Q8 2
-#endif
+ * versions for 1..CSD_MV_STREAMS streams. */
+#define CSD_MV_STREAMS 2
+/* Streams used, measured end to end (decode, token by token in one process): 2 for Q8 (1: +0.4%
+ * token time) and for Q4 since the broadcast became the vpdpbusd operand (3 streams: +5-6% with
+ * AVX-512, +1.5-2% with AVX2 and AVX-VNNI; 1: as 3). A 3rd stream paid for itself only while the
+ * streams shared each broadcast. */
 typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
                                  const uint8_t *act, int64_t ng);
-/* Defines the tables streams_q4 (1-3 streams) and streams_q8 (1-2) from the including ISA file's
+/* Defines the tables streams_q4 and streams_q8 (1-2 streams) from the including ISA file's
  * always-inline q_streams(S, q4, y, nrows, blk, act, ng). */
 #define CSD_DEF_Q_STREAM(name, q4, S)                                                        \
     static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
@@ -167,15 +162,10 @@ typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_
 #define CSD_DEF_Q_STREAM_TABLES                                                              \
     CSD_DEF_Q_STREAM(streams_q4, 1, 1)                                                       \
     CSD_DEF_Q_STREAM(streams_q4, 1, 2)                                                       \
-    CSD_DEF_Q_STREAM(streams_q4, 1, 3)                                                       \
     CSD_DEF_Q_STREAM(streams_q8, 0, 1)                                                       \
     CSD_DEF_Q_STREAM(streams_q8, 0, 2)                                                       \
-    static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS_MAX] = {streams_q4_1, streams_q4_2,  \
-                                                                    streams_q4_3};             \
-    static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS_MAX] = {streams_q8_1, streams_q8_2,  \
-                                                                    NULL};
-static_assert(CSD_MV_STREAMS_Q4 >= 1 && CSD_MV_STREAMS_Q4 <= 3 && CSD_MV_STREAMS_Q8 >= 1 &&
-                   CSD_MV_STREAMS_Q8 <= 2, "the stream tables hold 1-3 (Q4) and 1-2 (Q8) streams");
+    static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS] = {streams_q4_1, streams_q4_2};  \
+    static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS] = {streams_q8_1, streams_q8_2};
 /* Rows [r0, r1) of one token: the thread's blocks are cut into S parts walked side by side
  * (streams[S - 1]); the nb % S blocks left over are walked together, one stream each. */
 void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, const csd_qmat *w,

@@ -207,9 +207,9 @@ void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, cons
     int64_t first = r0 / CSD_QUANT_BLOCK_ROWS;
     int64_t nb = (r1 - r0 + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
     int64_t part = nb / S, left = nb - part * S;
-    float *ys[CSD_MV_STREAMS_MAX];
-    int nr[CSD_MV_STREAMS_MAX];
-    const uint8_t *bs[CSD_MV_STREAMS_MAX];
+    float *ys[CSD_MV_STREAMS];
+    int nr[CSD_MV_STREAMS];
+    const uint8_t *bs[CSD_MV_STREAMS];
     /* step j walks block j of every part; the last step (j == part) walks the leftovers */
     for (int64_t j = 0; j <= part; j++) {
         int n = j < part ? S : (int)left;

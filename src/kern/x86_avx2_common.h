@@ -178,14 +178,14 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
-    __m256 acc[CSD_MV_STREAMS_MAX][2];
+    __m256 acc[CSD_MV_STREAMS][2];
 #pragma GCC unroll 4
     for (int i = 0; i < S; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
     const int nvec = q4 ? CSD_QUANT_GROUP / 8 : CSD_QUANT_GROUP / 4;
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
-        __m256i isum[CSD_MV_STREAMS_MAX][2];
-        const uint8_t *wg[CSD_MV_STREAMS_MAX];
+        __m256i isum[CSD_MV_STREAMS][2];
+        const uint8_t *wg[CSD_MV_STREAMS];
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
             isum[i][0] = isum[i][1] = _mm256_set1_epi32(off * sums[g]);
@@ -193,7 +193,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
             csd_q_prefetch_pair_gap(wg[i], dtype, g, PF_AHEAD, CSD_PF_ONCE);
         }
         for (int k0 = 0; k0 < nvec; k0 += Q_CHUNK) {
-            __m256i part[CSD_MV_STREAMS_MAX][2];
+            __m256i part[CSD_MV_STREAMS][2];
 #pragma GCC unroll 4
             for (int i = 0; i < S; i++) part[i][0] = part[i][1] = _mm256_setzero_si256();
 #pragma GCC unroll 4
@@ -239,13 +239,13 @@ CSD_DEF_Q_STREAM_TABLES
 
 static void q_matmul_q4(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS_Q4, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void q_matmul_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS_Q8, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 

@@ -8,7 +8,6 @@
 #include <assert.h>
 #include <immintrin.h>
 #include <math.h>
-#include <string.h>
 
 #include "core/dtype.h"
 #include "quant.h"
@@ -81,7 +80,7 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
  * token) times 4 unsigned weights per lane. The broadcast is the instruction's own {1to16} memory
  * operand. Written as an intrinsic, GCC and clang keep each broadcast in a register for the
  * streams or tokens sharing it: one more instruction per 64 weight bytes, and decode is bound by
- * the instructions between its loads (measured in one process, token by token: -2.5 to -3.5%
+ * the instructions between its loads (measured in one process, token by token: -2.3 to -3.5%
  * token time without them). */
 AI __m512i dpbusd_x4(__m512i acc, __m512i w, const int8_t *x) {
     __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int8_t(*)[4])x));
@@ -194,14 +193,14 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     const int8_t *xq = (const int8_t *)act;
     const float *dx = (const float *)(const void *)(xq + ng * CSD_QUANT_GROUP);
     const int32_t *sums = (const int32_t *)(const void *)(dx + ng);
-    __m512 acc[CSD_MV_STREAMS_MAX];
+    __m512 acc[CSD_MV_STREAMS];
 #pragma GCC unroll 4
     for (int i = 0; i < S; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
-        __m512i ia[CSD_MV_STREAMS_MAX], ib[CSD_MV_STREAMS_MAX];
-        __m256i dw[CSD_MV_STREAMS_MAX];
-        const uint8_t *wg[CSD_MV_STREAMS_MAX];
+        __m512i ia[CSD_MV_STREAMS], ib[CSD_MV_STREAMS];
+        __m256i dw[CSD_MV_STREAMS];
+        const uint8_t *wg[CSD_MV_STREAMS];
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
             wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
@@ -252,13 +251,13 @@ CSD_DEF_Q_STREAM_TABLES
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS_Q4, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS_Q8, y, w, act, r0, r1);
+    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS, y, w, act, r0, r1);
     else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 

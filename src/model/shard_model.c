@@ -13,9 +13,9 @@
 #include "kern/quant.h"
 
 /* The quantized layout the shard format's CSD_SHARD_KERNEL_LAYOUT == 3 describes (16-row
- * interleaved blocks, each pair of groups after its scale line). If one of these fails, the byte layout of Q4/Q8 changed: bump
- * CSD_SHARD_KERNEL_LAYOUT in format/shard.h (old shards are then refused with "export it again")
- * and update these to the new values. */
+ * interleaved blocks, each pair of groups after its 64-byte scale line). If one of these fails,
+ * the byte layout of Q4/Q8 changed: bump CSD_SHARD_KERNEL_LAYOUT in format/shard.h (old shards are
+ * then refused with "export it again") and update these to the new values. */
 static_assert(CSD_SHARD_KERNEL_LAYOUT == 3, "update the layout pins below with the new layout");
 static_assert(CSD_QUANT_GROUP == 128, "quant group changed: bump CSD_SHARD_KERNEL_LAYOUT");
 static_assert(CSD_QUANT_BLOCK_ROWS == 16 && CSD_QUANT_VEC_BYTES == 64 &&
@@ -23,8 +23,6 @@ static_assert(CSD_QUANT_BLOCK_ROWS == 16 && CSD_QUANT_VEC_BYTES == 64 &&
               "quant block shape changed: bump CSD_SHARD_KERNEL_LAYOUT");
 static_assert(CSD_Q4_BLOCK_GROUP_BYTES == 1024 && CSD_Q8_BLOCK_GROUP_BYTES == 2048,
               "quant group size changed: bump CSD_SHARD_KERNEL_LAYOUT");
-static_assert(CSD_Q4_BLOCK_GROUP_BYTES * 2 + 64 == 2112 && CSD_Q8_BLOCK_GROUP_BYTES * 2 + 64 == 4160,
-              "quant group pair changed: bump CSD_SHARD_KERNEL_LAYOUT");
 
 typedef struct slot {
     char name[CSD_SHARD_NAME_BYTES];
