@@ -103,6 +103,40 @@ static int32_t argmax(const float *x, int64_t n) {
     return best;
 }
 
+/* KiB of path's mappings resident in this process (/proc/self/smaps), or -1 without procfs. */
+static long mapped_resident_kib(const char *path) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[1024];
+    bool in_path = false;
+    long kib = 0;
+    size_t plen = strlen(path);
+    while (fgets(line, sizeof line, f)) {
+        size_t n = strcspn(line, "\n");
+        line[n] = 0;
+        if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ')) { /* a mapping's first line */
+            in_path = n >= plen && strcmp(line + n - plen, path) == 0;
+        } else if (in_path && strncmp(line, "Rss:", 4) == 0) {
+            kib += strtol(line + 4, NULL, 10);
+        }
+    }
+    fclose(f);
+    return kib;
+}
+
+/* An opened shard keeps one copy of its weights: the mapped file's pages were let go. */
+static void expect_file_not_resident(const char *path) {
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_true(st.st_size >= 32 << 10); /* a resident copy would show well above the 8 KiB allowed */
+    long kib = mapped_resident_kib(path);
+    if (kib < 0) {
+        print_message("no /proc/self/smaps: resident file pages not checked\n");
+        return;
+    }
+    if (kib > 8) fail_msg("%s: %ld KiB of the mapped file still resident after the copy", path, kib);
+}
+
 /* The shards at paths[0..n), mapped and chained: logits equal the whole model's at precision. */
 static void chain_check(int arch, int precision, int n, char paths[][600]) {
     char dir[512];
@@ -120,6 +154,7 @@ static void chain_check(int arch, int precision, int n, char paths[][600]) {
     for (int k = 0; k < n; k++) {
         if (csd_model_shard_open(&shards[k], paths[k], &err))
             fail_msg("open %s: %s", paths[k], err.msg);
+        expect_file_not_resident(paths[k]);
         assert_true(csd_model_config_equal(&shards[k]->cfg, c));
         assert_int_equal(shards[k]->weights.has_embed, k == 0);
         assert_int_equal(shards[k]->weights.has_head, k == n - 1);

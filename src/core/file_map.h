@@ -16,6 +16,9 @@ typedef struct csd_file_map {
 /* Maps path read-only. On failure fills err with the path and the OS reason. */
 int csd_file_map_open(csd_file_map *map, const char *path, csd_err *err);
 void csd_file_map_close(csd_file_map *map);
+/* Takes the whole pages inside [p, p + n) of a mapping out of this process's resident memory
+ * (a copy has been made elsewhere); the bytes stay readable, from the file, if touched again. */
+void csd_file_map_drop_pages(const void *p, size_t n);
 
 /* Reads a whole file into a NUL-terminated heap buffer (csd_free it); refuses files larger than
  * max_bytes so a hostile path cannot exhaust memory. *out_len excludes the NUL. */

@@ -1,7 +1,8 @@
 /* shard_model: csd_weights <-> shard file. One table of "slots" (tensor name, expected shape and
  * dtype, where it lives in csd_weights) drives both the writer and the reader, so what one writes
  * the other expects. The reader refuses missing, extra, misshapen or wrongly sized tensors with the
- * file and tensor named; tensor data is never copied. */
+ * file and tensor named. Binding copies no tensor data; csd_model_shard_open then copies the file
+ * once into anonymous memory (huge pages for decode) and lets go of the mapped file's pages. */
 #include "shard_model.h"
 
 #include <stdio.h>
@@ -10,6 +11,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "core/file_map.h"
 #include "kern/quant.h"
 
 /* The quantized layout the shard format's CSD_SHARD_KERNEL_LAYOUT == 3 describes (16-row
@@ -215,6 +217,7 @@ static int load_into_memory(csd_model_shard *ms, csd_err *err) {
     (void)madvise(mem, n, MADV_HUGEPAGE); /* best effort */
 #endif
     memcpy(mem, base, n);
+    csd_file_map_drop_pages(base, n); /* else the file's pages stay resident too: twice the memory */
     csd_weights *w = &ms->weights;
     rebase_mat(&w->embed, base, n, mem);
     rebase_mat(&w->head, base, n, mem);
