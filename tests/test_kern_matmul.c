@@ -1,6 +1,7 @@
 /* test_kern_matmul: every kernel table this CPU supports against ref.c (the spec), for every dtype,
  * odd shapes and batch sizes; ref against plain f32 maths on the dequantized weights; batch and
- * thread invariance (bit-identical); no allocation inside csd_matmul; the vector helpers. */
+ * thread invariance (bit-identical), also under matvec_lanes.c's stealing; no allocation inside
+ * csd_matmul; the vector helpers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -342,6 +343,60 @@ static void test_matmul_multi(void **state) {
     csd_pool_destroy(pool);
 }
 
+/* One token through matvec_lanes.c with 1 to 5 threads (more threads than blocks, lanes of one
+ * block, threads stealing the back halves of each other's lanes): every table with matvec
+ * kernels gives the same bits whoever ran which block, single matrices and fused Q4/Q8 ones
+ * (a Q8 block side by side with a Q4 one). 50 runs each, as who steals what varies run by run. */
+static void test_matvec_lanes_any_split(void **state) {
+    (void)state;
+    static const int64_t rows[3] = {16 * 23 + 5, 33, 16 * 9};
+    static const int dtypes[3] = {CSD_DTYPE_Q4, CSD_DTYPE_Q8, CSD_DTYPE_Q4};
+    int64_t cols = 300;
+    float *x = make_data(cols, 91);
+    mat m[3];
+    const csd_qmat *ws[3];
+    float *want[3], *got[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = make_mat(dtypes[i], rows[i], cols, 40 + (uint64_t)i);
+        ws[i] = &m[i].w;
+        want[i] = csd_alloc_array((size_t)rows[i], sizeof(float));
+        got[i] = csd_alloc_array((size_t)rows[i], sizeof(float));
+    }
+    void *scratch = csd_alloc(csd_matmul_scratch_bytes(cols, 1));
+    int tables = 0;
+    for (int ti = 1; ti < N_TABLES; ti++) {
+        const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+        if (!ops || !ops->matvec_q4) continue;
+        tables++;
+        for (int i = 0; i < 3; i++) run(ops, NULL, ws[i], x, 1, want[i]);
+        for (int nt = 2; nt <= 5; nt++) {
+            csd_pool *pool = NULL;
+            assert_int_equal(csd_pool_create(&pool, nt, NULL), 0);
+            for (int rep = 0; rep < 50; rep++) {
+                for (int i = 0; i < 3; i++) {
+                    memset(got[i], 0xff, (size_t)rows[i] * sizeof(float));
+                    run(ops, pool, ws[i], x, 1, got[i]);
+                    assert_memory_equal(got[i], want[i], (size_t)rows[i] * sizeof(float));
+                }
+                if (ops != csd_kern_ops_current()) continue; /* csd_matmul_multi: the current table */
+                for (int i = 0; i < 3; i++) memset(got[i], 0xff, (size_t)rows[i] * sizeof(float));
+                csd_matmul_multi(pool, ws, 3, x, 1, got, scratch);
+                for (int i = 0; i < 3; i++)
+                    assert_memory_equal(got[i], want[i], (size_t)rows[i] * sizeof(float));
+            }
+            csd_pool_destroy(pool);
+        }
+    }
+    if (tables == 0) print_message("no table with matvec kernels on this CPU: lanes not tested\n");
+    for (int i = 0; i < 3; i++) {
+        csd_free(want[i]);
+        csd_free(got[i]);
+        free_mat(&m[i]);
+    }
+    csd_free(scratch);
+    csd_free(x);
+}
+
 static void test_tables_and_names(void **state) {
     (void)state;
     const char *name = csd_kern_init();
@@ -363,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_batch_and_thread_invariance),
         cmocka_unit_test(test_no_alloc),
         cmocka_unit_test(test_matmul_multi),
+        cmocka_unit_test(test_matvec_lanes_any_split),
         cmocka_unit_test(test_vector_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

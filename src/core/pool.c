@@ -122,8 +122,10 @@ int csd_cpu_count(void) {
 
 int csd_pool_create(csd_pool **out, int n_threads, csd_err *err) {
     *out = NULL;
-    if (n_threads <= 0) n_threads = csd_cpu_count();
-    if (n_threads > 256) return csd_err_set(err, CSD_ERANGE, "threads=%d exceeds 256", n_threads);
+    if (n_threads <= 0)
+        n_threads = csd_cpu_count() < CSD_POOL_MAX_THREADS ? csd_cpu_count() : CSD_POOL_MAX_THREADS;
+    if (n_threads > CSD_POOL_MAX_THREADS)
+        return csd_err_set(err, CSD_ERANGE, "threads=%d exceeds %d", n_threads, CSD_POOL_MAX_THREADS);
     csd_pool *pool = csd_alloc(sizeof *pool);
     if (!pool) return csd_err_set(err, CSD_ENOMEM, "thread pool");
     pool->n_threads = n_threads;

@@ -13,7 +13,10 @@
 typedef struct csd_pool csd_pool;
 typedef void (*csd_pool_fn)(void *ctx, int ith, int nth);
 
-/* n_threads counts the caller; 0 means one per online core. */
+/* Most threads a pool may have. */
+#define CSD_POOL_MAX_THREADS 256
+
+/* n_threads counts the caller; 0 means one per online core (at most CSD_POOL_MAX_THREADS). */
 int csd_pool_create(csd_pool **out, int n_threads, csd_err *err);
 void csd_pool_destroy(csd_pool *pool);
 /* Calls fn(ctx, i, n_chunks) once for every chunk i in [0, n_chunks) and waits. Two chunks may run

@@ -20,8 +20,25 @@ typedef void (*csd_kern_matmul_q_fn)(float *y, const csd_qmat *w, const uint8_t 
 typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x, int64_t ldx,
                                      int64_t n_tok, int64_t r0, int64_t r1);
 
+/* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
+ * weight streams in flight (DRAM serves several streams faster than one; matvec_lanes.c deals the
+ * blocks). fn(y, nrows, blk, act,
+ * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
+ * versions for 1..CSD_MV_STREAMS streams. */
+#define CSD_MV_STREAMS 2
+/* Streams used, measured end to end (decode, token by token in one process): 2 for Q8 (1: +0.4%
+ * token time) and for Q4 since the broadcast became the vpdpbusd operand (3 streams: +5-6% with
+ * AVX-512, +1.5-2% with AVX2 and AVX-VNNI; 1: as 3). A 3rd stream paid for itself only while the
+ * streams shared each broadcast. */
+typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
+                                 const uint8_t *act, int64_t ng);
+
 typedef struct csd_kern_ops {
     const char *name;
+    /* One-token Q4 / Q8 matvec, 1..CSD_MV_STREAMS blocks at a time (a table's own kernels, never
+     * inherited from another table). NULL (ref): one token goes through matmul_q4_q8 /
+     * matmul_q8_q8 like a batch. */
+    const csd_q_streams_fn *matvec_q4, *matvec_q8;
     /* One token: x (cols f32) -> act (csd_quant_act_stride(cols) bytes). Bit-identical in all
      * tables (same float operations, round-to-nearest-even). */
     void (*quantize_act_q8)(uint8_t *act, const float *x, int64_t cols);
@@ -141,17 +158,6 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
     CSD_DEF_MATMUL_F_ONE(name, f32) CSD_DEF_MATMUL_F_ONE(name, f16)                          \
     CSD_DEF_MATMUL_F_ONE(name, bf16)
 
-/* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
- * weight streams in flight (DRAM serves several streams faster than one). fn(y, nrows, blk, act,
- * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
- * versions for 1..CSD_MV_STREAMS streams. */
-#define CSD_MV_STREAMS 2
-/* Streams used, measured end to end (decode, token by token in one process): 2 for Q8 (1: +0.4%
- * token time) and for Q4 since the broadcast became the vpdpbusd operand (3 streams: +5-6% with
- * AVX-512, +1.5-2% with AVX2 and AVX-VNNI; 1: as 3). A 3rd stream paid for itself only while the
- * streams shared each broadcast. */
-typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
-                                 const uint8_t *act, int64_t ng);
 /* Defines the tables streams_q4 and streams_q8 (1-2 streams) from the including ISA file's
  * always-inline q_streams(S, q4, y, nrows, blk, act, ng). */
 #define CSD_DEF_Q_STREAM(name, q4, S)                                                        \
@@ -166,10 +172,11 @@ typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_
     CSD_DEF_Q_STREAM(streams_q8, 0, 2)                                                       \
     static const csd_q_streams_fn streams_q4[CSD_MV_STREAMS] = {streams_q4_1, streams_q4_2};  \
     static const csd_q_streams_fn streams_q8[CSD_MV_STREAMS] = {streams_q8_1, streams_q8_2};
-/* Rows [r0, r1) of one token: the thread's blocks are cut into S parts walked side by side
- * (streams[S - 1]); the nb % S blocks left over are walked together, one stream each. */
-void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, const csd_qmat *w,
-                          const uint8_t *act, int64_t r0, int64_t r1);
+/* One token through n_mats Q4/Q8 matrices of equal cols (y[i] = w[i] x, act: the token's quantized
+ * activations) with ops' matvec kernels, on every thread of pool (matvec_lanes.c). False, with
+ * nothing done, when ops has no matvec kernels (ref). */
+bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
+                      float *const *y, const uint8_t *act);
 
 /* Per-file tables: NULL entries are filled by dispatch.c (avxvnni from avx2, then all from ref). */
 extern const csd_kern_ops csd_kern_ops_ref;

@@ -1,7 +1,9 @@
 /* matmul: the csd_matmul driver. Quantizes the activations once (Q4/Q8 weights) or copies them to a
  * padded stride (float weights, several tokens), then splits the output rows across the pool in
- * blocks of ROW_BLOCK; each table's kernel tiles tokens x rows inside its range. An output element
- * never depends on the split or on the other tokens (see kern_internal.h). */
+ * blocks of ROW_BLOCK; each table's kernel tiles tokens x rows inside its range. One token through
+ * Q4/Q8 weights (a decode step) is dealt by matvec_lanes.c instead, when the table has matvec
+ * kernels. An output element never depends on the split or on the other tokens (see
+ * kern_internal.h). */
 #include "kern_internal.h"
 
 #include <assert.h>
@@ -18,8 +20,9 @@ static_assert(ROW_BLOCK % CSD_QUANT_BLOCK_ROWS == 0, "Q kernels take whole 16-ro
 /* Below this many tokens the caller prepares the activations alone (a pool job costs more). */
 #define PARALLEL_PREP_MIN_TOK 4
 /* Guided rounds of chunks per thread (csd_split_guided): the last chunks are 1/64 of a matrix
- * each, so the two threads of a decode step end a matmul within ~1% of each other (measured:
- * worker idle time at the joins fell from ~10% to ~6% of a token). */
+ * each, so two threads end a matmul within ~1% of each other (measured on float-weight decode
+ * steps, before Q decode moved to matvec_lanes.c: worker idle time at the joins fell from ~10% to
+ * ~6% of a token). */
 #define CHUNK_ROUNDS 6
 
 typedef struct matmul_job {
@@ -139,6 +142,7 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
         job.ldx = padded_ldx(w->cols);
     }
     if (job.act || job.xpad) prepare_activations(pool, &job);
+    if (job.act && n_tok == 1 && csd_matvec_lanes(ops, pool, &w, 1, &y, job.act)) return;
     csd_pool_run_chunks(pool, matmul_rows, &job, row_chunks(row_blocks(w), job.threads));
 }
 
@@ -196,30 +200,7 @@ void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, cons
     const csd_kern_ops *ops = csd_kern_ops_current();
     matmul_job prep = {ops, w[0], x, scratch_base(scratch), NULL, w[0]->cols, n_tok, NULL, 1};
     prepare_activations(pool, &prep);
+    if (n_tok == 1 && csd_matvec_lanes(ops, pool, w, n_mats, y, prep.act)) return;
     multi_job job = {ops, w, y, n_mats, prep.act, n_tok, total, csd_pool_size(pool)};
     csd_pool_run_chunks(pool, multi_rows, &job, row_chunks(total, job.threads));
-}
-
-void csd_q_matvec_streams(const csd_q_streams_fn *streams, int S, float *y, const csd_qmat *w,
-                          const uint8_t *act, int64_t r0, int64_t r1) {
-    int64_t ng = csd_quant_groups(w->cols);
-    size_t block_bytes = csd_quant_block_bytes(w->dtype, w->cols);
-    int64_t first = r0 / CSD_QUANT_BLOCK_ROWS;
-    int64_t nb = (r1 - r0 + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
-    int64_t part = nb / S, left = nb - part * S;
-    float *ys[CSD_MV_STREAMS];
-    int nr[CSD_MV_STREAMS];
-    const uint8_t *bs[CSD_MV_STREAMS];
-    /* step j walks block j of every part; the last step (j == part) walks the leftovers */
-    for (int64_t j = 0; j <= part; j++) {
-        int n = j < part ? S : (int)left;
-        for (int i = 0; i < n; i++) {
-            int64_t b = first + (j < part ? i * part + j : part * S + i);
-            int64_t r = b * CSD_QUANT_BLOCK_ROWS;
-            ys[i] = y + r;
-            nr[i] = (int)(r1 - r < CSD_QUANT_BLOCK_ROWS ? r1 - r : CSD_QUANT_BLOCK_ROWS);
-            bs[i] = (const uint8_t *)w->data + (size_t)b * block_bytes;
-        }
-        if (n > 0) streams[n - 1](ys, nr, bs, act, ng);
-    }
 }

@@ -239,14 +239,12 @@ CSD_DEF_Q_STREAM_TABLES
 
 static void q_matmul_q4(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS, y, w, act, r0, r1);
-    else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
+    csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void q_matmul_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                         int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS, y, w, act, r0, r1);
-    else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
+    csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 #endif

@@ -251,14 +251,12 @@ CSD_DEF_Q_STREAM_TABLES
 
 static void avx512_matmul_q4_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q4, CSD_MV_STREAMS, y, w, act, r0, r1);
-    else csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
+    csd_q_blocks_run(blocks_q4, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 static void avx512_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, int64_t n_tok,
                                 int64_t r0, int64_t r1) {
-    if (n_tok == 1) csd_q_matvec_streams(streams_q8, CSD_MV_STREAMS, y, w, act, r0, r1);
-    else csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
+    csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
 /* Float weights: 16 columns at a time, f16 via vcvtph2ps, bf16 by a 16-bit shift. */
@@ -712,6 +710,8 @@ const csd_kern_ops csd_kern_ops_avx512 = {
     .quantize_act_q8 = avx512_quantize_act_q8,
     .matmul_q4_q8 = avx512_matmul_q4_q8,
     .matmul_q8_q8 = avx512_matmul_q8_q8,
+    .matvec_q4 = streams_q4,
+    .matvec_q8 = streams_q8,
     .matmul_f32_f32 = avx512_matmul_f32,
     .matmul_f16_f32 = avx512_matmul_f16,
     .matmul_bf16_f32 = avx512_matmul_bf16,

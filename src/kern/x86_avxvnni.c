@@ -25,4 +25,6 @@ const csd_kern_ops csd_kern_ops_avxvnni = {
     .name = "avxvnni",
     .matmul_q4_q8 = q_matmul_q4,
     .matmul_q8_q8 = q_matmul_q8,
+    .matvec_q4 = streams_q4,
+    .matvec_q8 = streams_q8,
 };

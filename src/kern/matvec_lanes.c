@@ -1,0 +1,181 @@
+/* matvec_lanes: how the threads share a one-token Q matvec (a decode step's matmuls).
+ *
+ * The row blocks of the matrices (one after another) are cut into one contiguous slice per
+ * thread, and each slice into CSD_MV_STREAMS lanes. A thread walks its lanes side by side, a
+ * block of each per kernel call, so every lane is one long sequential weight stream for the
+ * whole job. A thread whose lanes are empty takes the back half of the fullest lane left (its
+ * owner keeps the front), until no lane has work. So:
+ * - each thread starts CSD_MV_STREAMS streams per matrix, not a pair per chunk: the guided
+ *   chunks cut a 2-4 MB matrix into 12 pieces, and each piece's start cost ~0.6 us (measured per
+ *   chunk: 42-63 KB chunks streamed at 25-28 GB/s a thread, 0.7-3 MB ones at 38-40);
+ * - the threads finish within about one block of each other, whatever their speed, and a
+ *   preempted thread's blocks are taken by whoever runs.
+ * Measured against the guided chunks (the same binary switching token by token, 1.1B, 2
+ * threads): token time 0.991-0.997 (INT4, AVX-512), 0.974-0.984 (INT8), 0.994-0.995 (INT4 with
+ * the AVX2 and AVX-VNNI tables). docs/kernels.md has the rest.
+ *
+ * Each block is computed by exactly one thread with the same kernel and the same float
+ * sequence as in any other split, so results do not depend on the thread count or on who took
+ * what. The lanes live on the caller's stack; nothing is allocated. */
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "core/dtype.h"
+#include "core/pool.h"
+#include "kern_internal.h"
+
+/* A lane is one atomic word: next block to run at the front (low 32 bits), end at the back
+ * (high 32 bits); empty when front >= back. The owner moves the front, thieves move the back. */
+typedef struct thread_lanes {
+    _Alignas(64) _Atomic uint64_t lane[CSD_MV_STREAMS];
+} thread_lanes;
+
+/* An owner claims 1/LANE_BITE_DIV of what is left in its lane at a time (at least one block):
+ * few atomic operations while the lane is long, single blocks near its end. Measured: 1/2 to 1/8
+ * all within noise of each other; one block per claim cost 0.5-3% with the AVX2 kernels. */
+#define LANE_BITE_DIV 4
+/* Lane words hold block indices in 32 bits. */
+#define LANE_MAX_BLOCKS ((int64_t)1 << 32)
+
+typedef struct lanes_job {
+    const csd_kern_ops *ops;
+    const csd_qmat *const *w;
+    float *const *y;
+    int n_mats;
+    const uint8_t *act;
+    thread_lanes *threads;
+    int n_threads;
+} lanes_job;
+
+static uint64_t lane_word(int64_t front, int64_t back) {
+    return (uint64_t)front | ((uint64_t)back << 32);
+}
+static int64_t lane_front(uint64_t v) { return (int64_t)(v & 0xffffffffu); }
+static int64_t lane_back(uint64_t v) { return (int64_t)(v >> 32); }
+
+/* The owner's bite: [*b0, *b1) from the front of its lane; false when the lane is empty. */
+static bool lane_take_front(_Atomic uint64_t *lane, int64_t *b0, int64_t *b1) {
+    uint64_t v = atomic_load_explicit(lane, memory_order_relaxed);
+    for (;;) {
+        int64_t f = lane_front(v), b = lane_back(v);
+        if (f >= b) return false;
+        int64_t k = (b - f) / LANE_BITE_DIV > 1 ? (b - f) / LANE_BITE_DIV : 1;
+        if (atomic_compare_exchange_weak_explicit(lane, &v, lane_word(f + k, b),
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            *b0 = f;
+            *b1 = f + k;
+            return true;
+        }
+    }
+}
+
+/* A thief's take: the back half of the fullest lane of any thread becomes the thief's own lane
+ * `mine` (empty: nobody else writes an empty lane). False when every lane is empty. */
+static bool lane_steal_half(const lanes_job *j, _Atomic uint64_t *mine) {
+    for (;;) {
+        _Atomic uint64_t *fullest = NULL;
+        uint64_t seen = 0;
+        int64_t most = 0;
+        for (int t = 0; t < j->n_threads; t++)
+            for (int s = 0; s < CSD_MV_STREAMS; s++) {
+                _Atomic uint64_t *l = &j->threads[t].lane[s];
+                uint64_t v = atomic_load_explicit(l, memory_order_relaxed);
+                if (lane_back(v) - lane_front(v) > most) {
+                    most = lane_back(v) - lane_front(v);
+                    fullest = l;
+                    seen = v;
+                }
+            }
+        if (!fullest) return false;
+        int64_t f = lane_front(seen), b = lane_back(seen), mid = b - (b - f + 1) / 2;
+        if (atomic_compare_exchange_weak_explicit(fullest, &seen, lane_word(f, mid),
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            atomic_store_explicit(mine, lane_word(mid, b), memory_order_relaxed);
+            return true;
+        }
+    }
+}
+
+static int64_t row_blocks(const csd_qmat *w) {
+    return (w->rows + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
+}
+
+/* Block gb of the matrices one after another: its matrix, output rows and weights. */
+static const csd_qmat *locate_block(const lanes_job *j, int64_t gb, float **y, int *nrows,
+                                    const uint8_t **blk) {
+    int i = 0;
+    while (gb >= row_blocks(j->w[i])) gb -= row_blocks(j->w[i++]);
+    const csd_qmat *w = j->w[i];
+    int64_t r = gb * CSD_QUANT_BLOCK_ROWS;
+    *y = j->y[i] + r;
+    *nrows = (int)(w->rows - r < CSD_QUANT_BLOCK_ROWS ? w->rows - r : CSD_QUANT_BLOCK_ROWS);
+    *blk = (const uint8_t *)w->data + (size_t)gb * csd_quant_block_bytes(w->dtype, w->cols);
+    return w;
+}
+
+/* Runs blocks[0..n) side by side; blocks of different dtypes (Q4 next to Q8) one by one. */
+static void run_blocks(const lanes_job *j, const int64_t *blocks, int n) {
+    float *y[CSD_MV_STREAMS];
+    int nrows[CSD_MV_STREAMS];
+    const uint8_t *blk[CSD_MV_STREAMS];
+    const csd_qmat *w[CSD_MV_STREAMS];
+    bool same = true;
+    for (int i = 0; i < n; i++) {
+        w[i] = locate_block(j, blocks[i], &y[i], &nrows[i], &blk[i]);
+        same = same && w[i]->dtype == w[0]->dtype;
+    }
+    int64_t ng = csd_quant_groups(w[0]->cols); /* the matrices share cols */
+    if (same) {
+        const csd_q_streams_fn *fn = w[0]->dtype == CSD_DTYPE_Q4 ? j->ops->matvec_q4 : j->ops->matvec_q8;
+        fn[n - 1](y, nrows, blk, j->act, ng);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const csd_q_streams_fn *fn = w[i]->dtype == CSD_DTYPE_Q4 ? j->ops->matvec_q4 : j->ops->matvec_q8;
+        fn[0](&y[i], &nrows[i], &blk[i], j->act, ng);
+    }
+}
+
+/* Pool chunk ith: thread slot ith's lanes, then stolen halves. */
+static void lanes_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    const lanes_job *j = ctx;
+    thread_lanes *own = &j->threads[ith];
+    int64_t next[CSD_MV_STREAMS] = {0}, end[CSD_MV_STREAMS] = {0}; /* claimed, not yet run */
+    for (;;) {
+        int64_t blocks[CSD_MV_STREAMS];
+        int n = 0;
+        for (int s = 0; s < CSD_MV_STREAMS; s++) {
+            if (next[s] >= end[s] && !lane_take_front(&own->lane[s], &next[s], &end[s])) continue;
+            blocks[n++] = next[s]++;
+        }
+        if (n > 0) {
+            run_blocks(j, blocks, n);
+            continue;
+        }
+        bool stole = false;
+        for (int s = 0; s < CSD_MV_STREAMS; s++) stole = lane_steal_half(j, &own->lane[s]) || stole;
+        if (!stole) return;
+    }
+}
+
+bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
+                      float *const *y, const uint8_t *act) {
+    int64_t total = 0;
+    for (int i = 0; i < n_mats; i++) total += row_blocks(w[i]);
+    if (!ops->matvec_q4 || !ops->matvec_q8 || total >= LANE_MAX_BLOCKS) return false;
+    int n_threads = csd_pool_size(pool);
+    thread_lanes threads[CSD_POOL_MAX_THREADS];
+    for (int t = 0; t < n_threads; t++) {
+        int64_t b, e;
+        csd_split_range(total, t, n_threads, &b, &e);
+        for (int s = 0; s < CSD_MV_STREAMS; s++) {
+            int64_t lb, le;
+            csd_split_range(e - b, s, CSD_MV_STREAMS, &lb, &le);
+            atomic_init(&threads[t].lane[s], lane_word(b + lb, b + le));
+        }
+    }
+    lanes_job job = {ops, w, y, n_mats, act, threads, n_threads};
+    csd_pool_run(pool, lanes_worker, &job);
+    return true;
+}
