@@ -11,7 +11,7 @@
  * - the threads finish within about one block of each other, whatever their speed, and a
  *   preempted thread's blocks are taken by whoever runs.
  * Measured against the guided chunks (the same binary switching token by token, 1.1B, 2
- * threads): token time 0.991-0.997 (INT4, AVX-512), 0.974-0.984 (INT8), 0.994-0.995 (INT4 with
+ * threads): token time 0.992-0.995 (INT4, AVX-512), 0.991-0.998 (INT8), 0.994-0.995 (INT4 with
  * the AVX2 and AVX-VNNI tables). docs/kernels.md has the rest.
  *
  * Each block is computed by exactly one thread with the same kernel and the same float
@@ -32,7 +32,7 @@ typedef struct thread_lanes {
 
 /* An owner claims 1/LANE_BITE_DIV of what is left in its lane at a time (at least one block):
  * few atomic operations while the lane is long, single blocks near its end. Measured: 1/2 to 1/8
- * all within noise of each other; one block per claim cost 0.5-3% with the AVX2 kernels. */
+ * within noise of each other; one block per claim was 0.4-3.4% slower with the AVX2 kernels. */
 #define LANE_BITE_DIV 4
 /* Lane words hold block indices in 32 bits. */
 #define LANE_MAX_BLOCKS ((int64_t)1 << 32)
