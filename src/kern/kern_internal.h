@@ -22,9 +22,8 @@ typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x
 
 /* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
  * weight streams in flight (DRAM serves several streams faster than one; matvec_lanes.c deals the
- * blocks). fn(y, nrows, blk, act,
- * ng) handles block i at blk[i] into y[i] (nrows[i] rows); csd_q_streams_fn tables hold the
- * versions for 1..CSD_MV_STREAMS streams. */
+ * blocks). fn(y, nrows, blk, act, ng) handles block i at blk[i] into y[i] (nrows[i] rows);
+ * csd_q_streams_fn tables hold the versions for 1..CSD_MV_STREAMS streams. */
 #define CSD_MV_STREAMS 2
 /* Streams used, measured end to end (decode, token by token in one process): 2 for Q8 (1: +0.4%
  * token time) and for Q4 since the broadcast became the vpdpbusd operand (3 streams: +5-6% with
