@@ -318,8 +318,8 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
                "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"reps\": %d, "
                "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
-               "\"roofline_fraction\": %.4f, \"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
-               "\"paired_roofline_fraction\": %.4f, \"membw_streams\": %d, \"membw_nta\": %s, "
+               "\"roofline_fraction\": %.6f, \"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
+               "\"paired_roofline_fraction\": %.6f, \"membw_streams\": %d, \"membw_nta\": %s, "
                "\"load_avg\": [%.2f, %.2f]}\n",
                base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
                (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
