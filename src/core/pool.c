@@ -122,8 +122,10 @@ int csd_cpu_count(void) {
 
 int csd_pool_create(csd_pool **out, int n_threads, csd_err *err) {
     *out = NULL;
-    if (n_threads <= 0)
-        n_threads = csd_cpu_count() < CSD_POOL_MAX_THREADS ? csd_cpu_count() : CSD_POOL_MAX_THREADS;
+    if (n_threads <= 0) {
+        int cores = csd_cpu_count();
+        n_threads = cores < CSD_POOL_MAX_THREADS ? cores : CSD_POOL_MAX_THREADS;
+    }
     if (n_threads > CSD_POOL_MAX_THREADS)
         return csd_err_set(err, CSD_ERANGE, "threads=%d exceeds %d", n_threads, CSD_POOL_MAX_THREADS);
     csd_pool *pool = csd_alloc(sizeof *pool);

@@ -80,8 +80,9 @@ static bool lane_steal_half(const lanes_job *j, _Atomic uint64_t *mine) {
             for (int s = 0; s < CSD_MV_STREAMS; s++) {
                 _Atomic uint64_t *l = &j->threads[t].lane[s];
                 uint64_t v = atomic_load_explicit(l, memory_order_relaxed);
-                if (lane_back(v) - lane_front(v) > most) {
-                    most = lane_back(v) - lane_front(v);
+                int64_t left = lane_back(v) - lane_front(v);
+                if (left > most) {
+                    most = left;
                     fullest = l;
                     seen = v;
                 }
@@ -96,21 +97,21 @@ static bool lane_steal_half(const lanes_job *j, _Atomic uint64_t *mine) {
     }
 }
 
-static int64_t row_blocks(const csd_qmat *w) {
-    return (w->rows + CSD_QUANT_BLOCK_ROWS - 1) / CSD_QUANT_BLOCK_ROWS;
-}
-
 /* Block gb of the matrices one after another: its matrix, output rows and weights. */
 static const csd_qmat *locate_block(const lanes_job *j, int64_t gb, float **y, int *nrows,
                                     const uint8_t **blk) {
     int i = 0;
-    while (gb >= row_blocks(j->w[i])) gb -= row_blocks(j->w[i++]);
+    while (gb >= csd_quant_blocks(j->w[i]->rows)) gb -= csd_quant_blocks(j->w[i++]->rows);
     const csd_qmat *w = j->w[i];
     int64_t r = gb * CSD_QUANT_BLOCK_ROWS;
     *y = j->y[i] + r;
     *nrows = (int)(w->rows - r < CSD_QUANT_BLOCK_ROWS ? w->rows - r : CSD_QUANT_BLOCK_ROWS);
     *blk = (const uint8_t *)w->data + (size_t)gb * csd_quant_block_bytes(w->dtype, w->cols);
     return w;
+}
+
+static const csd_q_streams_fn *matvec_fns(const csd_kern_ops *ops, int dtype) {
+    return dtype == CSD_DTYPE_Q4 ? ops->matvec_q4 : ops->matvec_q8;
 }
 
 /* Runs blocks[0..n) side by side; blocks of different dtypes (Q4 next to Q8) one by one. */
@@ -126,14 +127,10 @@ static void run_blocks(const lanes_job *j, const int64_t *blocks, int n) {
     }
     int64_t ng = csd_quant_groups(w[0]->cols); /* the matrices share cols */
     if (same) {
-        const csd_q_streams_fn *fn = w[0]->dtype == CSD_DTYPE_Q4 ? j->ops->matvec_q4 : j->ops->matvec_q8;
-        fn[n - 1](y, nrows, blk, j->act, ng);
+        matvec_fns(j->ops, w[0]->dtype)[n - 1](y, nrows, blk, j->act, ng);
         return;
     }
-    for (int i = 0; i < n; i++) {
-        const csd_q_streams_fn *fn = w[i]->dtype == CSD_DTYPE_Q4 ? j->ops->matvec_q4 : j->ops->matvec_q8;
-        fn[0](&y[i], &nrows[i], &blk[i], j->act, ng);
-    }
+    for (int i = 0; i < n; i++) matvec_fns(j->ops, w[i]->dtype)[0](&y[i], &nrows[i], &blk[i], j->act, ng);
 }
 
 /* Pool chunk ith: thread slot ith's lanes, then stolen halves. */
@@ -162,7 +159,7 @@ static void lanes_worker(void *ctx, int ith, int nth) {
 bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
                       float *const *y, const uint8_t *act) {
     int64_t total = 0;
-    for (int i = 0; i < n_mats; i++) total += row_blocks(w[i]);
+    for (int i = 0; i < n_mats; i++) total += csd_quant_blocks(w[i]->rows);
     if (!ops->matvec_q4 || !ops->matvec_q8 || total >= LANE_MAX_BLOCKS) return false;
     int n_threads = csd_pool_size(pool);
     thread_lanes threads[CSD_POOL_MAX_THREADS];
