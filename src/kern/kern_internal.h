@@ -20,17 +20,18 @@ typedef void (*csd_kern_matmul_q_fn)(float *y, const csd_qmat *w, const uint8_t 
 typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x, int64_t ldx,
                                      int64_t n_tok, int64_t r0, int64_t r1);
 
-/* Matvec (one token) of the Q tables: S blocks far apart walked side by side by one thread, S
- * weight streams in flight (DRAM serves several streams faster than one; matvec_lanes.c deals the
- * blocks). fn(y, nrows, blk, act, ng) handles block i at blk[i] into y[i] (nrows[i] rows);
- * csd_q_streams_fn tables hold the versions for 1..CSD_MV_STREAMS streams. */
+/* Matvec (one token) of the Q tables: S runs of blocks far apart walked side by side by one
+ * thread, S weight streams in flight (DRAM serves several streams faster than one;
+ * matvec_lanes.c deals the blocks). fn(y, nrows, blk, act, ng, nb) handles run i: nb consecutive
+ * blocks from blk[i] into the rows from y[i], every block full (16 rows) but the run's last,
+ * which has nrows[i]; csd_q_streams_fn tables hold the versions for 1..CSD_MV_STREAMS streams. */
 #define CSD_MV_STREAMS 2
 /* Streams used, measured end to end (decode, token by token in one process): 2 for Q8 (1: +0.4%
  * token time) and for Q4 since the broadcast became the vpdpbusd operand (3 streams: +5-6% with
  * AVX-512, +1.5-2% with AVX2 and AVX-VNNI; 1: as 3). A 3rd stream paid for itself only while the
  * streams shared each broadcast. */
 typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
-                                 const uint8_t *act, int64_t ng);
+                                 const uint8_t *act, int64_t ng, int64_t nb);
 
 typedef struct csd_kern_ops {
     const char *name;
@@ -158,11 +159,27 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
     CSD_DEF_MATMUL_F_ONE(name, bf16)
 
 /* Defines the tables streams_q4 and streams_q8 (1-2 streams) from the including ISA file's
- * always-inline q_streams(S, q4, y, nrows, blk, act, ng). */
+ * always-inline q_streams(S, q4, y, nrows, blk, act, ng), one block per stream, called for each
+ * block of the runs in turn: one call per run rather than per block keeps a thread's loads going
+ * from one block into the next (measured: see matvec_lanes.c). The pointer arrays are built
+ * afresh for each block: advancing one array across the blocks gave wrong rows from the second
+ * block on in the AVX2 table with GCC 12 at -O3 (not at -O2, nor with clang); the test
+ * test_matvec_lanes_any_split caught it. */
 #define CSD_DEF_Q_STREAM(name, q4, S)                                                        \
     static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
-                           const uint8_t *act, int64_t ng) {                                 \
-        q_streams(S, q4, y, nrows, blk, act, ng);                                            \
+                           const uint8_t *act, int64_t ng, int64_t nb) {                     \
+        const size_t bytes = csd_quant_block_bytes_ng(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);  \
+        for (int64_t b = 0; b < nb; b++) {                                                   \
+            float *yb[S];                                                                    \
+            const uint8_t *wb[S];                                                            \
+            int rows[S];                                                                     \
+            for (int i = 0; i < S; i++) {                                                    \
+                yb[i] = y[i] + b * CSD_QUANT_BLOCK_ROWS;                                     \
+                wb[i] = blk[i] + (size_t)b * bytes;                                          \
+                rows[i] = b == nb - 1 ? nrows[i] : CSD_QUANT_BLOCK_ROWS;                     \
+            }                                                                                \
+            q_streams(S, q4, yb, rows, wb, act, ng);                                         \
+        }                                                                                    \
     }
 #define CSD_DEF_Q_STREAM_TABLES                                                              \
     CSD_DEF_Q_STREAM(streams_q4, 1, 1)                                                       \

@@ -1,10 +1,10 @@
 /* matvec_lanes: how the threads share a one-token Q matvec (a decode step's matmuls).
  *
  * The row blocks of the matrices (one after another) are cut into one contiguous slice per
- * thread, and each slice into CSD_MV_STREAMS lanes. A thread walks its lanes side by side, a
- * block of each per kernel call, so every lane is one long sequential weight stream for the
- * whole job. A thread whose lanes are empty takes the back half of the fullest lane left (its
- * owner keeps the front), until no lane has work. So:
+ * thread, and each slice into CSD_MV_STREAMS lanes. A thread walks its lanes side by side, so
+ * every lane is one long sequential weight stream for the whole job. A thread whose lanes are
+ * empty takes the back half of the fullest lane left (its owner keeps the front), until no lane
+ * has work. So:
  * - each thread starts CSD_MV_STREAMS streams per matrix, not a pair per chunk: the guided
  *   chunks cut a 2-4 MB matrix into 12 pieces, and each piece's start cost ~0.6 us (measured per
  *   chunk: 42-63 KB chunks streamed at 25-28 GB/s a thread, 0.7-3 MB ones at 38-40);
@@ -12,7 +12,13 @@
  *   preempted thread's blocks are taken by whoever runs.
  * Measured against the guided chunks (the same binary switching token by token, 1.1B, 2
  * threads): token time 0.992-0.995 (INT4, AVX-512), 0.991-0.998 (INT8), 0.994-0.995 (INT4 with
- * the AVX2 and AVX-VNNI tables). docs/kernels.md has the rest.
+ * the AVX2 and AVX-VNNI tables).
+ *
+ * A kernel call runs every block a thread has claimed in its lanes, as far as they stay in one
+ * matrix: a run of blocks per lane, not one block each. The work between two calls (finding the
+ * blocks, the claims, the call) is small, but while it runs no load is issued: one block per call
+ * made token time 1.9-2.8% longer (INT4, AVX-512), ~2% (AVX2, AVX-VNNI), 2.7% (INT8).
+ * docs/kernels.md has the rest.
  *
  * Each block is computed by exactly one thread with the same kernel and the same float
  * sequence as in any other split, so results do not depend on the thread count or on who took
@@ -30,10 +36,12 @@ typedef struct thread_lanes {
     _Alignas(64) _Atomic uint64_t lane[CSD_MV_STREAMS];
 } thread_lanes;
 
-/* An owner claims 1/LANE_BITE_DIV of what is left in its lane at a time (at least one block):
- * few atomic operations while the lane is long, single blocks near its end. Measured: 1/2 to 1/8
- * within noise of each other; one block per claim was 0.4-3.4% slower with the AVX2 kernels. */
-#define LANE_BITE_DIV 4
+/* An owner claims 1/LANE_BITE_DIV of what is left in its lane at a time (at least one block),
+ * and runs the claim in one kernel call: long runs while the lane is long, single blocks near its
+ * end, where thieves need something to take. Measured with runs (token time against 1/4): 1/2
+ * 0.991-0.999 (INT4 AVX-512), 0.987-0.989 (AVX2), 0.996-0.998 (INT8); 1/8 +1%; the whole lane at
+ * once (nothing left to steal) +0.1 to +13%. */
+#define LANE_BITE_DIV 2
 /* Lane words hold block indices in 32 bits. */
 #define LANE_MAX_BLOCKS ((int64_t)1 << 32)
 
@@ -97,40 +105,67 @@ static bool lane_steal_half(const lanes_job *j, _Atomic uint64_t *mine) {
     }
 }
 
-/* Block gb of the matrices one after another: its matrix, output rows and weights. */
-static const csd_qmat *locate_block(const lanes_job *j, int64_t gb, float **y, int *nrows,
-                                    const uint8_t **blk) {
+/* Claimed blocks of one lane from its front, within one matrix: its weights and output rows. */
+typedef struct lane_run {
+    const csd_qmat *w;
+    float *y;
+    const uint8_t *blk;
+    int64_t row; /* the first block's first row */
+    int64_t len; /* blocks */
+} lane_run;
+
+/* The run from block gb of the matrices one after another: at most avail blocks, up to the end of
+ * gb's matrix. */
+static lane_run locate_run(const lanes_job *j, int64_t gb, int64_t avail) {
     int i = 0;
     while (gb >= csd_quant_blocks(j->w[i]->rows)) gb -= csd_quant_blocks(j->w[i++]->rows);
     const csd_qmat *w = j->w[i];
-    int64_t r = gb * CSD_QUANT_BLOCK_ROWS;
-    *y = j->y[i] + r;
-    *nrows = (int)(w->rows - r < CSD_QUANT_BLOCK_ROWS ? w->rows - r : CSD_QUANT_BLOCK_ROWS);
-    *blk = (const uint8_t *)w->data + (size_t)gb * csd_quant_block_bytes(w->dtype, w->cols);
-    return w;
+    int64_t left = csd_quant_blocks(w->rows) - gb;
+    lane_run r = {w, j->y[i] + gb * CSD_QUANT_BLOCK_ROWS,
+                  (const uint8_t *)w->data + (size_t)gb * csd_quant_block_bytes(w->dtype, w->cols),
+                  gb * CSD_QUANT_BLOCK_ROWS, avail < left ? avail : left};
+    return r;
+}
+
+/* Rows of the last block when a run is cut to len blocks (fewer than 16 only at a matrix end). */
+static int run_last_rows(const lane_run *r, int64_t len) {
+    int64_t row = r->row + (len - 1) * CSD_QUANT_BLOCK_ROWS;
+    return (int)(r->w->rows - row < CSD_QUANT_BLOCK_ROWS ? r->w->rows - row : CSD_QUANT_BLOCK_ROWS);
 }
 
 static const csd_q_streams_fn *matvec_fns(const csd_kern_ops *ops, int dtype) {
     return dtype == CSD_DTYPE_Q4 ? ops->matvec_q4 : ops->matvec_q8;
 }
 
-/* Runs blocks[0..n) side by side; blocks of different dtypes (Q4 next to Q8) one by one. */
-static void run_blocks(const lanes_job *j, const int64_t *blocks, int n) {
+/* Runs the claimed blocks at the fronts of n lanes (avail[i] blocks from first[i]) side by side,
+ * as many of each as all of them have in their current matrix; lanes whose matrices differ in
+ * dtype (Q4 next to Q8) one by one, each its whole run. ran[i]: blocks done in lane i. */
+static void run_lanes(const lanes_job *j, const int64_t *first, const int64_t *avail, int n,
+                      int64_t *ran) {
+    lane_run r[CSD_MV_STREAMS];
     float *y[CSD_MV_STREAMS];
     int nrows[CSD_MV_STREAMS];
     const uint8_t *blk[CSD_MV_STREAMS];
-    const csd_qmat *w[CSD_MV_STREAMS];
     bool same = true;
+    int64_t len = INT64_MAX;
     for (int i = 0; i < n; i++) {
-        w[i] = locate_block(j, blocks[i], &y[i], &nrows[i], &blk[i]);
-        same = same && w[i]->dtype == w[0]->dtype;
+        r[i] = locate_run(j, first[i], avail[i]);
+        same = same && r[i].w->dtype == r[0].w->dtype;
+        len = r[i].len < len ? r[i].len : len;
     }
-    int64_t ng = csd_quant_groups(w[0]->cols); /* the matrices share cols */
+    int64_t ng = csd_quant_groups(r[0].w->cols); /* the matrices share cols */
+    for (int i = 0; i < n; i++) {
+        ran[i] = same ? len : r[i].len;
+        y[i] = r[i].y;
+        blk[i] = r[i].blk;
+        nrows[i] = run_last_rows(&r[i], ran[i]);
+    }
     if (same) {
-        matvec_fns(j->ops, w[0]->dtype)[n - 1](y, nrows, blk, j->act, ng);
+        matvec_fns(j->ops, r[0].w->dtype)[n - 1](y, nrows, blk, j->act, ng, len);
         return;
     }
-    for (int i = 0; i < n; i++) matvec_fns(j->ops, w[i]->dtype)[0](&y[i], &nrows[i], &blk[i], j->act, ng);
+    for (int i = 0; i < n; i++)
+        matvec_fns(j->ops, r[i].w->dtype)[0](&y[i], &nrows[i], &blk[i], j->act, ng, ran[i]);
 }
 
 /* Pool chunk ith: thread slot ith's lanes, then stolen halves. */
@@ -140,14 +175,17 @@ static void lanes_worker(void *ctx, int ith, int nth) {
     thread_lanes *own = &j->threads[ith];
     int64_t next[CSD_MV_STREAMS] = {0}, end[CSD_MV_STREAMS] = {0}; /* claimed, not yet run */
     for (;;) {
-        int64_t blocks[CSD_MV_STREAMS];
-        int n = 0;
+        int64_t first[CSD_MV_STREAMS], avail[CSD_MV_STREAMS], ran[CSD_MV_STREAMS];
+        int lane[CSD_MV_STREAMS], n = 0;
         for (int s = 0; s < CSD_MV_STREAMS; s++) {
             if (next[s] >= end[s] && !lane_take_front(&own->lane[s], &next[s], &end[s])) continue;
-            blocks[n++] = next[s]++;
+            first[n] = next[s];
+            avail[n] = end[s] - next[s];
+            lane[n++] = s;
         }
         if (n > 0) {
-            run_blocks(j, blocks, n);
+            run_lanes(j, first, avail, n, ran);
+            for (int i = 0; i < n; i++) next[lane[i]] += ran[i];
             continue;
         }
         bool stole = false;

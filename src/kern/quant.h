@@ -70,10 +70,14 @@ static inline size_t csd_quant_scale_offset(int dtype, int64_t g) {
            (size_t)(g % 2) * CSD_QUANT_BLOCK_ROWS * sizeof(uint16_t);
 }
 
+/* Bytes of one 16-row block of a Q4/Q8 matrix with ng groups of inputs (a multiple of 64). */
+static inline size_t csd_quant_block_bytes_ng(int dtype, int64_t ng) {
+    return (size_t)ng * csd_quant_block_group_bytes(dtype) + (size_t)(ng + 1) / 2 * CSD_QUANT_BLOCK_ALIGN;
+}
+
 /* Bytes of one 16-row block of a Q4/Q8 matrix with cols inputs (a multiple of 64 bytes). */
 static inline size_t csd_quant_block_bytes(int dtype, int64_t cols) {
-    size_t ng = (size_t)csd_quant_groups(cols);
-    return ng * csd_quant_block_group_bytes(dtype) + (ng + 1) / 2 * CSD_QUANT_BLOCK_ALIGN;
+    return csd_quant_block_bytes_ng(dtype, csd_quant_groups(cols));
 }
 
 /* The 16 f16 scales of group g of a block. */
