@@ -1,26 +1,66 @@
 #!/usr/bin/env bash
-# The portable path builds for ARM: every source file outside the x86 kernel tables compiles for
-# aarch64 with the project's warnings as errors, and the kernels (scalar table, dispatch) link with
-# the core into an aarch64 executable (tools/kern_bench.c). Debian's gcc-aarch64-linux-gnu is the
-# cross compiler (scripts/deps test installs it); nothing runs under emulation here.
+# The ARM build: every source file outside the x86 kernel tables compiles for aarch64 with the
+# project's warnings as errors (arm_neon.c with its own -march, as CMake builds it), the kernels
+# and core link into an aarch64 executable (tools/kern_bench.c), and the kernel and pool tests run
+# under qemu-aarch64: the NEON table against ref (its default CPU has the dot product), then on a
+# Cortex-A53 (no dot product), where dispatch must leave NEON out. Debian's gcc-aarch64-linux-gnu
+# cross-compiles; qemu-user and libcmocka-dev:arm64 (multiarch) run the tests (scripts/deps test
+# installs all three).
 source "$(dirname "$0")/e2e_lib.sh"
 CC_ARM=aarch64-linux-gnu-gcc
 command -v "$CC_ARM" >/dev/null || skip "$CC_ARM not installed (Debian gcc-aarch64-linux-gnu)"
 cd "$CSD_SOURCE_DIR"
 FLAGS=(-std=c11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -D_DEFAULT_SOURCE -D_GNU_SOURCE
        -Wno-format-truncation -Isrc -idirafter /usr/include) # library headers are arch-neutral
+NEON_FLAGS=(-march=armv8.2-a+dotprod) # CMakeLists.txt's CSD_FLAGS_neon
+isa_flags() { case "$1" in *_neon.c) echo "${NEON_FLAGS[@]}" ;; esac; }
+
 n=0
 while read -r f; do
-    "$CC_ARM" "${FLAGS[@]}" -c "$f" -o "$WORK/o.o" 2>"$WORK/err" || fail "$f does not build for aarch64: $(head -5 "$WORK/err")"
+    # shellcheck disable=SC2046 # isa_flags prints zero or more flags
+    "$CC_ARM" "${FLAGS[@]}" $(isa_flags "$f") -c "$f" -o "$WORK/o.o" 2>"$WORK/err" ||
+        fail "$f does not build for aarch64: $(head -5 "$WORK/err")"
     n=$((n + 1))
 done < <(find src -name '*.c' ! -name 'x86_*' | sort)
 [ "$n" -ge 50 ] || fail "only $n source files found under src"
 echo "ok   $n source files compile for aarch64 with -Werror"
-mapfile -t kern < <(find src/kern src/core -name '*.c' ! -name 'x86_*' | sort)
-"$CC_ARM" "${FLAGS[@]}" tools/kern_bench.c "${kern[@]}" -lpthread -lm -o "$WORK/kern_bench" 2>"$WORK/err" ||
+
+# The kernels and core as objects, shared by the links below.
+objs=()
+while read -r f; do
+    o="$WORK/$(basename "$f" .c).o"
+    # shellcheck disable=SC2046
+    "$CC_ARM" "${FLAGS[@]}" $(isa_flags "$f") -c "$f" -o "$o" 2>"$WORK/err" ||
+        fail "$f does not build for aarch64: $(head -5 "$WORK/err")"
+    objs+=("$o")
+done < <(find src/kern src/core -name '*.c' ! -name 'x86_*' | sort)
+"$CC_ARM" "${FLAGS[@]}" tools/kern_bench.c "${objs[@]}" -lpthread -lm -o "$WORK/kern_bench" 2>"$WORK/err" ||
     fail "the kernels do not link for aarch64: $(head -5 "$WORK/err")"
 # ELF header: e_machine (bytes 18-19, little endian) is 183 (0xb7) for AArch64
 machine=$(od -An -tu2 -j18 -N2 "$WORK/kern_bench" | tr -d ' ')
 [ "$machine" = 183 ] || fail "the linked kern_bench is not an AArch64 ELF (e_machine $machine)"
 echo "ok   the kernels and core link into an aarch64 executable"
-echo "2 passed, 0 failed"
+
+command -v qemu-aarch64 >/dev/null || skip "qemu-aarch64 not installed (Debian qemu-user): the aarch64 tests did not run"
+[ -e /usr/lib/aarch64-linux-gnu/libcmocka.so ] ||
+    skip "libcmocka-dev:arm64 not installed (Debian multiarch): the aarch64 tests did not run"
+tests=(test_kern_matmul test_kern_quant test_kern_attention test_kern_elementwise test_core_pool)
+for t in "${tests[@]}"; do
+    "$CC_ARM" "${FLAGS[@]}" -DCSD_SHARED_DIR="\"$CSD_SHARED_DIR\"" "tests/$t.c" "${objs[@]}" \
+        -L/usr/lib/aarch64-linux-gnu -lcmocka -lpthread -lm -o "$WORK/$t" 2>"$WORK/err" ||
+        fail "tests/$t.c does not build for aarch64: $(head -5 "$WORK/err")"
+done
+# qemu's default CPU ("max") has the dot product: the NEON table is chosen and compared with ref.
+for t in "${tests[@]}"; do
+    qemu-aarch64 "$WORK/$t" >"$WORK/out" 2>&1 || { tail -30 "$WORK/out"; fail "$t failed on aarch64 (qemu)"; }
+done
+qemu-aarch64 "$WORK/test_kern_matmul" >"$WORK/out" 2>&1
+grep -q "table neon not supported" "$WORK/out" && fail "qemu's default CPU did not get the NEON table"
+grep -q "compared [0-9]* (table" "$WORK/out" || fail "test_kern_matmul compared no tables on aarch64"
+echo "ok   ${#tests[@]} kernel and pool tests pass on aarch64 under qemu, NEON table against ref"
+# A core without the dot product: dispatch leaves NEON out, ref runs, the tests still pass.
+qemu-aarch64 -cpu cortex-a53 "$WORK/test_kern_matmul" >"$WORK/out" 2>&1 ||
+    { tail -30 "$WORK/out"; fail "test_kern_matmul failed on a Cortex-A53 (qemu)"; }
+grep -q "table neon not supported" "$WORK/out" || fail "a Cortex-A53 (no dot product) was given the NEON table"
+echo "ok   a Cortex-A53 (no dot product) runs ref"
+echo "4 passed, 0 failed"

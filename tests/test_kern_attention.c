@@ -17,7 +17,7 @@
 #include "kern/kern.h"
 #include "kern/kern_internal.h"
 
-static const char *const table_names[] = {"ref", "avx2", "avxvnni", "avx512"};
+static const char *const table_names[] = {"ref", "avx2", "avxvnni", "avx512", "neon"};
 #define N_TABLES (int)(sizeof table_names / sizeof table_names[0])
 
 static uint64_t rng_next(uint64_t *s) {

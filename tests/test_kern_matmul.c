@@ -19,7 +19,7 @@
 #include "kern/kern_internal.h"
 #include "kern/quant.h"
 
-static const char *const table_names[] = {"ref", "avx2", "avxvnni", "avx512"};
+static const char *const table_names[] = {"ref", "avx2", "avxvnni", "avx512", "neon"};
 #define N_TABLES (int)(sizeof table_names / sizeof table_names[0])
 
 typedef struct rng {

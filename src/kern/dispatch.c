@@ -1,5 +1,5 @@
 /* dispatch: detects CPU features once, picks the best kernel table (CSD_KERN=ref|avx2|avxvnni|
- * avx512 forces one), fills the table's gaps (from the table it extends, then ref) and logs the
+ * avx512|neon forces one), fills the table's gaps (from the table it extends, then ref) and logs the
  * choice. Also the public entry points of the vector helpers. The chosen table is one of the two
  * allowed globals, set once. */
 #include "kern_internal.h"
@@ -15,11 +15,14 @@
 #if defined(__x86_64__)
 #include <cpuid.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#endif
 
 /* In order of preference, best last. */
-enum { TABLE_REF, TABLE_AVX2, TABLE_AVXVNNI, TABLE_AVX512, TABLE_COUNT };
+enum { TABLE_REF, TABLE_AVX2, TABLE_AVXVNNI, TABLE_AVX512, TABLE_NEON, TABLE_COUNT };
 
-static const char *const table_names[TABLE_COUNT] = {"ref", "avx2", "avxvnni", "avx512"};
+static const char *const table_names[TABLE_COUNT] = {"ref", "avx2", "avxvnni", "avx512", "neon"};
 
 static csd_kern_ops tables[TABLE_COUNT];  /* gap-filled copies, written once under init_once */
 static bool table_ok[TABLE_COUNT];        /* compiled in and supported by this CPU */
@@ -28,10 +31,14 @@ static _Atomic(const csd_kern_ops *) chosen; /* the table every public entry poi
 
 typedef struct cpu_features {
     bool avx2, fma, f16c, avx512f, avx512bw, avx512vl, avx512dq, avx512vnni, avxvnni, avx512bf16;
+    bool asimddp; /* AArch64: the SDOT/UDOT dot product instructions (ARMv8.2 dotprod) */
 } cpu_features;
 
 static cpu_features detect(void) {
     cpu_features f = {0};
+#if defined(__aarch64__) && defined(__linux__)
+    f.asimddp = (getauxval(AT_HWCAP) & (1ul << 20)) != 0; /* HWCAP_ASIMDDP */
+#endif
 #if defined(__x86_64__)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
@@ -101,6 +108,10 @@ static void init_tables(void) {
     table_ok[TABLE_AVX512] = table_ok[TABLE_AVX2] && f.avx512f && f.avx512bw && f.avx512vl &&
                              f.avx512dq && f.avx512vnni;
 #endif
+#if defined(__aarch64__)
+    tables[TABLE_NEON] = csd_kern_ops_neon;
+    table_ok[TABLE_NEON] = f.asimddp;
+#endif
     for (int i = 0; i < TABLE_COUNT; i++) fill_gaps(&tables[i], &csd_kern_ops_ref);
 
     int pick = TABLE_REF;
@@ -123,9 +134,9 @@ static void init_tables(void) {
         }
     }
     CSD_LOGI("kern: table=%s forced=%s avx2=%d fma=%d f16c=%d avx512f=%d avx512bw=%d avx512vl=%d "
-             "avx512vnni=%d avxvnni=%d avx512bf16=%d",
+             "avx512vnni=%d avxvnni=%d avx512bf16=%d asimddp=%d",
              table_names[pick], forced && *forced ? forced : "no", f.avx2, f.fma, f.f16c,
-             f.avx512f, f.avx512bw, f.avx512vl, f.avx512vnni, f.avxvnni, f.avx512bf16);
+             f.avx512f, f.avx512bw, f.avx512vl, f.avx512vnni, f.avxvnni, f.avx512bf16, f.asimddp);
     atomic_store_explicit(&chosen, &tables[pick], memory_order_release);
 }
 

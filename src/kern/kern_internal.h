@@ -201,9 +201,12 @@ extern const csd_kern_ops csd_kern_ops_avx2;
 extern const csd_kern_ops csd_kern_ops_avxvnni;
 extern const csd_kern_ops csd_kern_ops_avx512;
 #endif
+#if defined(__aarch64__)
+extern const csd_kern_ops csd_kern_ops_neon;
+#endif
 
-/* The complete (gap-filled) table called name ("ref", "avx2", "avxvnni", "avx512"), or NULL when
- * unknown or not supported by this CPU. Lives for the whole process. */
+/* The complete (gap-filled) table called name ("ref", "avx2", "avxvnni", "avx512", "neon"), or
+ * NULL when unknown or not supported by this CPU. Lives for the whole process. */
 const csd_kern_ops *csd_kern_table(const char *name);
 /* The table chosen by csd_kern_init (initialises on first use). */
 const csd_kern_ops *csd_kern_ops_current(void);
