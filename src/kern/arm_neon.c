@@ -10,9 +10,11 @@
  * the x86 tables' sequence, acc = fma(float(isum), dw * dx, acc) group by group, the same for every
  * tile and for the one-token streams (test_matvec_lanes_any_split compares them bit for bit).
  *
- * Everything else (float matmuls, attention, norms) is ref's, which the compiler vectorizes with
- * the base ASIMD. Not measured on ARM hardware (none here): correctness is tested under
- * qemu-aarch64 (tests/e2e_build_arm.sh), speed is not claimed. */
+ * The dot and axpy helpers (attention over the f16 KV cache is composed from them, and from
+ * f32_to_f16 for the cache writes) convert f16 in hardware, where ref converts in software. The
+ * float matmuls, the fused attention kernels, softmax, SiLU and RMSNorm are ref's plain C. Not
+ * measured on ARM hardware (none here): correctness is tested under qemu-aarch64
+ * (tests/e2e_build_arm.sh), speed is not claimed. */
 #include "kern_internal.h"
 
 #include <arm_neon.h>
@@ -188,7 +190,8 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
             for (int r = 0; r < 4; r++) is[t][r] = vdupq_n_s32(q4 ? -8 * a[t].sums[g] : 0);
         }
         q_group_isum(T, q4, is, wg, xg, pf);
-        for (int t = 0; t < T; t++) q_group_scale(acc[t], is[t], csd_quant_group_scales(dtype, blk, g), a[t].dx[g]);
+        const uint16_t *dwp = csd_quant_group_scales(dtype, blk, g);
+        for (int t = 0; t < T; t++) q_group_scale(acc[t], is[t], dwp, a[t].dx[g]);
     }
     for (int t = 0; t < T; t++) store_rows(y + t * ldy, nrows, acc[t]);
 }
@@ -235,6 +238,44 @@ static void neon_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, i
     csd_q_blocks_run(blocks_q8, QT_MAX, y, w, act, n_tok, r0, r1);
 }
 
+/* 4 f16 -> 4 f32 (hardware conversion, exact). */
+AI float32x4_t load_f16x4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+
+/* Dot products over 4 accumulators of 4 lanes, then one fixed reduction and the scalar tail. */
+#define DEF_DOT(name, btype, load_b, elem_b)                                                 \
+    static float name(const float *a, const btype *b, int64_t n) {                           \
+        float32x4_t acc[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)}; \
+        int64_t i = 0;                                                                       \
+        for (; i + 16 <= n; i += 16)                                                         \
+            for (int k = 0; k < 4; k++)                                                      \
+                acc[k] = vfmaq_f32(acc[k], vld1q_f32(a + i + 4 * k), load_b(b + i + 4 * k)); \
+        for (; i + 4 <= n; i += 4) acc[0] = vfmaq_f32(acc[0], vld1q_f32(a + i), load_b(b + i)); \
+        float s = vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]))); \
+        for (; i < n; i++) s += a[i] * elem_b(b[i]);                                         \
+        return s;                                                                            \
+    }
+#define ELEM_F32(v) (v)
+DEF_DOT(neon_dot_f32, float, vld1q_f32, ELEM_F32)
+DEF_DOT(neon_dot_f32_f16, uint16_t, load_f16x4, csd_f16_to_f32)
+
+/* y += a * x, 4 lanes at a time. */
+#define DEF_AXPY(name, xtype, load_x, elem_x)                                                \
+    static void name(float *y, float a, const xtype *x, int64_t n) {                         \
+        int64_t i = 0;                                                                       \
+        for (; i + 4 <= n; i += 4)                                                           \
+            vst1q_f32(y + i, vfmaq_n_f32(vld1q_f32(y + i), load_x(x + i), a));              \
+        for (; i < n; i++) y[i] += a * elem_x(x[i]);                                         \
+    }
+DEF_AXPY(neon_axpy_f32, float, vld1q_f32, ELEM_F32)
+DEF_AXPY(neon_axpy_f16, uint16_t, load_f16x4, csd_f16_to_f32)
+
+/* Round to nearest even in hardware (FPCR's default mode): bit-identical to ref's conversion. */
+static void neon_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(in + i))));
+    if (i < n) csd_f32_to_f16_row(out + i, in + i, n - i);
+}
+
 const csd_kern_ops csd_kern_ops_neon = {
     .name = "neon",
     .quantize_act_q8 = neon_quantize_act_q8,
@@ -242,4 +283,9 @@ const csd_kern_ops csd_kern_ops_neon = {
     .matmul_q8_q8 = neon_matmul_q8_q8,
     .matvec_q4 = streams_q4,
     .matvec_q8 = streams_q8,
+    .dot_f32 = neon_dot_f32,
+    .dot_f32_f16 = neon_dot_f32_f16,
+    .axpy_f32 = neon_axpy_f32,
+    .axpy_f16 = neon_axpy_f16,
+    .f32_to_f16 = neon_f32_to_f16,
 };
