@@ -15,25 +15,20 @@ FLAGS=(-std=c11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -D_DEFAULT_SOURCE 
 NEON_FLAGS=(-march=armv8.2-a+dotprod) # CMakeLists.txt's CSD_FLAGS_neon
 isa_flags() { case "$1" in *_neon.c) echo "${NEON_FLAGS[@]}" ;; esac; }
 
+# Every file once; the kernels' and core's objects are kept for the links below.
 n=0
+objs=()
 while read -r f; do
+    o="$WORK/$(echo "${f%.c}" | tr / _).o"
     # shellcheck disable=SC2046 # isa_flags prints zero or more flags
-    "$CC_ARM" "${FLAGS[@]}" $(isa_flags "$f") -c "$f" -o "$WORK/o.o" 2>"$WORK/err" ||
+    "$CC_ARM" "${FLAGS[@]}" $(isa_flags "$f") -c "$f" -o "$o" 2>"$WORK/err" ||
         fail "$f does not build for aarch64: $(head -5 "$WORK/err")"
+    case "$f" in src/kern/* | src/core/*) objs+=("$o") ;; esac
     n=$((n + 1))
 done < <(find src -name '*.c' ! -name 'x86_*' | sort)
 [ "$n" -ge 50 ] || fail "only $n source files found under src"
 echo "ok   $n source files compile for aarch64 with -Werror"
 
-# The kernels and core as objects, shared by the links below.
-objs=()
-while read -r f; do
-    o="$WORK/$(basename "$f" .c).o"
-    # shellcheck disable=SC2046
-    "$CC_ARM" "${FLAGS[@]}" $(isa_flags "$f") -c "$f" -o "$o" 2>"$WORK/err" ||
-        fail "$f does not build for aarch64: $(head -5 "$WORK/err")"
-    objs+=("$o")
-done < <(find src/kern src/core -name '*.c' ! -name 'x86_*' | sort)
 "$CC_ARM" "${FLAGS[@]}" tools/kern_bench.c "${objs[@]}" -lpthread -lm -o "$WORK/kern_bench" 2>"$WORK/err" ||
     fail "the kernels do not link for aarch64: $(head -5 "$WORK/err")"
 # ELF header: e_machine (bytes 18-19, little endian) is 183 (0xb7) for AArch64
@@ -52,11 +47,11 @@ for t in "${tests[@]}"; do
 done
 # qemu's default CPU ("max") has the dot product: the NEON table is chosen and compared with ref.
 for t in "${tests[@]}"; do
-    qemu-aarch64 "$WORK/$t" >"$WORK/out" 2>&1 || { tail -30 "$WORK/out"; fail "$t failed on aarch64 (qemu)"; }
+    qemu-aarch64 "$WORK/$t" >"$WORK/$t.out" 2>&1 || { tail -30 "$WORK/$t.out"; fail "$t failed on aarch64 (qemu)"; }
 done
-qemu-aarch64 "$WORK/test_kern_matmul" >"$WORK/out" 2>&1
-grep -q "table neon not supported" "$WORK/out" && fail "qemu's default CPU did not get the NEON table"
-grep -q "compared [0-9]* (table" "$WORK/out" || fail "test_kern_matmul compared no tables on aarch64"
+out="$WORK/test_kern_matmul.out"
+grep -q "table neon not supported" "$out" && fail "qemu's default CPU did not get the NEON table"
+grep -q "compared [0-9]* (table" "$out" || fail "test_kern_matmul compared no tables on aarch64"
 echo "ok   ${#tests[@]} kernel and pool tests pass on aarch64 under qemu, NEON table against ref"
 # A core without the dot product: dispatch leaves NEON out, ref runs, the tests still pass.
 qemu-aarch64 -cpu cortex-a53 "$WORK/test_kern_matmul" >"$WORK/out" 2>&1 ||

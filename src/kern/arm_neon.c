@@ -170,29 +170,34 @@ AI act_view view_act(const uint8_t *act, int64_t ng) {
     return a;
 }
 
+/* Group g of a block (blk) for T tokens (a[t]): acc[t] += the group's rows, scaled. The one
+ * sequence q_block and q_streams share, so a token's rows come out the same from either. */
+AI void q_group(const int T, const int q4, float32x4_t acc[][4], const uint8_t *blk, int64_t g,
+                const act_view *a, int pf) {
+    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
+    const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
+    if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, pf);
+    int32x4_t is[QT_MAX][4];
+    const int8_t *xg[QT_MAX];
+    for (int t = 0; t < T; t++) {
+        xg[t] = a[t].xq + g * CSD_QUANT_GROUP;
+        for (int r = 0; r < 4; r++) is[t][r] = vdupq_n_s32(q4 ? -8 * a[t].sums[g] : 0);
+    }
+    q_group_isum(T, q4, is, wg, xg, pf);
+    const uint16_t *dwp = csd_quant_group_scales(dtype, blk, g);
+    for (int t = 0; t < T; t++) q_group_scale(acc[t], is[t], dwp, a[t].dx[g]);
+}
+
 /* One 16-row block x T tokens (the csd_q_block_fn contract). */
 AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, const uint8_t *blk,
                 const uint8_t *act, size_t stride, int64_t ng, int pf) {
-    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     act_view a[QT_MAX];
     float32x4_t acc[QT_MAX][4];
     for (int t = 0; t < T; t++) {
         a[t] = view_act(act + (size_t)t * stride, ng);
         for (int r = 0; r < 4; r++) acc[t][r] = vdupq_n_f32(0.0f);
     }
-    for (int64_t g = 0; g < ng; g++) {
-        const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
-        if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, pf);
-        int32x4_t is[QT_MAX][4];
-        const int8_t *xg[QT_MAX];
-        for (int t = 0; t < T; t++) {
-            xg[t] = a[t].xq + g * CSD_QUANT_GROUP;
-            for (int r = 0; r < 4; r++) is[t][r] = vdupq_n_s32(q4 ? -8 * a[t].sums[g] : 0);
-        }
-        q_group_isum(T, q4, is, wg, xg, pf);
-        const uint16_t *dwp = csd_quant_group_scales(dtype, blk, g);
-        for (int t = 0; t < T; t++) q_group_scale(acc[t], is[t], dwp, a[t].dx[g]);
-    }
+    for (int64_t g = 0; g < ng; g++) q_group(T, q4, acc, blk, g, a, pf);
     for (int t = 0; t < T; t++) store_rows(y + t * ldy, nrows, acc[t]);
 }
 
@@ -203,26 +208,15 @@ CSD_DEF_Q_BLOCK(blocks_q8, 0, 2)
 static const csd_q_block_fn blocks_q4[QT_MAX] = {blocks_q4_1, blocks_q4_2};
 static const csd_q_block_fn blocks_q8[QT_MAX] = {blocks_q8_1, blocks_q8_2};
 
-/* One token over S blocks far apart (S weight streams), block by block the float sequence of
- * q_block with T = 1. */
+/* One token over S blocks far apart (S weight streams), group by group across the streams. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
-    const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     act_view a = view_act(act, ng);
     float32x4_t acc[CSD_MV_STREAMS][4];
     for (int i = 0; i < S; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = vdupq_n_f32(0.0f);
-    for (int64_t g = 0; g < ng; g++) {
-        const int8_t *xg[1] = {a.xq + g * CSD_QUANT_GROUP};
-        for (int i = 0; i < S; i++) {
-            const uint8_t *wg = blk[i] + csd_quant_group_offset(dtype, g);
-            csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, CSD_PF_ONCE);
-            int32x4_t is[1][4];
-            for (int r = 0; r < 4; r++) is[0][r] = vdupq_n_s32(q4 ? -8 * a.sums[g] : 0);
-            q_group_isum(1, q4, is, wg, xg, CSD_PF_ONCE);
-            q_group_scale(acc[i], is[0], csd_quant_group_scales(dtype, blk[i], g), a.dx[g]);
-        }
-    }
+    for (int64_t g = 0; g < ng; g++)
+        for (int i = 0; i < S; i++) q_group(1, q4, &acc[i], blk[i], g, &a, CSD_PF_ONCE);
     for (int i = 0; i < S; i++) store_rows(y[i], nrows[i], acc[i]);
 }
 

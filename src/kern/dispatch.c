@@ -37,7 +37,7 @@ typedef struct cpu_features {
 static cpu_features detect(void) {
     cpu_features f = {0};
 #if defined(__aarch64__) && defined(__linux__)
-    f.asimddp = (getauxval(AT_HWCAP) & (1ul << 20)) != 0; /* HWCAP_ASIMDDP */
+    f.asimddp = (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
 #endif
 #if defined(__x86_64__)
     unsigned a, b, c, d;

@@ -36,8 +36,8 @@ typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_
 typedef struct csd_kern_ops {
     const char *name;
     /* One-token Q4 / Q8 matvec, runs of blocks on 1..CSD_MV_STREAMS streams at a time (a table's
-     * own kernels, never inherited from another table). NULL (ref): one token goes through matmul_q4_q8 /
-     * matmul_q8_q8 like a batch. */
+     * own kernels, never inherited from another table). NULL (ref): one token goes through
+     * matmul_q4_q8 / matmul_q8_q8 like a batch. */
     const csd_q_streams_fn *matvec_q4, *matvec_q8;
     /* One token: x (cols f32) -> act (csd_quant_act_stride(cols) bytes). Bit-identical in all
      * tables (same float operations, round-to-nearest-even). */
