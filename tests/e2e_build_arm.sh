@@ -3,9 +3,9 @@
 # project's warnings as errors (arm_neon.c with its own -march, as CMake builds it), the kernels
 # and core link into an aarch64 executable (tools/kern_bench.c), and the kernel and pool tests run
 # under qemu-aarch64: the NEON table against ref (its default CPU has the dot product), then on a
-# Cortex-A53 (no dot product), where dispatch must leave NEON out. Debian's gcc-aarch64-linux-gnu
-# cross-compiles; qemu-user and libcmocka-dev:arm64 (multiarch) run the tests (scripts/deps test
-# installs all three).
+# Cortex-A53 (no dot product), where dispatch must leave NEON out; last, the whole program, cross-
+# built with CMake, generates text under qemu. Debian's gcc-aarch64-linux-gnu cross-compiles;
+# qemu-user and the arm64 libraries (multiarch) run the tests (scripts/deps test installs them).
 source "$(dirname "$0")/e2e_lib.sh"
 CC_ARM=aarch64-linux-gnu-gcc
 command -v "$CC_ARM" >/dev/null || skip "$CC_ARM not installed (Debian gcc-aarch64-linux-gnu)"
@@ -39,7 +39,7 @@ echo "ok   the kernels and core link into an aarch64 executable"
 command -v qemu-aarch64 >/dev/null || skip "qemu-aarch64 not installed (Debian qemu-user): the aarch64 tests did not run"
 [ -e /usr/lib/aarch64-linux-gnu/libcmocka.so ] ||
     skip "libcmocka-dev:arm64 not installed (Debian multiarch): the aarch64 tests did not run"
-tests=(test_kern_matmul test_kern_quant test_kern_attention test_kern_elementwise test_core_pool)
+tests=(test_kern_matmul test_kern_quant test_kern_attention test_kern_elementwise test_kern_read test_core_pool)
 for t in "${tests[@]}"; do
     "$CC_ARM" "${FLAGS[@]}" -DCSD_SHARED_DIR="\"$CSD_SHARED_DIR\"" "tests/$t.c" "${objs[@]}" \
         -L/usr/lib/aarch64-linux-gnu -lcmocka -lpthread -lm -o "$WORK/$t" 2>"$WORK/err" ||
@@ -58,4 +58,33 @@ qemu-aarch64 -cpu cortex-a53 "$WORK/test_kern_matmul" >"$WORK/out" 2>&1 ||
     { tail -30 "$WORK/out"; fail "test_kern_matmul failed on a Cortex-A53 (qemu)"; }
 grep -q "table neon not supported" "$WORK/out" || fail "a Cortex-A53 (no dot product) was given the NEON table"
 echo "ok   a Cortex-A53 (no dot product) runs ref"
-echo "4 passed, 0 failed"
+
+# The whole program on aarch64: CMake cross-builds cascadia against Debian's arm64 libraries
+# (multiarch), and under qemu it generates stories260K greedily with the NEON table: f32, f16 and
+# bf16 weights give golden.json's ids, int8 and int4 give exactly the ids the native binary gives
+# (both tables compute the same float sequence in the quantized kernels).
+need_shared models/stories260K/golden.json
+export PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig
+for pc in jansson libpcre2-8 libsodium libxxhash libmicrohttpd libcurl cmocka; do
+    pkg-config --exists "$pc" || skip "no arm64 $pc (scripts/deps test installs Debian's arm64 libraries): cascadia was not built for aarch64"
+done
+cmake -S "$CSD_SOURCE_DIR" -B "$WORK/arm" -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux \
+    -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER="$CC_ARM" >"$WORK/err" 2>&1 ||
+    { tail -20 "$WORK/err"; fail "CMake cannot configure the aarch64 build"; }
+cmake --build "$WORK/arm" --target cascadia -j "$(nproc)" >"$WORK/err" 2>&1 ||
+    { grep -m5 -E "error|Error" "$WORK/err"; fail "cascadia does not build for aarch64"; }
+M="$CSD_SHARED_DIR/models/stories260K"
+golden=$(/usr/bin/python3 -c "import json;g=json.load(open('$M/golden.json'));print(' '.join(map(str,g['greedy_ids'][len(g['prompt_ids']):])))")
+n=$(echo "$golden" | wc -w)
+for p in f32 f16 bf16 int8 int4; do
+    got=$(qemu-aarch64 "$WORK/arm/cascadia" run "$M" -p "Once upon a time" -n "$n" --temp 0 --precision $p \
+        --print-ids 2>"$WORK/err" | xargs) || { tail -5 "$WORK/err"; fail "cascadia run --precision $p failed on aarch64"; }
+    grep -q "kernels neon" "$WORK/err" || fail "the aarch64 run did not use the NEON table: $(head -3 "$WORK/err")"
+    case $p in
+    f32 | f16 | bf16) want=$golden ;;
+    *) want=$("$CASCADIA" run "$M" -p "Once upon a time" -n "$n" --temp 0 --precision $p --print-ids 2>/dev/null | xargs) ;;
+    esac
+    [ "$got" = "$want" ] || fail "--precision $p on aarch64: ids '$got', want '$want'"
+done
+echo "ok   cascadia built for aarch64 generates stories260K under qemu with NEON: f32/f16/bf16 golden, int8/int4 as native"
+echo "5 passed, 0 failed"

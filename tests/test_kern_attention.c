@@ -52,7 +52,7 @@ static void attend_f64(double *out, const float *q, const uint16_t *k, const uin
 
 static void test_attend_matches_f64(void **state) {
     (void)state;
-    static const int64_t hds[] = {16, 32, 64, 80, 128, 200, 264};
+    static const int64_t hds[] = {16, 18, 32, 64, 80, 128, 200, 264}; /* 18: vector tails */
     static const int64_t ns[] = {1, 2, 7, 64, 301, 512};
     uint64_t seed = 0x1234567;
     int checked = 0;
@@ -104,7 +104,7 @@ static void test_attend_matches_f64(void **state) {
  * kernel pass, leave a partial one or span several. */
 static void test_attend_group_matches_heads(void **state) {
     (void)state;
-    static const int64_t hds[] = {16, 64, 76, 80, 128, 200};
+    static const int64_t hds[] = {16, 18, 64, 76, 80, 128, 200, 264};
     static const int64_t gs[] = {1, 2, 3, 4, 5, 8};
     static const int64_t ns[] = {1, 7, 64, 301};
     uint64_t seed = 0xabcdef;

@@ -10,14 +10,17 @@
  * the x86 tables' sequence, acc = fma(float(isum), dw * dx, acc) group by group, the same for every
  * tile and for the one-token streams (test_matvec_lanes_any_split compares them bit for bit).
  *
- * The dot and axpy helpers (attention over the f16 KV cache is composed from them, and from
- * f32_to_f16 for the cache writes) convert f16 in hardware, where ref converts in software. The
- * float matmuls, the fused attention kernels, softmax, SiLU and RMSNorm are ref's plain C. Not
- * measured on ARM hardware (none here): correctness is tested under qemu-aarch64
- * (tests/e2e_build_arm.sh), speed is not claimed. */
+ * The float matmuls (f32, f16, bf16 weights), the dot and axpy helpers and the grouped attention
+ * over the f16 KV cache convert f16 in hardware, where ref converts in software; the grouped
+ * attention converts each K/V row once for all the heads sharing it and is bit-identical to the
+ * helpers' composition. Softmax and SiLU use the x86 tables' exp polynomial, RMSNorm sums squares
+ * in double as ref, and the bandwidth test reads with 64-byte vector loads. Not measured on ARM
+ * hardware (none here): correctness is tested under qemu-aarch64 (tests/e2e_build_arm.sh), speed
+ * is not claimed. */
 #include "kern_internal.h"
 
 #include <arm_neon.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/dtype.h"
@@ -235,6 +238,120 @@ static void neon_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, i
 /* 4 f16 -> 4 f32 (hardware conversion, exact). */
 AI float32x4_t load_f16x4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
 
+/* The n % 4 tail elements through a padded vector (pad: what the missing lanes hold). */
+AI float32x4_t load_tail(const float *p, int64_t n, float pad) {
+    float v[4] = {pad, pad, pad, pad};
+    memcpy(v, p, (size_t)n * sizeof(float));
+    return vld1q_f32(v);
+}
+AI void store_tail(float *p, int64_t n, float32x4_t x) {
+    float v[4];
+    vst1q_f32(v, x);
+    memcpy(p, v, (size_t)n * sizeof(float));
+}
+
+/* Float weights (f32, f16, bf16): tiles of F_TILE_R rows x F_TILE_T tokens, F_MV_R rows for one
+ * token (independent accumulators for the FMA latency). Every (row, token) pair has one
+ * accumulator of 4 lanes, columns c = lane mod 4 in order and one fixed final sum, the same in
+ * every tile shape: batch and thread invariant, as the x86 tables. */
+enum { WF32, WF16, WBF16 };
+#define F_TILE_R 4
+#define F_TILE_T 4
+#define F_MV_R 8
+#define F_TOK_CHUNK 32
+/* Prefetch the same columns of the rows this many tiles ahead (x86's scheme, not tuned on ARM). */
+#define F_PF_TILES 1
+
+/* 4 weights from column c of a row; n < 4 at the row's end, zeros past it. */
+AI float32x4_t load_w4(const int kind, const uint8_t *row, int64_t c, int n) {
+    if (kind == WF32)
+        return n == 4 ? vld1q_f32((const float *)(const void *)row + c)
+                      : load_tail((const float *)(const void *)row + c, n, 0.0f);
+    uint16x4_t h;
+    if (n == 4) {
+        h = vld1_u16((const uint16_t *)(const void *)row + c);
+    } else {
+        uint16_t pad[4] = {0, 0, 0, 0};
+        memcpy(pad, (const uint16_t *)(const void *)row + c, (size_t)n * sizeof(uint16_t));
+        h = vld1_u16(pad);
+    }
+    if (kind == WF16) return vcvt_f32_f16(vreinterpret_f16_u16(h));
+    return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); /* bf16: the high half of an f32 */
+}
+
+/* One 4-column step of a tile: each row's 4 weights against each token's 4 inputs. */
+AI void f_step(const int R, const int T, const int kind, float32x4_t acc[][F_TILE_T],
+               const uint8_t *row0, size_t row_bytes, const float *x, int64_t ldx, int64_t c, int n) {
+    const size_t esz = kind == WF32 ? 4 : 2;
+    float32x4_t wv[F_MV_R];
+    for (int r = 0; r < R; r++) {
+        const uint8_t *p = row0 + (size_t)r * row_bytes;
+        if (((size_t)c * esz) % 64 == 0)
+            CSD_PREFETCH_WEIGHTS(p + F_PF_TILES * (size_t)R * row_bytes + (size_t)c * esz,
+                                 T == 1 ? CSD_PF_ONCE : CSD_PF_REUSED);
+        wv[r] = load_w4(kind, p, c, n);
+    }
+    for (int t = 0; t < T; t++) {
+        float32x4_t xv = n == 4 ? vld1q_f32(x + t * ldx + c) : load_tail(x + t * ldx + c, n, 0.0f);
+        for (int r = 0; r < R; r++) acc[r][t] = vfmaq_f32(acc[r][t], wv[r], xv);
+    }
+}
+
+AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, const uint8_t *row0,
+               size_t row_bytes, const float *x, int64_t ldx, int64_t cols) {
+    float32x4_t acc[F_MV_R][F_TILE_T];
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) acc[r][t] = vdupq_n_f32(0.0f);
+    int64_t c = 0;
+    for (; c + 4 <= cols; c += 4) f_step(R, T, kind, acc, row0, row_bytes, x, ldx, c, 4);
+    if (c < cols) f_step(R, T, kind, acc, row0, row_bytes, x, ldx, c, (int)(cols - c));
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < T; t++) y[t * ldy + r] = vaddvq_f32(acc[r][t]);
+}
+
+typedef void (*f_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
+                          const float *x, int64_t ldx, int64_t cols);
+
+#define DEF_F_TILE(name, kind, R, T)                                                         \
+    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
+                                 const float *x, int64_t ldx, int64_t cols) {               \
+        f_tile(R, T, kind, y, ldy, row0, row_bytes, x, ldx, cols);                           \
+    }
+#define DEF_F_TILES(name, kind)                                                              \
+    DEF_F_TILE(name, kind, 1, 1) DEF_F_TILE(name, kind, 1, 2) DEF_F_TILE(name, kind, 1, 3)    \
+    DEF_F_TILE(name, kind, 1, 4) DEF_F_TILE(name, kind, 4, 1) DEF_F_TILE(name, kind, 4, 2)    \
+    DEF_F_TILE(name, kind, 4, 3) DEF_F_TILE(name, kind, 4, 4) DEF_F_TILE(name, kind, 8, 1)    \
+    static const f_tile_fn name[3][F_TILE_T] = {                                             \
+        {name##_1_1, name##_1_2, name##_1_3, name##_1_4},                                    \
+        {name##_4_1, name##_4_2, name##_4_3, name##_4_4},                                    \
+        {name##_8_1, NULL, NULL, NULL}};
+
+DEF_F_TILES(tiles_f32, WF32)
+DEF_F_TILES(tiles_f16, WF16)
+DEF_F_TILES(tiles_bf16, WBF16)
+
+/* Rows [r0, r1) in tiles, tokens in chunks of F_TOK_CHUNK inner, so a tile's rows stay in cache
+ * while the chunk's tokens sweep them. */
+static void matmul_f(const f_tile_fn tiles[3][F_TILE_T], float *y, const csd_qmat *w, const float *x,
+                     int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
+    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    const uint8_t *base = w->data;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += F_TOK_CHUNK) {
+        int64_t t1 = t0 + F_TOK_CHUNK < n_tok ? t0 + F_TOK_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1;) {
+            int big = n_tok == 1 && r1 - r >= F_MV_R ? 2 : r1 - r >= F_TILE_R ? 1 : 0;
+            for (int64_t t = t0; t < t1; t += F_TILE_T) {
+                int nt = (int)(t1 - t < F_TILE_T ? t1 - t : F_TILE_T);
+                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
+                                   row_bytes, x + t * ldx, ldx, w->cols);
+            }
+            r += big == 2 ? F_MV_R : big ? F_TILE_R : 1;
+        }
+    }
+}
+
+CSD_DEF_MATMUL_F(neon_matmul)
+
 /* Dot products over 4 accumulators of 4 lanes, then one fixed reduction and the scalar tail. */
 #define DEF_DOT(name, btype, load_b, elem_b)                                                 \
     static float name(const float *a, const btype *b, int64_t n) {                           \
@@ -270,6 +387,145 @@ static void neon_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     if (i < n) csd_f32_to_f16_row(out + i, in + i, n - i);
 }
 
+/* exp(x), 4 lanes: the x86 tables' range reduction and polynomial (kern_internal.h), then 2^n
+ * as two exponent-field multiplications, so a result below FLT_MIN still comes out subnormal, as
+ * x86's scalef makes it, and one above FLT_MAX out infinite. NaN in, NaN out. */
+AI float32x4_t exp_f32x4(float32x4_t x) {
+    x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(-104.0f)), vdupq_n_f32(89.0f)); /* n in [-150, 129] */
+    float32x4_t n = vrndnq_f32(vmulq_n_f32(x, CSD_EXP_LOG2E));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(CSD_EXP_LN2_HI));
+    r = vfmsq_f32(r, n, vdupq_n_f32(CSD_EXP_LN2_LO));
+    float32x4_t p = vdupq_n_f32(CSD_EXP_P5);
+    p = vfmaq_f32(vdupq_n_f32(CSD_EXP_P4), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CSD_EXP_P3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CSD_EXP_P2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CSD_EXP_P1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(CSD_EXP_P0), p, r);
+    p = vfmaq_f32(vaddq_f32(r, vdupq_n_f32(1.0f)), p, vmulq_f32(r, r));
+    int32x4_t ni = vcvtq_s32_f32(n), n1 = vshrq_n_s32(ni, 1), n2 = vsubq_s32(ni, n1);
+    float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n1, vdupq_n_s32(127)), 23));
+    float32x4_t s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n2, vdupq_n_s32(127)), 23));
+    return vmulq_f32(vmulq_f32(p, s1), s2);
+}
+
+/* exp(att[t] - max) for 4 positions; sum += the live ones (the first `live` lanes). */
+AI float32x4_t softmax_step(float *att, float max, int live, float32x4_t sum) {
+    float32x4_t x = live == 4 ? vld1q_f32(att) : load_tail(att, live, max);
+    float32x4_t e = exp_f32x4(vsubq_f32(x, vdupq_n_f32(max)));
+    if (live == 4) {
+        vst1q_f32(att, e);
+        return vaddq_f32(sum, e);
+    }
+    store_tail(att, live, e);
+    uint32x4_t on = vcltq_u32((uint32x4_t){0, 1, 2, 3}, vdupq_n_u32((uint32_t)live));
+    return vaddq_f32(sum, vbslq_f32(on, e, vdupq_n_f32(0.0f)));
+}
+
+/* The sum runs in 4 x 4 float lanes, then in double across them: a fixed order for every n. */
+static float neon_softmax(float *att, int64_t n, float max) {
+    float32x4_t sum[4] = {vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0), vdupq_n_f32(0)};
+    int64_t t = 0;
+    for (; t + 16 <= n; t += 16)
+        for (int k = 0; k < 4; k++) sum[k] = softmax_step(att + t + 4 * k, max, 4, sum[k]);
+    for (int k = 0; t < n; t += 4, k++)
+        sum[k] = softmax_step(att + t, max, n - t < 4 ? (int)(n - t) : 4, sum[k]);
+    float lanes[16];
+    for (int k = 0; k < 4; k++) vst1q_f32(lanes + 4 * k, sum[k]);
+    double total = 0.0;
+    for (int i = 0; i < 16; i++) total += lanes[i];
+    return (float)(1.0 / total);
+}
+
+AI float32x4_t silu_mul_f32x4(float32x4_t g, float32x4_t u) {
+    float32x4_t e = exp_f32x4(vnegq_f32(g));
+    return vmulq_f32(vdivq_f32(g, vaddq_f32(vdupq_n_f32(1.0f), e)), u);
+}
+
+static void neon_silu_mul(float *g, const float *u, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(g + i, silu_mul_f32x4(vld1q_f32(g + i), vld1q_f32(u + i)));
+    if (i < n) store_tail(g + i, n - i, silu_mul_f32x4(load_tail(g + i, n - i, 0), load_tail(u + i, n - i, 0)));
+}
+
+/* Squares summed in 2 x 2 double lanes, then across them; the scaling is ref's float sequence
+ * per element, (x * scale) * w. */
+static void neon_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    float64x2_t s0 = vdupq_n_f64(0), s1 = vdupq_n_f64(0);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        float32x4_t v = vld1q_f32(x + i);
+        float64x2_t lo = vcvt_f64_f32(vget_low_f32(v)), hi = vcvt_high_f64_f32(v);
+        s0 = vfmaq_f64(s0, lo, lo);
+        s1 = vfmaq_f64(s1, hi, hi);
+    }
+    double ss = vaddvq_f64(vaddq_f64(s0, s1));
+    for (int64_t k = i; k < n; k++) ss += (double)x[k] * x[k];
+    float scale = (float)(1.0 / sqrt(ss / (double)n + (double)eps));
+    for (i = 0; i + 4 <= n; i += 4)
+        vst1q_f32(out + i, vmulq_f32(vmulq_n_f32(vld1q_f32(x + i), scale), vld1q_f32(w + i)));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
+}
+
+/* The bandwidth test's read: 64-byte loads over S parts side by side, prefetched as far ahead
+ * as the block streams are, with the hint pf (as x86_avx512.c's). */
+AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t bytes) {
+    size_t part = bytes / (size_t)S / 64 * 64;
+    uint64x2_t acc[CSD_READ_STREAMS_MAX][2];
+    for (int s = 0; s < S; s++) acc[s][0] = acc[s][1] = vdupq_n_u64(0);
+    for (size_t o = 0; o < part; o += 64)
+        for (int s = 0; s < S; s++) {
+            const uint8_t *a = p + (size_t)s * part + o;
+            CSD_PREFETCH_WEIGHTS(a + PF_AHEAD, pf);
+            uint64x2x4_t v = vld1q_u64_x4((const uint64_t *)(const void *)a);
+            acc[s][0] = vaddq_u64(acc[s][0], vaddq_u64(v.val[0], v.val[1]));
+            acc[s][1] = vaddq_u64(acc[s][1], vaddq_u64(v.val[2], v.val[3]));
+        }
+    uint64x2_t t = vdupq_n_u64(0);
+    for (int s = 0; s < S; s++) t = vaddq_u64(t, vaddq_u64(acc[s][0], acc[s][1]));
+    return vaddvq_u64(t);
+}
+
+CSD_DEF_READ_STREAMS(neon_read_streams)
+/* Widest head the grouped attention converts into a stack row; wider heads are composed. */
+#define ATTN_HD_MAX 256
+
+/* f16 row -> f32 row. Both conversions are exact, so a helper over the f32 row computes exactly
+ * what its f16 twin computes over the f16 row. */
+static void row_f16_to_f32(float *out, const uint16_t *in, int64_t n) {
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) vst1q_f32(out + i, load_f16x4(in + i));
+    for (; i < n; i++) out[i] = csd_f16_to_f32(in[i]);
+}
+
+/* Grouped attention: each K and V row is converted once for the g heads, then every head takes
+ * the composed path's steps over the f32 row (dot, softmax, axpy), so each head's output is
+ * bit-identical to attention.c's composition of this table's helpers. */
+static bool neon_attend_f16_group(float *out, const float *q, int64_t g, const uint16_t *k,
+                                  const uint16_t *v, int64_t ld, int64_t n, int64_t hd,
+                                  float scale, float *att) {
+    if (g < 1 || g > CSD_ATTN_GROUP_MAX || hd < 1 || hd > ATTN_HD_MAX) return false;
+    float row[ATTN_HD_MAX], max[CSD_ATTN_GROUP_MAX], inv[CSD_ATTN_GROUP_MAX];
+    for (int64_t h = 0; h < g; h++) max[h] = -INFINITY;
+    for (int64_t t = 0; t < n; t++) {
+        if (t + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(k + (t + CSD_ATTN_PF_ROWS) * ld, hd);
+        row_f16_to_f32(row, k + t * ld, hd);
+        for (int64_t h = 0; h < g; h++) {
+            float sc = neon_dot_f32(q + h * hd, row, hd) * scale;
+            att[h * n + t] = sc;
+            if (sc > max[h]) max[h] = sc;
+        }
+    }
+    for (int64_t h = 0; h < g; h++) inv[h] = neon_softmax(att + h * n, n, max[h]);
+    memset(out, 0, (size_t)(g * hd) * sizeof(float));
+    for (int64_t t = 0; t < n; t++) {
+        if (t + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(v + (t + CSD_ATTN_PF_ROWS) * ld, hd);
+        row_f16_to_f32(row, v + t * ld, hd);
+        for (int64_t h = 0; h < g; h++) neon_axpy_f32(out + h * hd, att[h * n + t] * inv[h], row, hd);
+    }
+    return true;
+}
+
+
 const csd_kern_ops csd_kern_ops_neon = {
     .name = "neon",
     .quantize_act_q8 = neon_quantize_act_q8,
@@ -277,9 +533,17 @@ const csd_kern_ops csd_kern_ops_neon = {
     .matmul_q8_q8 = neon_matmul_q8_q8,
     .matvec_q4 = streams_q4,
     .matvec_q8 = streams_q8,
+    .matmul_f32_f32 = neon_matmul_f32,
+    .matmul_f16_f32 = neon_matmul_f16,
+    .matmul_bf16_f32 = neon_matmul_bf16,
     .dot_f32 = neon_dot_f32,
     .dot_f32_f16 = neon_dot_f32_f16,
     .axpy_f32 = neon_axpy_f32,
     .axpy_f16 = neon_axpy_f16,
     .f32_to_f16 = neon_f32_to_f16,
+    .softmax = neon_softmax,
+    .silu_mul = neon_silu_mul,
+    .rmsnorm = neon_rmsnorm,
+    .read_streams = neon_read_streams,
+    .attend_f16_group = neon_attend_f16_group,
 };
