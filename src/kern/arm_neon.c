@@ -250,15 +250,11 @@ AI void store_tail(float *p, int64_t n, float32x4_t x) {
     memcpy(p, v, (size_t)n * sizeof(float));
 }
 
-/* Float weights (f32, f16, bf16): tiles of F_TILE_R rows x F_TILE_T tokens, F_MV_R rows for one
- * token (independent accumulators for the FMA latency). Every (row, token) pair has one
+/* Float weights (f32, f16, bf16): kern_internal.h's tiles, CSD_F_MV_R rows for one token
+ * (independent accumulators for the FMA latency). Every (row, token) pair has one
  * accumulator of 4 lanes, columns c = lane mod 4 in order and one fixed final sum, the same in
  * every tile shape: batch and thread invariant, as the x86 tables. */
 enum { WF32, WF16, WBF16 };
-#define F_TILE_R 4
-#define F_TILE_T 4
-#define F_MV_R 8
-#define F_TOK_CHUNK 32
 /* Prefetch the same columns of the rows this many tiles ahead (x86's scheme, not tuned on ARM). */
 #define F_PF_TILES 1
 
@@ -280,10 +276,10 @@ AI float32x4_t load_w4(const int kind, const uint8_t *row, int64_t c, int n) {
 }
 
 /* One 4-column step of a tile: each row's 4 weights against each token's 4 inputs. */
-AI void f_step(const int R, const int T, const int kind, float32x4_t acc[][F_TILE_T],
+AI void f_step(const int R, const int T, const int kind, float32x4_t acc[][CSD_F_TILE_T],
                const uint8_t *row0, size_t row_bytes, const float *x, int64_t ldx, int64_t c, int n) {
     const size_t esz = kind == WF32 ? 4 : 2;
-    float32x4_t wv[F_MV_R];
+    float32x4_t wv[CSD_F_MV_R];
     for (int r = 0; r < R; r++) {
         const uint8_t *p = row0 + (size_t)r * row_bytes;
         if (((size_t)c * esz) % 64 == 0)
@@ -299,7 +295,7 @@ AI void f_step(const int R, const int T, const int kind, float32x4_t acc[][F_TIL
 
 AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, const uint8_t *row0,
                size_t row_bytes, const float *x, int64_t ldx, int64_t cols) {
-    float32x4_t acc[F_MV_R][F_TILE_T];
+    float32x4_t acc[CSD_F_MV_R][CSD_F_TILE_T];
     for (int r = 0; r < R; r++)
         for (int t = 0; t < T; t++) acc[r][t] = vdupq_n_f32(0.0f);
     int64_t c = 0;
@@ -309,45 +305,13 @@ AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, 
         for (int t = 0; t < T; t++) y[t * ldy + r] = vaddvq_f32(acc[r][t]);
 }
 
-typedef void (*f_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
-                          const float *x, int64_t ldx, int64_t cols);
+CSD_DEF_F_TILES(tiles_f32, WF32)
+CSD_DEF_F_TILES(tiles_f16, WF16)
+CSD_DEF_F_TILES(tiles_bf16, WBF16)
 
-#define DEF_F_TILE(name, kind, R, T)                                                         \
-    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
-                                 const float *x, int64_t ldx, int64_t cols) {               \
-        f_tile(R, T, kind, y, ldy, row0, row_bytes, x, ldx, cols);                           \
-    }
-#define DEF_F_TILES(name, kind)                                                              \
-    DEF_F_TILE(name, kind, 1, 1) DEF_F_TILE(name, kind, 1, 2) DEF_F_TILE(name, kind, 1, 3)    \
-    DEF_F_TILE(name, kind, 1, 4) DEF_F_TILE(name, kind, 4, 1) DEF_F_TILE(name, kind, 4, 2)    \
-    DEF_F_TILE(name, kind, 4, 3) DEF_F_TILE(name, kind, 4, 4) DEF_F_TILE(name, kind, 8, 1)    \
-    static const f_tile_fn name[3][F_TILE_T] = {                                             \
-        {name##_1_1, name##_1_2, name##_1_3, name##_1_4},                                    \
-        {name##_4_1, name##_4_2, name##_4_3, name##_4_4},                                    \
-        {name##_8_1, NULL, NULL, NULL}};
-
-DEF_F_TILES(tiles_f32, WF32)
-DEF_F_TILES(tiles_f16, WF16)
-DEF_F_TILES(tiles_bf16, WBF16)
-
-/* Rows [r0, r1) in tiles, tokens in chunks of F_TOK_CHUNK inner, so a tile's rows stay in cache
- * while the chunk's tokens sweep them. */
-static void matmul_f(const f_tile_fn tiles[3][F_TILE_T], float *y, const csd_qmat *w, const float *x,
-                     int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
-    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
-    const uint8_t *base = w->data;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += F_TOK_CHUNK) {
-        int64_t t1 = t0 + F_TOK_CHUNK < n_tok ? t0 + F_TOK_CHUNK : n_tok;
-        for (int64_t r = r0; r < r1;) {
-            int big = n_tok == 1 && r1 - r >= F_MV_R ? 2 : r1 - r >= F_TILE_R ? 1 : 0;
-            for (int64_t t = t0; t < t1; t += F_TILE_T) {
-                int nt = (int)(t1 - t < F_TILE_T ? t1 - t : F_TILE_T);
-                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
-                                   row_bytes, x + t * ldx, ldx, w->cols);
-            }
-            r += big == 2 ? F_MV_R : big ? F_TILE_R : 1;
-        }
-    }
+static void matmul_f(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const csd_qmat *w,
+                     const float *x, int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
+    csd_f_tiles_run(tiles, y, w, x, ldx, n_tok, r0, r1);
 }
 
 CSD_DEF_MATMUL_F(neon_matmul)

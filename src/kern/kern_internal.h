@@ -119,6 +119,38 @@ typedef void (*csd_q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *
         q_block(T, q4, y, ldy, nrows, blk, act, stride, ng, pf);                             \
     }
 
+/* Float matmul tiles (f32/f16/bf16 weights) of the AVX-512 and NEON tables: tiles[0][T - 1] is
+ * 1 row x T tokens, tiles[1][T - 1] CSD_F_TILE_R rows x T tokens, tiles[2][0] CSD_F_MV_R rows x 1
+ * token (the one-token matvec: more independent row streams in flight). */
+#define CSD_F_TILE_R 4
+#define CSD_F_TILE_T 4
+#define CSD_F_MV_R 8
+typedef void (*csd_f_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
+                              const float *x, int64_t ldx, int64_t cols);
+/* Rows [r0, r1) of a float matmul in those tiles, tokens in chunks inner, so a tile's rows stay in
+ * cache while the chunk's tokens sweep them. */
+void csd_f_tiles_run(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const csd_qmat *w,
+                     const float *x, int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1);
+/* Defines the table name[3][CSD_F_TILE_T] from the including ISA file's always-inline
+ * f_tile(R, T, kind, y, ldy, row0, row_bytes, x, ldx, cols). */
+#define CSD_DEF_F_TILE(name, kind, R, T)                                                     \
+    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
+                                 const float *x, int64_t ldx, int64_t cols) {               \
+        f_tile(R, T, kind, y, ldy, row0, row_bytes, x, ldx, cols);                           \
+    }
+#define CSD_DEF_F_TILES(name, kind)                                                          \
+    CSD_DEF_F_TILE(name, kind, 1, 1) CSD_DEF_F_TILE(name, kind, 1, 2)                        \
+    CSD_DEF_F_TILE(name, kind, 1, 3) CSD_DEF_F_TILE(name, kind, 1, 4)                        \
+    CSD_DEF_F_TILE(name, kind, 4, 1) CSD_DEF_F_TILE(name, kind, 4, 2)                        \
+    CSD_DEF_F_TILE(name, kind, 4, 3) CSD_DEF_F_TILE(name, kind, 4, 4)                        \
+    CSD_DEF_F_TILE(name, kind, 8, 1)                                                         \
+    static const csd_f_tile_fn name[3][CSD_F_TILE_T] = {                                     \
+        {name##_1_1, name##_1_2, name##_1_3, name##_1_4},                                    \
+        {name##_4_1, name##_4_2, name##_4_3, name##_4_4},                                    \
+        {name##_8_1, NULL, NULL, NULL}};
+static_assert(CSD_F_TILE_R == 4 && CSD_F_TILE_T == 4 && CSD_F_MV_R == 8,
+              "CSD_DEF_F_TILES instantiates these shapes");
+
 /* Attention's K/V rows: a head's row is hd halves at the stride of the whole cache row, too short
  * a run for the hardware prefetcher, so the fused attention kernels prefetch the row this many
  * positions ahead (callers keep row inside the cache). */

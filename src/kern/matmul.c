@@ -131,6 +131,27 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
     }
 }
 
+/* Float activations are 4 bytes a column, so fewer tokens fit in L2 than for int8. */
+#define F_TOK_CHUNK 32
+
+void csd_f_tiles_run(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const csd_qmat *w,
+                     const float *x, int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
+    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
+    const uint8_t *base = w->data;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += F_TOK_CHUNK) {
+        int64_t t1 = t0 + F_TOK_CHUNK < n_tok ? t0 + F_TOK_CHUNK : n_tok;
+        for (int64_t r = r0; r < r1;) {
+            int big = n_tok == 1 && r1 - r >= CSD_F_MV_R ? 2 : r1 - r >= CSD_F_TILE_R ? 1 : 0;
+            for (int64_t t = t0; t < t1; t += CSD_F_TILE_T) {
+                int nt = (int)(t1 - t < CSD_F_TILE_T ? t1 - t : CSD_F_TILE_T);
+                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
+                                   row_bytes, x + t * ldx, ldx, w->cols);
+            }
+            r += big == 2 ? CSD_F_MV_R : big ? CSD_F_TILE_R : 1;
+        }
+    }
+}
+
 void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *w,
                           const float *x, int64_t n_tok, float *y, void *scratch) {
     if (n_tok <= 0 || w->rows <= 0) return;

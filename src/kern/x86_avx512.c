@@ -1,7 +1,7 @@
 /* x86_avx512: AVX-512 F/BW/VL/DQ + VNNI kernels (built with their own -m flags, called only when
  * dispatch.c has checked the CPU). Q4/Q8 matmul: vpdpbusd of unsigned weights (q + 8, q + 128)
  * by signed int8 activations, the offset removed through the group sum of the activations.
- * Tiles of TILE_R rows x TILE_T tokens load each weight group once for several tokens. Every
+ * Tiles of several rows x tokens load each weight group once for several tokens. Every
  * output element is computed by the same operation sequence whatever the tile it falls in. */
 #include "kern_internal.h"
 
@@ -14,11 +14,9 @@
 
 #define AI static inline __attribute__((always_inline))
 
-/* Row x token register tile: 16 zmm accumulators + 8 unpacked weight vectors + temporaries. */
-#define TILE_R 4
-#define TILE_T 4
-/* Matvec (one token) uses 8-row tiles: twice the independent streams in flight per thread. */
-#define QR_MAX 8
+/* Float tiles (kern_internal.h): CSD_F_TILE_R x CSD_F_TILE_T = 16 zmm accumulators + 8 weight
+ * vectors + temporaries; one token takes CSD_F_MV_R = 8 rows, twice the independent streams in
+ * flight per thread. */
 /* Float matvec: software prefetch of the same lines PF_TILES row tiles ahead: each row of a tile
  * is a stream of only ~16-44 lines, too short for the hardware prefetcher alone. Non-temporal for
  * one token (each weight read once), into L1/L2 when later token tiles read the rows again. */
@@ -271,14 +269,14 @@ AI __m512 load_w16(const int kind, const void *row, int64_t c, __mmask16 m) {
 
 AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, const uint8_t *row0,
                size_t row_bytes, const float *x, int64_t ldx, int64_t cols) {
-    __m512 acc[QR_MAX][TILE_T];
+    __m512 acc[CSD_F_MV_R][CSD_F_TILE_T];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t c = 0; c < cols; c += 16) {
         __mmask16 m = tail_mask(cols - c);
-        __m512 wv[QR_MAX];
+        __m512 wv[CSD_F_MV_R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
             const uint8_t *p = row0 + (size_t)r * row_bytes;
@@ -299,46 +297,13 @@ AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, 
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum(acc[r][t]);
 }
 
-typedef void (*f_tile_fn)(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes,
-                          const float *x, int64_t ldx, int64_t cols);
+CSD_DEF_F_TILES(tiles_f32, WF32)
+CSD_DEF_F_TILES(tiles_f16, WF16)
+CSD_DEF_F_TILES(tiles_bf16, WBF16)
 
-#define DEF_F_TILE(name, kind, R, T)                                                         \
-    static void name##_##R##_##T(float *y, int64_t ldy, const uint8_t *row0, size_t row_bytes, \
-                                 const float *x, int64_t ldx, int64_t cols) {               \
-        f_tile(R, T, kind, y, ldy, row0, row_bytes, x, ldx, cols);                           \
-    }
-#define DEF_F_TILES(name, kind)                                                              \
-    DEF_F_TILE(name, kind, 1, 1) DEF_F_TILE(name, kind, 1, 2) DEF_F_TILE(name, kind, 1, 3)    \
-    DEF_F_TILE(name, kind, 1, 4) DEF_F_TILE(name, kind, 4, 1) DEF_F_TILE(name, kind, 4, 2)    \
-    DEF_F_TILE(name, kind, 4, 3) DEF_F_TILE(name, kind, 4, 4) DEF_F_TILE(name, kind, 8, 1)    \
-    static const f_tile_fn name[3][TILE_T] = {                                               \
-        {name##_1_1, name##_1_2, name##_1_3, name##_1_4},                                    \
-        {name##_4_1, name##_4_2, name##_4_3, name##_4_4},                                    \
-        {name##_8_1, NULL, NULL, NULL}};
-
-DEF_F_TILES(tiles_f32, WF32)
-DEF_F_TILES(tiles_f16, WF16)
-DEF_F_TILES(tiles_bf16, WBF16)
-
-/* Float activations are 4 bytes a column, so fewer tokens fit in L2 than for int8. */
-#define F_TOK_CHUNK 32
-
-static void matmul_f(const f_tile_fn tiles[3][TILE_T], float *y, const csd_qmat *w, const float *x,
-                     int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
-    size_t row_bytes = csd_quant_row_bytes(w->dtype, w->cols);
-    const uint8_t *base = w->data;
-    for (int64_t t0 = 0; t0 < n_tok; t0 += F_TOK_CHUNK) {
-        int64_t t1 = t0 + F_TOK_CHUNK < n_tok ? t0 + F_TOK_CHUNK : n_tok;
-        for (int64_t r = r0; r < r1;) {
-            int big = n_tok == 1 && r1 - r >= QR_MAX ? 2 : r1 - r >= TILE_R ? 1 : 0;
-            for (int64_t t = t0; t < t1; t += TILE_T) {
-                int nt = (int)(t1 - t < TILE_T ? t1 - t : TILE_T);
-                tiles[big][nt - 1](y + t * w->rows + r, w->rows, base + (size_t)r * row_bytes,
-                                   row_bytes, x + t * ldx, ldx, w->cols);
-            }
-            r += big == 2 ? QR_MAX : big ? TILE_R : 1;
-        }
-    }
+static void matmul_f(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const csd_qmat *w,
+                     const float *x, int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
+    csd_f_tiles_run(tiles, y, w, x, ldx, n_tok, r0, r1);
 }
 
 /* Dot products: 4 accumulators over 64 elements, masked tail, fixed combination order. */
