@@ -305,16 +305,8 @@ AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, 
         for (int t = 0; t < T; t++) y[t * ldy + r] = vaddvq_f32(acc[r][t]);
 }
 
-CSD_DEF_F_TILES(tiles_f32, WF32)
-CSD_DEF_F_TILES(tiles_f16, WF16)
-CSD_DEF_F_TILES(tiles_bf16, WBF16)
+CSD_DEF_MATMUL_F_TILED(neon_matmul)
 
-static void matmul_f(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const csd_qmat *w,
-                     const float *x, int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
-    csd_f_tiles_run(tiles, y, w, x, ldx, n_tok, r0, r1);
-}
-
-CSD_DEF_MATMUL_F(neon_matmul)
 
 /* Dot products over 4 accumulators of 4 lanes, then one fixed reduction and the scalar tail. */
 #define DEF_DOT(name, btype, load_b, elem_b)                                                 \

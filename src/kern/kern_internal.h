@@ -150,6 +150,18 @@ void csd_f_tiles_run(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const
         {name##_8_1, NULL, NULL, NULL}};
 static_assert(CSD_F_TILE_R == 4 && CSD_F_TILE_T == 4 && CSD_F_MV_R == 8,
               "CSD_DEF_F_TILES instantiates these shapes");
+/* A table's float matmul entries (name_f32, name_f16, name_bf16) over those tiles, from the
+ * including ISA file's f_tile and its weight kinds WF32, WF16, WBF16. */
+#define CSD_DEF_MATMUL_F_TILED(name)                                                         \
+    CSD_DEF_F_TILES(tiles_f32, WF32)                                                         \
+    CSD_DEF_F_TILES(tiles_f16, WF16)                                                         \
+    CSD_DEF_F_TILES(tiles_bf16, WBF16)                                                       \
+    static void matmul_f(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y,               \
+                         const csd_qmat *w, const float *x, int64_t ldx, int64_t n_tok,      \
+                         int64_t r0, int64_t r1) {                                           \
+        csd_f_tiles_run(tiles, y, w, x, ldx, n_tok, r0, r1);                                 \
+    }                                                                                        \
+    CSD_DEF_MATMUL_F(name)
 
 /* Attention's K/V rows: a head's row is hd halves at the stride of the whole cache row, too short
  * a run for the hardware prefetcher, so the fused attention kernels prefetch the row this many

@@ -297,14 +297,7 @@ AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, 
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum(acc[r][t]);
 }
 
-CSD_DEF_F_TILES(tiles_f32, WF32)
-CSD_DEF_F_TILES(tiles_f16, WF16)
-CSD_DEF_F_TILES(tiles_bf16, WBF16)
-
-static void matmul_f(const csd_f_tile_fn tiles[3][CSD_F_TILE_T], float *y, const csd_qmat *w,
-                     const float *x, int64_t ldx, int64_t n_tok, int64_t r0, int64_t r1) {
-    csd_f_tiles_run(tiles, y, w, x, ldx, n_tok, r0, r1);
-}
+CSD_DEF_MATMUL_F_TILED(avx512_matmul)
 
 /* Dot products: 4 accumulators over 64 elements, masked tail, fixed combination order. */
 AI float dot_any(const int f16, const float *a, const void *b, int64_t n) {
@@ -668,7 +661,6 @@ static void avx512_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     }
 }
 
-CSD_DEF_MATMUL_F(avx512_matmul)
 
 const csd_kern_ops csd_kern_ops_avx512 = {
     .name = "avx512",
