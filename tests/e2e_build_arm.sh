@@ -3,10 +3,13 @@
 # project's warnings as errors (arm_neon.c with its own -march, as CMake builds it), the kernels
 # and core link into an aarch64 executable (tools/kern_bench.c), and the kernel and pool tests run
 # under qemu-aarch64: the NEON table against ref (its default CPU has the dot product), then on a
-# Cortex-A53 (no dot product), where dispatch must leave NEON out; last, the whole program, cross-
-# built with CMake, generates text under qemu. Debian's gcc-aarch64-linux-gnu cross-compiles;
+# Cortex-A53 (no dot product), where dispatch must leave NEON out; last, the whole program and the
+# unit tests, cross-built with CMake, generate text and pass under qemu. Debian's gcc-aarch64-linux-gnu cross-compiles;
 # qemu-user and the arm64 libraries (multiarch) run the tests (scripts/deps test installs them).
 source "$(dirname "$0")/e2e_lib.sh"
+# It cross-compiles with aarch64 gcc whatever this build is, so one run (the unsanitized build's)
+# does it all; under scripts/test the same checks ran a few minutes earlier.
+[ "${CSD_SANITIZE:-OFF}" = ON ] && skip "the sanitized build does not repeat the ARM check: it cross-compiles the same way, and the release build runs it"
 CC_ARM=aarch64-linux-gnu-gcc
 command -v "$CC_ARM" >/dev/null || skip "$CC_ARM not installed (Debian gcc-aarch64-linux-gnu)"
 cd "$CSD_SOURCE_DIR"
@@ -69,10 +72,11 @@ for pc in jansson libpcre2-8 libsodium libxxhash libmicrohttpd libcurl cmocka; d
     pkg-config --exists "$pc" || skip "no arm64 $pc (scripts/deps test installs Debian's arm64 libraries): cascadia was not built for aarch64"
 done
 cmake -S "$CSD_SOURCE_DIR" -B "$WORK/arm" -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux \
-    -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER="$CC_ARM" >"$WORK/err" 2>&1 ||
+    -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER="$CC_ARM" \
+    -DCMAKE_CROSSCOMPILING_EMULATOR=qemu-aarch64 -DCSD_SHARED_DIR="$CSD_SHARED_DIR" >"$WORK/err" 2>&1 ||
     { tail -20 "$WORK/err"; fail "CMake cannot configure the aarch64 build"; }
-cmake --build "$WORK/arm" --target cascadia -j "$(nproc)" >"$WORK/err" 2>&1 ||
-    { grep -m5 -E "error|Error" "$WORK/err"; fail "cascadia does not build for aarch64"; }
+cmake --build "$WORK/arm" -j "$(nproc)" >"$WORK/err" 2>&1 ||
+    { grep -m5 -E "error|Error" "$WORK/err"; fail "cascadia or its tests do not build for aarch64"; }
 M="$CSD_SHARED_DIR/models/stories260K"
 golden=$(/usr/bin/python3 -c "import json;g=json.load(open('$M/golden.json'));print(' '.join(map(str,g['greedy_ids'][len(g['prompt_ids']):])))")
 n=$(echo "$golden" | wc -w)
@@ -87,4 +91,14 @@ for p in f32 f16 bf16 int8 int4; do
     [ "$got" = "$want" ] || fail "--precision $p on aarch64: ids '$got', want '$want'"
 done
 echo "ok   cascadia built for aarch64 generates stories260K under qemu with NEON: f32/f16/bf16 golden, int8/int4 as native"
-echo "5 passed, 0 failed"
+
+# Every unit test of the suite, built for aarch64, under qemu (CTest runs them through the
+# emulator): char is unsigned there, and alignment and the kernels' dispatch differ from x86.
+ctest --test-dir "$WORK/arm" -R '^test_' -j "$(nproc)" >"$WORK/ctest.out" 2>&1 ||
+    { grep -E "Failed|\*\*\*" "$WORK/ctest.out" | head -10; fail "unit tests fail on aarch64 (qemu)"; }
+summary=$(grep -E "tests passed" "$WORK/ctest.out")
+n_unit=$(find "$CSD_SOURCE_DIR/tests" -name 'test_*.c' | wc -l)
+echo "$summary" | grep -q "out of $n_unit\$" || fail "expected $n_unit unit tests on aarch64: $summary"
+if grep -q "Not Run\|Skipped" "$WORK/ctest.out"; then grep "Not Run\|Skipped" "$WORK/ctest.out"; fi
+echo "ok   the $n_unit unit tests pass on aarch64 under qemu ($summary)"
+echo "6 passed, 0 failed"
