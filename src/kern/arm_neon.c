@@ -307,7 +307,6 @@ AI void f_tile(const int R, const int T, const int kind, float *y, int64_t ldy, 
 
 CSD_DEF_MATMUL_F_TILED(neon_matmul)
 
-
 /* Dot products over 4 accumulators of 4 lanes, then one fixed reduction and the scalar tail. */
 #define DEF_DOT(name, btype, load_b, elem_b)                                                 \
     static float name(const float *a, const btype *b, int64_t n) {                           \
