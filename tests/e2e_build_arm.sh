@@ -62,14 +62,11 @@ qemu-aarch64 -cpu cortex-a53 "$WORK/test_kern_matmul" >"$WORK/out" 2>&1 ||
 grep -q "table neon not supported" "$WORK/out" || fail "a Cortex-A53 (no dot product) was given the NEON table"
 echo "ok   a Cortex-A53 (no dot product) runs ref"
 
-# The whole program on aarch64: CMake cross-builds cascadia against Debian's arm64 libraries
-# (multiarch), and under qemu it generates stories260K greedily with the NEON table: f32, f16 and
-# bf16 weights give golden.json's ids, int8 and int4 give exactly the ids the native binary gives
-# (both tables compute the same float sequence in the quantized kernels).
-need_shared models/stories260K/golden.json
+# The whole program and the unit suite, cross-built with CMake against Debian's arm64 libraries
+# (multiarch); CTest runs the tests through qemu (CMAKE_CROSSCOMPILING_EMULATOR).
 export PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig
 for pc in jansson libpcre2-8 libsodium libxxhash libmicrohttpd libcurl cmocka; do
-    pkg-config --exists "$pc" || skip "no arm64 $pc (scripts/deps test installs Debian's arm64 libraries): cascadia was not built for aarch64"
+    pkg-config --exists "$pc" || skip "no arm64 $pc (scripts/deps test installs Debian's arm64 libraries): cascadia and the unit tests were not built for aarch64"
 done
 cmake -S "$CSD_SOURCE_DIR" -B "$WORK/arm" -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYSTEM_NAME=Linux \
     -DCMAKE_SYSTEM_PROCESSOR=aarch64 -DCMAKE_C_COMPILER="$CC_ARM" \
@@ -77,6 +74,21 @@ cmake -S "$CSD_SOURCE_DIR" -B "$WORK/arm" -DCMAKE_BUILD_TYPE=Release -DCMAKE_SYS
     { tail -20 "$WORK/err"; fail "CMake cannot configure the aarch64 build"; }
 cmake --build "$WORK/arm" -j "$(nproc)" >"$WORK/err" 2>&1 ||
     { grep -m5 -E "error|Error" "$WORK/err"; fail "cascadia or its tests do not build for aarch64"; }
+
+# Every unit test of the suite on aarch64: char is unsigned there, and alignment and the kernels'
+# dispatch differ from x86.
+ctest --test-dir "$WORK/arm" -R '^test_' -j "$(nproc)" >"$WORK/ctest.out" 2>&1 ||
+    { grep -E "Failed|\*\*\*" "$WORK/ctest.out" | head -10; fail "unit tests fail on aarch64 (qemu)"; }
+summary=$(grep -E "tests passed" "$WORK/ctest.out")
+n_unit=$(find "$CSD_SOURCE_DIR/tests" -name 'test_*.c' | wc -l)
+echo "$summary" | grep -q "out of $n_unit\$" || fail "expected $n_unit unit tests on aarch64: $summary"
+if grep -q "Not Run\|Skipped" "$WORK/ctest.out"; then grep "Not Run\|Skipped" "$WORK/ctest.out"; fi
+echo "ok   the $n_unit unit tests pass on aarch64 under qemu ($summary)"
+
+# Under qemu the aarch64 cascadia generates stories260K greedily with the NEON table: f32, f16 and
+# bf16 weights give golden.json's ids, int8 and int4 give exactly the ids the native binary gives
+# (both tables compute the same float sequence in the quantized kernels).
+need_shared models/stories260K/golden.json
 M="$CSD_SHARED_DIR/models/stories260K"
 golden=$(/usr/bin/python3 -c "import json;g=json.load(open('$M/golden.json'));print(' '.join(map(str,g['greedy_ids'][len(g['prompt_ids']):])))")
 n=$(echo "$golden" | wc -w)
@@ -91,14 +103,4 @@ for p in f32 f16 bf16 int8 int4; do
     [ "$got" = "$want" ] || fail "--precision $p on aarch64: ids '$got', want '$want'"
 done
 echo "ok   cascadia built for aarch64 generates stories260K under qemu with NEON: f32/f16/bf16 golden, int8/int4 as native"
-
-# Every unit test of the suite, built for aarch64, under qemu (CTest runs them through the
-# emulator): char is unsigned there, and alignment and the kernels' dispatch differ from x86.
-ctest --test-dir "$WORK/arm" -R '^test_' -j "$(nproc)" >"$WORK/ctest.out" 2>&1 ||
-    { grep -E "Failed|\*\*\*" "$WORK/ctest.out" | head -10; fail "unit tests fail on aarch64 (qemu)"; }
-summary=$(grep -E "tests passed" "$WORK/ctest.out")
-n_unit=$(find "$CSD_SOURCE_DIR/tests" -name 'test_*.c' | wc -l)
-echo "$summary" | grep -q "out of $n_unit\$" || fail "expected $n_unit unit tests on aarch64: $summary"
-if grep -q "Not Run\|Skipped" "$WORK/ctest.out"; then grep "Not Run\|Skipped" "$WORK/ctest.out"; fi
-echo "ok   the $n_unit unit tests pass on aarch64 under qemu ($summary)"
 echo "6 passed, 0 failed"

@@ -661,7 +661,6 @@ static void avx512_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     }
 }
 
-
 const csd_kern_ops csd_kern_ops_avx512 = {
     .name = "avx512",
     .quantize_act_q8 = avx512_quantize_act_q8,
