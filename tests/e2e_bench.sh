@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `cascadia bench` on a synthesized tiny model: the table and --json carry pp/tg speeds and the
 # roofline; -d (depth) fills the cache first, labels the tests "@ dN" and counts the KV cache the
-# attention reads into the roofline; bad combinations are refused with exit 2.
+# attention reads into the roofline; the stream ceiling (model/weight_stream.h) comes beside it;
+# bad combinations are refused with exit 2.
 source "$(dirname "$0")/e2e_lib.sh"
 M="$WORK/tiny"
 "$CASCADIA" synth --arch llama --preset tiny --out "$M" >/dev/null 2>&1 || fail "synth"
@@ -13,7 +14,8 @@ import json, sys
 d0, d40 = (json.load(open(p)) for p in sys.argv[1:3])
 for r in (d0, d40):
     for f in ("pp_tps", "tg_tps", "roofline_fraction", "membw_gbs", "weight_bytes", "kv_bytes",
-              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction"):
+              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction",
+              "ceiling_tps", "ceiling_fraction", "ceiling_tg_tps", "ceiling_tg_fraction"):
         assert r[f] > 0, (f, r)
     assert r["n_prompt"] == 16 and r["n_gen"] == 8, r
 assert d0["depth"] == 0 and d40["depth"] == 40, (d0, d40)
@@ -26,12 +28,19 @@ assert abs(d40["roofline_tps"] - roof) < 1e-3 * roof, (d40["roofline_tps"], roof
 # the paired roofline: the tokens' rate against reads of the same bytes in the same seconds
 paired = d40["paired_tg_tps"] * (d40["weight_bytes"] + d40["kv_bytes"]) / (d40["paired_membw_gbs"] * 1e9)
 assert abs(d40["paired_roofline_fraction"] - paired) < 1e-3 * paired, (d40, paired)
+# the stream ceiling: its passes against the peak roofline, and the tokens alternated with them
+for r in (d0, d40):
+    c = r["ceiling_tps"] / r["roofline_tps"]
+    assert abs(r["ceiling_fraction"] - c) < 1e-3 * c, (r, c)
+    t = r["ceiling_tg_tps"] / r["ceiling_tps"]
+    assert abs(r["ceiling_tg_fraction"] - t) < 1e-3 * t, (r, t)
 PY
 "$CASCADIA" bench "$M" -p 16 -n 8 -r 1 --membw-mib 64 -d 40 > "$WORK/table" 2>/dev/null || fail "bench -d 40"
 grep -q "| pp16 @ d40 |" "$WORK/table" || fail "no pp16 @ d40 row: $(cat "$WORK/table")"
 grep -q "| tg8 @ d40 |" "$WORK/table" || fail "no tg8 @ d40 row: $(cat "$WORK/table")"
 grep -q "MiB KV cache read per token" "$WORK/table" || fail "roofline line without the KV cache"
 grep -q "^paired: .* GB/s read, .* t/s generated in the same seconds" "$WORK/table" || fail "no paired roofline line"
+grep -q "^ceiling:  the weight stream alone .* t/s = .*% of the roofline" "$WORK/table" || fail "no ceiling line"
 set +e
 "$CASCADIA" bench "$M" -d 4 --concurrency 1,2 >/dev/null 2>"$WORK/err"; rc=$?
 set -e

@@ -62,9 +62,9 @@ run_ours() { # precision round
     if "$CASCADIA" bench "$MODEL" --precision "$1" -t "$T" -p "$P" -n "$N" -r "$R" --json \
         > "$OUT/ours-$1-$2.json" 2> "$OUT/ours-$1-$2.log"; then
         /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1]))
-print("ours\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f" % (sys.argv[2], sys.argv[3], d["pp_tps"], d["tg_tps"],
+print("ours\t%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%.2f\t%.2f" % (sys.argv[2], sys.argv[3], d["pp_tps"], d["tg_tps"],
       d["membw_gbs"], d["roofline_fraction"] * 100, d["weight_bytes"] / 2**20, sys.argv[4],
-      d["paired_roofline_fraction"] * 100))' \
+      d["paired_roofline_fraction"] * 100, d["ceiling_fraction"] * 100))' \
             "$OUT/ours-$1-$2.json" "$1" "$2" "$l" >> "$RES"
     else
         log "cascadia $1 failed: $(tail -1 "$OUT/ours-$1-$2.log")"
@@ -113,8 +113,8 @@ for line in open(res):
     rows[(f[0], f[1])].append(f)
 def mean(xs): return sum(xs) / len(xs) if xs else float("nan")
 print("| ours | llama.cpp | pp%s ours | pp%s llama.cpp | pp ratio | tg%s ours | tg%s llama.cpp | tg ratio "
-      "| roofline (ours): peak, paired | load avg |" % (P, P, N, N))
-print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+      "| roofline (ours): peak, paired | stream ceiling (ours) | load avg |" % (P, P, N, N))
+print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
 for pair in pairs:
     o, l = pair.split(":")
     ro, rl = rows.get(("ours", o), []), rows.get(("llama", l), [])
@@ -122,9 +122,10 @@ for pair in pairs:
     lpp = mean([float(f[3]) for f in rl if f[3]]); ltg = mean([float(f[4]) for f in rl if f[4]])
     roof = mean([float(f[6]) for f in ro])
     paired = mean([float(f[9]) for f in ro])
+    ceiling = mean([float(f[10]) for f in ro])
     loads = ",".join([f[8] for f in ro] + [f[8] for f in rl])
-    print("| %s | %s | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2fx | %.1f%%, %.1f%% | %s |" % (
+    print("| %s | %s | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2fx | %.1f%%, %.1f%% | %.1f%% | %s |" % (
         o, l.upper(), opp, lpp, opp / lpp if rl else float("nan"), otg, ltg, otg / ltg if rl else float("nan"),
-        roof, paired, loads))
+        roof, paired, ceiling, loads))
 print("\n(-t %s, -r %s per run; rounds averaged; raw rows in %s)" % (T, R, res))
 EOF

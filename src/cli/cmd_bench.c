@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/dtype.h"
+#include "model/weight_stream.h"
 
 static const char *const bench_usage =
     "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-d 0] [-t THREADS] [-r REPS] [--json]\n"
@@ -162,6 +163,8 @@ typedef struct bench_result {
     csd_bench_read_way membw_way; /* how that pass read */
     double paired_gbs;    /* the reads paired with generated tokens (bench_membw.c) */
     double paired_tg_tps; /* those tokens' rate */
+    double ceiling_tps;    /* weight-stream passes per second (model/weight_stream.h) */
+    double ceiling_tg_tps; /* the tokens alternated with those passes */
     double load_before, load_after; /* 1-minute load average around the tests */
 } bench_result;
 
@@ -227,6 +230,36 @@ static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_be
     return rc;
 }
 
+/* The stream ceiling: -r x -n weight-stream passes (every matrix of the stage times one token,
+ * one job per input width, nothing between them), each right after a generated token, so the two
+ * rates share the machine's state second by second. */
+static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+                       bench_result *res, float *logits, csd_err *err) {
+    csd_weight_stream *ws;
+    int rc = csd_weight_stream_create(&ws, m, err);
+    if (rc) return rc;
+    csd_weight_stream_run(ws); /* warm-up: the pass's own outputs and scratch paged in */
+    double t_tokens = 0, t_passes = 0;
+    for (int r = 0; r < a->reps && !rc; r++) {
+        csd_kv_truncate(kv, a->depth);
+        for (int64_t i = 0; i < a->n_gen && !rc; i++) {
+            uint64_t t0 = csd_now_ns();
+            rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
+            uint64_t t1 = csd_now_ns();
+            csd_weight_stream_run(ws);
+            t_tokens += (double)(t1 - t0) * 1e-9;
+            t_passes += (double)(csd_now_ns() - t1) * 1e-9;
+        }
+    }
+    if (!rc) {
+        double n = (double)a->reps * (double)a->n_gen;
+        res->ceiling_tps = n / t_passes;
+        res->ceiling_tg_tps = n / t_tokens;
+    }
+    csd_weight_stream_destroy(ws);
+    return rc;
+}
+
 /* The cache every test starts from: -d tokens, prefilled once (each test truncates back to it). */
 static int fill_depth(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
                       float *logits, csd_err *err) {
@@ -288,6 +321,11 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
                 a->reps);
         rc = run_paired(m, kv, ids, a, v, res, logits, err);
     }
+    if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
+        fprintf(stderr, "tg%lld x %d, each token followed by a pass of the weight stream alone\n",
+                (long long)a->n_gen, a->reps);
+        rc = run_ceiling(m, kv, ids, a, res, logits, err);
+    }
     res->load_after = csd_cli_bench_loadavg();
     csd_kv_destroy(kv);
     csd_free(v);
@@ -313,18 +351,23 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
     double roof = r->membw_gbs > 0 && read ? r->membw_gbs * 1e9 / (double)read : 0;
     double frac = roof > 0 ? r->tg_tps / roof : 0;
     double paired_frac = r->paired_gbs > 0 ? r->paired_tg_tps * (double)read / (r->paired_gbs * 1e9) : 0;
+    double ceiling_frac = roof > 0 ? r->ceiling_tps / roof : 0;
+    double ceiling_tg_frac = r->ceiling_tps > 0 ? r->ceiling_tg_tps / r->ceiling_tps : 0;
     if (a->json) {
         printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
                "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"reps\": %d, "
                "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
                "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
                "\"roofline_fraction\": %.6f, \"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
-               "\"paired_roofline_fraction\": %.6f, \"membw_streams\": %d, \"membw_nta\": %s, "
+               "\"paired_roofline_fraction\": %.6f, \"ceiling_tps\": %.3f, \"ceiling_fraction\": %.6f, "
+               "\"ceiling_tg_tps\": %.3f, \"ceiling_tg_fraction\": %.6f, "
+               "\"membw_streams\": %d, \"membw_nta\": %s, "
                "\"load_avg\": [%.2f, %.2f]}\n",
                base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
                (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
                r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
-               r->paired_gbs, r->paired_tg_tps, paired_frac, r->membw_way.streams,
+               r->paired_gbs, r->paired_tg_tps, paired_frac, r->ceiling_tps, ceiling_frac,
+               r->ceiling_tg_tps, ceiling_tg_frac, r->membw_way.streams,
                r->membw_way.nta ? "true" : "false", r->load_before, r->load_after);
         return;
     }
@@ -349,6 +392,10 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
         printf("paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f t/s "
                "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
                r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);
+        printf("ceiling:  the weight stream alone (every matrix times one token, one job per input width, "
+               "nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated with it: %.2f "
+               "t/s, %.1f%% of it\n",
+               r->ceiling_tps, 100 * ceiling_frac, r->ceiling_tg_tps, 100 * ceiling_tg_frac);
     }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }

@@ -1,0 +1,149 @@
+/* weight_stream: every matrix of a stage times one token, one pool job per input width (see the
+ * header). The matrices of a width go to csd_matmul_multi together, so for Q4/Q8 weights one
+ * job streams all of them through the lanes of matvec_lanes.c; float weights fall back to one
+ * csd_matmul each, as in csd_matmul_multi. */
+#include "weight_stream.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+
+/* Distinct input widths of a stage: dim, the attention width (q_dim: o_proj's input), hidden. */
+#define MAX_WIDTHS 4
+/* Matrices per layer: q, k, v, o, gate, up, down. */
+#define LAYER_MATS 7
+
+typedef struct width_group {
+    int64_t cols;
+    int n;                 /* matrices of this width */
+    const csd_qmat **w;    /* n entries */
+    float **y;             /* n outputs */
+    float *x;              /* the shared input */
+} width_group;
+
+struct csd_weight_stream {
+    csd_pool *pool;
+    int n_mats;
+    const csd_qmat **mats; /* in pass order */
+    int *group_of;         /* per matrix: its width group */
+    float **out;           /* per matrix: its output */
+    width_group groups[MAX_WIDTHS];
+    int n_groups;
+    void *scratch;
+};
+
+/* The group of width cols, added if new; -1 when the stage has more widths than MAX_WIDTHS. */
+static int group_index(csd_weight_stream *s, int64_t cols) {
+    for (int g = 0; g < s->n_groups; g++)
+        if (s->groups[g].cols == cols) return g;
+    if (s->n_groups == MAX_WIDTHS) return -1;
+    s->groups[s->n_groups].cols = cols;
+    return s->n_groups++;
+}
+
+/* A fixed input in [-1, 1): any values do, the kernels' speed does not depend on them. */
+static void fill_input(float *x, int64_t n, int64_t salt) {
+    uint32_t h = 2166136261u ^ (uint32_t)salt;
+    for (int64_t i = 0; i < n; i++) {
+        h = h * 1664525u + 1013904223u;
+        x[i] = (float)(h >> 8) / (float)(1u << 23) - 1.0f;
+    }
+}
+
+static int collect(csd_weight_stream *s, const csd_weights *w, csd_err *err) {
+    int64_t layers = w->layer_end - w->layer_begin;
+    s->mats = csd_alloc_array((size_t)(layers * LAYER_MATS + 1), sizeof *s->mats);
+    if (!s->mats) return csd_err_set(err, CSD_ENOMEM, "weight stream matrix list");
+    for (int64_t l = 0; l < layers; l++) {
+        const csd_layer_weights *lw = &w->layers[l];
+        const csd_qmat *m[LAYER_MATS] = {&lw->wq,   &lw->wk, &lw->wv,  &lw->wo,
+                                         &lw->gate, &lw->up, &lw->down};
+        for (int k = 0; k < LAYER_MATS; k++) s->mats[s->n_mats++] = m[k];
+    }
+    if (w->has_head) s->mats[s->n_mats++] = &w->head;
+    return 0;
+}
+
+/* Groups the matrices by width and allocates every input, output and the scratch. */
+static int allocate(csd_weight_stream *s, csd_err *err) {
+    s->group_of = csd_alloc_array((size_t)s->n_mats, sizeof *s->group_of);
+    s->out = csd_alloc_array((size_t)s->n_mats, sizeof *s->out);
+    if (!s->group_of || !s->out) return csd_err_set(err, CSD_ENOMEM, "weight stream tables");
+    memset(s->out, 0, (size_t)s->n_mats * sizeof *s->out);
+    size_t scratch = 0;
+    for (int i = 0; i < s->n_mats; i++) {
+        int g = group_index(s, s->mats[i]->cols);
+        if (g < 0)
+            return csd_err_set(err, CSD_EINVAL, "weight stream: more than %d input widths", MAX_WIDTHS);
+        s->group_of[i] = g;
+        s->groups[g].n++;
+        s->out[i] = csd_alloc_array((size_t)s->mats[i]->rows, sizeof(float));
+        if (!s->out[i]) return csd_err_set(err, CSD_ENOMEM, "weight stream output");
+        size_t need = csd_matmul_scratch_bytes(s->mats[i]->cols, 1);
+        scratch = need > scratch ? need : scratch;
+    }
+    s->scratch = csd_alloc(scratch);
+    if (!s->scratch) return csd_err_set(err, CSD_ENOMEM, "weight stream scratch");
+    for (int g = 0; g < s->n_groups; g++) {
+        width_group *wg = &s->groups[g];
+        wg->w = csd_alloc_array((size_t)wg->n, sizeof *wg->w);
+        wg->y = csd_alloc_array((size_t)wg->n, sizeof *wg->y);
+        wg->x = csd_alloc_array((size_t)wg->cols, sizeof *wg->x);
+        if (!wg->w || !wg->y || !wg->x) return csd_err_set(err, CSD_ENOMEM, "weight stream group");
+        fill_input(wg->x, wg->cols, wg->cols);
+        wg->n = 0;
+    }
+    for (int i = 0; i < s->n_mats; i++) {
+        width_group *wg = &s->groups[s->group_of[i]];
+        wg->w[wg->n] = s->mats[i];
+        wg->y[wg->n++] = s->out[i];
+    }
+    return 0;
+}
+
+int csd_weight_stream_create(csd_weight_stream **out, csd_model *m, csd_err *err) {
+    *out = NULL;
+    csd_weight_stream *s = csd_alloc(sizeof *s);
+    if (!s) return csd_err_set(err, CSD_ENOMEM, "weight stream");
+    memset(s, 0, sizeof *s);
+    s->pool = csd_model_pool(m);
+    int rc = collect(s, csd_model_weights(m), err);
+    if (!rc) rc = allocate(s, err);
+    if (rc) {
+        csd_weight_stream_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+void csd_weight_stream_destroy(csd_weight_stream *s) {
+    if (!s) return;
+    for (int g = 0; g < s->n_groups; g++) {
+        csd_free(s->groups[g].w);
+        csd_free(s->groups[g].y);
+        csd_free(s->groups[g].x);
+    }
+    for (int i = 0; s->out && i < s->n_mats; i++) csd_free(s->out[i]);
+    csd_free(s->out);
+    csd_free(s->group_of);
+    csd_free(s->mats);
+    csd_free(s->scratch);
+    csd_free(s);
+}
+
+void csd_weight_stream_run(csd_weight_stream *s) {
+    for (int g = 0; g < s->n_groups; g++) {
+        const width_group *wg = &s->groups[g];
+        csd_matmul_multi(s->pool, wg->w, wg->n, wg->x, 1, wg->y, s->scratch);
+    }
+}
+
+int csd_weight_stream_count(const csd_weight_stream *s) { return s->n_mats; }
+
+void csd_weight_stream_get(const csd_weight_stream *s, int i, const csd_qmat **w, const float **x,
+                           const float **y) {
+    *w = s->mats[i];
+    *x = s->groups[s->group_of[i]].x;
+    *y = s->out[i];
+}
