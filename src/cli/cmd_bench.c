@@ -190,12 +190,19 @@ static int run_pp(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
     return 0;
 }
 
+/* What runs after every generated token in a tg test, timed apart from it: a read of the token's
+ * bytes (the paired roofline) or a pass of the weight stream (the stream ceiling). */
+typedef struct tg_after {
+    void (*fn)(void *ctx);
+    void *ctx;
+    double seconds; /* summed over every call */
+} tg_after;
+
 /* tg: -r repetitions of -n single-token steps from the depth; v[r] = tokens/s of repetition r,
- * from the steps' own times. With a reader, every step is followed by one read pass of it (the
- * paired roofline), timed apart into *t_reads. */
+ * from the steps' own times. With after, every step is followed by after->fn, timed into
+ * after->seconds. */
 static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
-                  float *logits, csd_bench_reader *reader, csd_bench_read_way way, double *t_reads,
-                  csd_err *err) {
+                  float *logits, tg_after *after, csd_err *err) {
     for (int r = 0; r < a->reps; r++) {
         csd_kv_truncate(kv, a->depth);
         double t_rep = 0;
@@ -203,58 +210,69 @@ static int run_tg(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_
             uint64_t t0 = csd_now_ns();
             int rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
             if (rc) return rc;
-            t_rep += (double)(csd_now_ns() - t0) * 1e-9;
-            if (reader) *t_reads += csd_cli_bench_reader_pass(reader, way);
+            uint64_t t1 = csd_now_ns();
+            t_rep += (double)(t1 - t0) * 1e-9;
+            if (after) {
+                after->fn(after->ctx);
+                after->seconds += (double)(csd_now_ns() - t1) * 1e-9;
+            }
         }
         v[r] = (double)a->n_gen / t_rep;
     }
     return 0;
 }
 
+/* The tokens' rate over all repetitions of a tg test (v from run_tg). */
+static double tg_overall_tps(const csd_bench_args *a, const double *v) {
+    double t_tokens = 0;
+    for (int r = 0; r < a->reps; r++) t_tokens += (double)a->n_gen / v[r];
+    return (double)a->reps * (double)a->n_gen / t_tokens;
+}
+
 /* The paired roofline: tg again, every token followed by one read of exactly the bytes a token
  * reads, so reads and tokens share the machine's state, second by second. */
+typedef struct paired_read {
+    csd_bench_reader *reader;
+    csd_bench_read_way way;
+} paired_read;
+
+static void paired_read_pass(void *ctx) {
+    paired_read *p = ctx;
+    csd_cli_bench_reader_pass(p->reader, p->way);
+}
+
 static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
                       bench_result *res, float *logits, csd_err *err) {
-    csd_bench_reader *reader;
-    int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes, &reader, err);
+    paired_read p = {NULL, res->membw_way};
+    int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes, &p.reader, err);
     if (rc) return rc;
-    double t_reads = 0;
-    rc = run_tg(m, kv, ids, a, v, logits, reader, res->membw_way, &t_reads, err);
+    tg_after after = {paired_read_pass, &p, 0};
+    rc = run_tg(m, kv, ids, a, v, logits, &after, err);
     if (!rc) {
-        double n = (double)a->reps * (double)a->n_gen, t_tokens = 0;
-        for (int r = 0; r < a->reps; r++) t_tokens += (double)a->n_gen / v[r];
-        res->paired_gbs = n * (double)csd_cli_bench_reader_bytes(reader) / t_reads / 1e9;
-        res->paired_tg_tps = n / t_tokens;
+        double n = (double)a->reps * (double)a->n_gen;
+        res->paired_gbs = n * (double)csd_cli_bench_reader_bytes(p.reader) / after.seconds / 1e9;
+        res->paired_tg_tps = tg_overall_tps(a, v);
     }
-    csd_cli_bench_reader_destroy(reader);
+    csd_cli_bench_reader_destroy(p.reader);
     return rc;
 }
 
-/* The stream ceiling: -r x -n weight-stream passes (every matrix of the stage times one token,
- * one job per input width, nothing between them), each right after a generated token, so the two
- * rates share the machine's state second by second. */
-static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+/* The stream ceiling: tg again, every token followed by one weight-stream pass (every matrix of
+ * the stage times one token, one job per input width, nothing between them), so the two rates
+ * share the machine's state second by second. */
+static void weight_stream_pass(void *ctx) { csd_weight_stream_run(ctx); }
+
+static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
                        bench_result *res, float *logits, csd_err *err) {
     csd_weight_stream *ws;
     int rc = csd_weight_stream_create(&ws, m, err);
     if (rc) return rc;
     csd_weight_stream_run(ws); /* warm-up: the pass's own outputs and scratch paged in */
-    double t_tokens = 0, t_passes = 0;
-    for (int r = 0; r < a->reps && !rc; r++) {
-        csd_kv_truncate(kv, a->depth);
-        for (int64_t i = 0; i < a->n_gen && !rc; i++) {
-            uint64_t t0 = csd_now_ns();
-            rc = csd_model_forward_seq(m, kv, &ids[i], NULL, 1, logits, err);
-            uint64_t t1 = csd_now_ns();
-            csd_weight_stream_run(ws);
-            t_tokens += (double)(t1 - t0) * 1e-9;
-            t_passes += (double)(csd_now_ns() - t1) * 1e-9;
-        }
-    }
+    tg_after after = {weight_stream_pass, ws, 0};
+    rc = run_tg(m, kv, ids, a, v, logits, &after, err);
     if (!rc) {
-        double n = (double)a->reps * (double)a->n_gen;
-        res->ceiling_tps = n / t_passes;
-        res->ceiling_tg_tps = n / t_tokens;
+        res->ceiling_tps = (double)a->reps * (double)a->n_gen / after.seconds;
+        res->ceiling_tg_tps = tg_overall_tps(a, v);
     }
     csd_weight_stream_destroy(ws);
     return rc;
@@ -304,7 +322,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     }
     if (!rc && a->n_gen > 0) {
         fprintf(stderr, "tg%lld x %d\n", (long long)a->n_gen, a->reps);
-        rc = run_tg(m, kv, ids, a, v, logits, NULL, res->membw_way, NULL, err);
+        rc = run_tg(m, kv, ids, a, v, logits, NULL, err);
         if (!rc) csd_cli_bench_stats(v, a->reps, &res->tg_tps, &res->tg_sd);
     }
     if (!rc && a->membw_mib > 0) { /* again after the tests: the best of both, as the load drifts */
@@ -324,7 +342,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
         fprintf(stderr, "tg%lld x %d, each token followed by a pass of the weight stream alone\n",
                 (long long)a->n_gen, a->reps);
-        rc = run_ceiling(m, kv, ids, a, res, logits, err);
+        rc = run_ceiling(m, kv, ids, a, v, res, logits, err);
     }
     res->load_after = csd_cli_bench_loadavg();
     csd_kv_destroy(kv);

@@ -25,17 +25,23 @@ struct csd_weight_stream {
     csd_pool *pool;
     int n_mats;
     const csd_qmat **mats; /* in pass order */
-    int *group_of;         /* per matrix: its width group */
     float **out;           /* per matrix: its output */
     width_group groups[MAX_WIDTHS];
     int n_groups;
     void *scratch;
 };
 
-/* The group of width cols, added if new; -1 when the stage has more widths than MAX_WIDTHS. */
-static int group_index(csd_weight_stream *s, int64_t cols) {
+/* The group of width cols; -1 when there is none. */
+static int find_group(const csd_weight_stream *s, int64_t cols) {
     for (int g = 0; g < s->n_groups; g++)
         if (s->groups[g].cols == cols) return g;
+    return -1;
+}
+
+/* The group of width cols, added if new; -1 when the stage has more widths than MAX_WIDTHS. */
+static int group_index(csd_weight_stream *s, int64_t cols) {
+    int g = find_group(s, cols);
+    if (g >= 0) return g;
     if (s->n_groups == MAX_WIDTHS) return -1;
     s->groups[s->n_groups].cols = cols;
     return s->n_groups++;
@@ -66,16 +72,15 @@ static int collect(csd_weight_stream *s, const csd_weights *w, csd_err *err) {
 
 /* Groups the matrices by width and allocates every input, output and the scratch. */
 static int allocate(csd_weight_stream *s, csd_err *err) {
-    s->group_of = csd_alloc_array((size_t)s->n_mats, sizeof *s->group_of);
     s->out = csd_alloc_array((size_t)s->n_mats, sizeof *s->out);
-    if (!s->group_of || !s->out) return csd_err_set(err, CSD_ENOMEM, "weight stream tables");
+    if (!s->out) return csd_err_set(err, CSD_ENOMEM, "weight stream outputs");
     memset(s->out, 0, (size_t)s->n_mats * sizeof *s->out);
     size_t scratch = 0;
     for (int i = 0; i < s->n_mats; i++) {
         int g = group_index(s, s->mats[i]->cols);
         if (g < 0)
-            return csd_err_set(err, CSD_EINVAL, "weight stream: more than %d input widths", MAX_WIDTHS);
-        s->group_of[i] = g;
+            return csd_err_set(err, CSD_EINVAL, "weight stream: more than %d input widths",
+                               MAX_WIDTHS);
         s->groups[g].n++;
         s->out[i] = csd_alloc_array((size_t)s->mats[i]->rows, sizeof(float));
         if (!s->out[i]) return csd_err_set(err, CSD_ENOMEM, "weight stream output");
@@ -94,7 +99,7 @@ static int allocate(csd_weight_stream *s, csd_err *err) {
         wg->n = 0;
     }
     for (int i = 0; i < s->n_mats; i++) {
-        width_group *wg = &s->groups[s->group_of[i]];
+        width_group *wg = &s->groups[find_group(s, s->mats[i]->cols)];
         wg->w[wg->n] = s->mats[i];
         wg->y[wg->n++] = s->out[i];
     }
@@ -126,7 +131,6 @@ void csd_weight_stream_destroy(csd_weight_stream *s) {
     }
     for (int i = 0; s->out && i < s->n_mats; i++) csd_free(s->out[i]);
     csd_free(s->out);
-    csd_free(s->group_of);
     csd_free(s->mats);
     csd_free(s->scratch);
     csd_free(s);
@@ -144,6 +148,6 @@ int csd_weight_stream_count(const csd_weight_stream *s) { return s->n_mats; }
 void csd_weight_stream_get(const csd_weight_stream *s, int i, const csd_qmat **w, const float **x,
                            const float **y) {
     *w = s->mats[i];
-    *x = s->groups[s->group_of[i]].x;
+    *x = s->groups[find_group(s, s->mats[i]->cols)].x;
     *y = s->out[i];
 }
