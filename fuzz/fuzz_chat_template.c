@@ -1,8 +1,9 @@
 /* fuzz_chat_template: libFuzzer target for the chat-template engine: compiles arbitrary bytes as
  * a template and, if that succeeds, renders it against a fixed small conversation (tools, tool
  * calls, parts, unicode) under small step/memory/output limits. Must never crash, leak or hang.
- * Seeds: fuzz/corpus-chat/ (generated from the templates, not in git); dictionary fuzz/chat_template.dict.
- * Run: fuzz_chat_template -dict=fuzz/chat_template.dict -max_len=512 fuzz/corpus-chat */
+ * Seeds: fuzz/corpus-chat/ (generated from the templates, not in git); dictionary
+ * fuzz/chat_template.dict. Run: fuzz_chat_template -dict=fuzz/chat_template.dict -max_len=512
+ * fuzz/corpus-chat */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,10 +17,12 @@ static const char CONTEXT[] =
     "{\"role\": \"system\", \"content\": \"Be brief.\"},"
     "{\"role\": \"user\", \"content\": \"  Hi \\u00e9\\ud83d\\ude00 {{ x }}  \"},"
     "{\"role\": \"assistant\", \"content\": \"<think>\\nr\\n</think>\\n\\nok\", \"tool_calls\": ["
-    "{\"id\": \"abc123XYZ\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": {\"a\": 1}}}]},"
+    "{\"id\": \"abc123XYZ\", \"type\": \"function\", \"function\": {\"name\": \"f\", "
+    "\"arguments\": {\"a\": 1}}}]},"
     "{\"role\": \"tool\", \"content\": \"{\\\"r\\\": 2}\"},"
     "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"part\"}]}],"
-    "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\"}}}],"
+    "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+    "{\"type\": \"object\"}}}],"
     "\"add_generation_prompt\": true, \"bos_token\": \"<s>\", \"eos_token\": \"</s>\","
     "\"enable_thinking\": false, \"n\": 3, \"f\": 1.5, \"nul\": null}";
 
@@ -41,7 +44,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         struct tm now = {0};
         now.tm_year = 124;
         now.tm_mday = 1;
-        csd_chat_render_opts o = {.max_output = 1 << 14, .max_memory = 4u << 20, .max_steps = 20000, .now = &now};
+        csd_chat_render_opts o = {
+            .max_output = 1 << 14, .max_memory = 4u << 20, .max_steps = 20000, .now = &now};
         char *out = NULL;
         int rc = csd_chat_template_render_opts(t, ctx, &o, &out, &err);
         if (rc == 0) {

@@ -1,8 +1,8 @@
 /* fuzz_net_conn: a hostile peer for the server side of a link. The input is the byte stream the
  * peer sends (frames whose plain-framing XXH64 trailers this harness fills in, so the fuzzer gets
  * past the checksum); it goes through an AF_UNIX socketpair into csd_conn_handshake_server and then
- * csd_conn_recv plus the payload decoders, in insecure mode (a fuzzer cannot know the session keys).
- * Must never crash, hang or leak; every refusal must come with a message. */
+ * csd_conn_recv plus the payload decoders, in insecure mode (a fuzzer cannot know the session
+ * keys). Must never crash, hang or leak; every refusal must come with a message. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +89,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             csd_wire_open o;
             if (h.type == CSD_WIRE_FORWARD || h.type == CSD_WIRE_RESULT)
                 (void)csd_wire_decode_act(buf.data, h.payload_len, &a, NULL);
-            if (h.type == CSD_WIRE_OPEN) (void)csd_wire_decode_open(buf.data, h.payload_len, &o, NULL);
+            if (h.type == CSD_WIRE_OPEN)
+                (void)csd_wire_decode_open(buf.data, h.payload_len, &o, NULL);
         }
         csd_netbuf_fini(&buf);
     }

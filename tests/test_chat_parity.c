@@ -24,7 +24,8 @@
 #define FIXED_NOW "2024-07-26T10:05:00"
 
 /* The same instant as FIXED_NOW, for our side. */
-static const struct tm NOW = {.tm_year = 2024 - 1900, .tm_mon = 6, .tm_mday = 26, .tm_hour = 10, .tm_min = 5};
+static const struct tm NOW = {
+    .tm_year = 2024 - 1900, .tm_mon = 6, .tm_mday = 26, .tm_hour = 10, .tm_min = 5};
 
 typedef struct tmpl_spec {
     const char *name;
@@ -78,7 +79,8 @@ static char *load_template(const tmpl_spec *s) {
         snprintf(path, sizeof path, "%s/tests/data/chat_templates/%s", CSD_SOURCE_DIR, s->file);
         return read_file(path);
     }
-    snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer_config.json", CSD_SHARED_DIR, s->shared);
+    snprintf(path, sizeof path, "%s/tokenizers/%s/tokenizer_config.json", CSD_SHARED_DIR,
+             s->shared);
     json_t *cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL);
     if (!cfg) return NULL;
     const char *t = json_string_value(json_object_get(cfg, "chat_template"));
@@ -100,7 +102,9 @@ static json_t *flatten(const json_t *messages) {
         json_array_foreach(c, j, part) {
             const char *type = json_string_value(json_object_get(part, "type"));
             if (!type || strcmp(type, "text") != 0) all_text = false;
-            else strncat(buf, json_string_value(json_object_get(part, "text")), sizeof buf - strlen(buf) - 1);
+            else
+                strncat(buf, json_string_value(json_object_get(part, "text")),
+                        sizeof buf - strlen(buf) - 1);
         }
         if (all_text) json_object_set_new(m, "content", json_string(buf));
     }
@@ -114,7 +118,8 @@ static json_t *make_ctx(const tmpl_spec *s, const json_t *conv, bool flat) {
     json_object_set(ctx, "add_generation_prompt", json_object_get(conv, "add_generation_prompt"));
     if (s->bos) json_object_set_new(ctx, "bos_token", json_string(s->bos));
     if (s->eos) json_object_set_new(ctx, "eos_token", json_string(s->eos));
-    if (json_object_get(conv, "tools")) json_object_set(ctx, "tools", json_object_get(conv, "tools"));
+    if (json_object_get(conv, "tools"))
+        json_object_set(ctx, "tools", json_object_get(conv, "tools"));
     json_t *extra = json_object_get(conv, "extra");
     if (extra) json_object_update(ctx, extra);
     return ctx;
@@ -122,7 +127,8 @@ static json_t *make_ctx(const tmpl_spec *s, const json_t *conv, bool flat) {
 
 static char *run_node(const char *cases_path) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cd '%s' && CSD_FIXED_NOW=%s node render_template_ref.mjs --batch '%s'", REF_DIR,
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && CSD_FIXED_NOW=%s node render_template_ref.mjs --batch '%s'", REF_DIR,
              FIXED_NOW, cases_path);
     FILE *p = popen(cmd, "r");
     if (!p) return NULL;
@@ -163,7 +169,8 @@ static size_t compare_with_ref(json_t *cases, json_t *ours, const char *what, si
         json_t *r = json_array_get(ref, i), *o = json_array_get(ours, i);
         bool ref_ok = json_is_true(json_object_get(r, "ok"));
         bool our_ok = json_is_true(json_array_get(o, 0));
-        const char *ro = ref_ok ? json_string_value(json_object_get(r, "out")) : json_string_value(json_object_get(r, "error"));
+        const char *ro = ref_ok ? json_string_value(json_object_get(r, "out"))
+                                : json_string_value(json_object_get(r, "error"));
         const char *oo = json_string_value(json_array_get(o, 1));
         bool eq = ref_ok == our_ok && (!ref_ok || strcmp(ro, oo) == 0);
         if (eq) {
@@ -172,15 +179,19 @@ static size_t compare_with_ref(json_t *cases, json_t *ours, const char *what, si
         } else if (shown++ < 5) {
             size_t at = 0;
             while (ro[at] && ro[at] == oo[at]) at++;
-            printf("MISMATCH %s (first difference at byte %zu)\n  ref %s: %.300s\n  our %s: %.300s\n",
-                   json_string_value(json_array_get(o, 2)), at, ref_ok ? "ok" : "error", ro,
-                   our_ok ? "ok" : "error", oo);
+            printf(
+                "MISMATCH %s (first difference at byte %zu)\n  ref %s: %.300s\n  our %s: %.300s\n",
+                json_string_value(json_array_get(o, 2)), at, ref_ok ? "ok" : "error", ro,
+                our_ok ? "ok" : "error", oo);
         }
     }
-    printf("chat template parity (%s): %zu/%zu identical (%zu templates; %zu rendered, %zu rejected by both)\n",
-           what, same, total, n_templates, rendered, same - rendered);
+    printf(
+        "chat template parity (%s): %zu/%zu identical (%zu templates; %zu rendered, %zu rejected "
+        "by both)\n",
+        what, same, total, n_templates, rendered, same - rendered);
     json_decref(ref);
-    if (same != total) fail_msg("%zu of %zu %s cases differ from @huggingface/jinja", total - same, total, what);
+    if (same != total)
+        fail_msg("%zu of %zu %s cases differ from @huggingface/jinja", total - same, total, what);
     return same;
 }
 
@@ -229,18 +240,22 @@ static void test_parity(void **state) {
                 if (!flat) {
                     rc = csd_chat_template_render_opts(t, ctx, &opts, &out, &err);
                 } else {
-                    csd_chat_apply_params p = {
-                        .messages = json_object_get(conv, "messages"),
-                        .tools = json_object_get(conv, "tools"),
-                        .add_generation_prompt = json_is_true(json_object_get(conv, "add_generation_prompt")),
-                        .bos_token = s->bos, .eos_token = s->eos,
-                        .extra = json_object_get(conv, "extra"), .opts = &opts};
+                    csd_chat_apply_params p = {.messages = json_object_get(conv, "messages"),
+                                               .tools = json_object_get(conv, "tools"),
+                                               .add_generation_prompt = json_is_true(
+                                                   json_object_get(conv, "add_generation_prompt")),
+                                               .bos_token = s->bos,
+                                               .eos_token = s->eos,
+                                               .extra = json_object_get(conv, "extra"),
+                                               .opts = &opts};
                     rc = csd_chat_template_apply(t, &p, &out, &err);
                 }
                 char label[256];
                 snprintf(label, sizeof label, "%s / %s / %s", s->name,
-                         json_string_value(json_object_get(conv, "name")), flat ? "apply" : "render");
-                json_array_append_new(ours, json_pack("[b, s, s]", rc == 0, rc == 0 ? out : err.msg, label));
+                         json_string_value(json_object_get(conv, "name")),
+                         flat ? "apply" : "render");
+                json_array_append_new(
+                    ours, json_pack("[b, s, s]", rc == 0, rc == 0 ? out : err.msg, label));
                 csd_free(out);
             }
         }
@@ -277,8 +292,10 @@ static void test_snippets(void **state) {
             int rc = csd_chat_template_create(&t, json_string_value(tv), &err);
             if (rc == 0) rc = csd_chat_template_render_opts(t, ctx, &opts, &out, &err);
             char label[128];
-            snprintf(label, sizeof label, "%s #%zu", json_string_value(json_object_get(g, "name")), i);
-            json_array_append_new(ours, json_pack("[b, s, s]", rc == 0, rc == 0 ? out : err.msg, label));
+            snprintf(label, sizeof label, "%s #%zu", json_string_value(json_object_get(g, "name")),
+                     i);
+            json_array_append_new(ours,
+                                  json_pack("[b, s, s]", rc == 0, rc == 0 ? out : err.msg, label));
             csd_free(out);
             csd_chat_template_destroy(t);
         }
@@ -290,6 +307,7 @@ static void test_snippets(void **state) {
 }
 
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity), cmocka_unit_test(test_snippets)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_parity),
+                                       cmocka_unit_test(test_snippets)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

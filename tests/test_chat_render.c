@@ -41,39 +41,48 @@ static void expect_render(const char *tpl, const char *ctx, const char *want) {
 }
 
 /* Expects failure with code and a message containing each given fragment. */
-static void expect_error(const char *tpl, const char *ctx, int code, const char *frag1, const char *frag2) {
+static void expect_error(const char *tpl, const char *ctx, int code, const char *frag1,
+                         const char *frag2) {
     char *out = NULL;
     csd_err err = {0};
     int rc = render_opts(tpl, ctx, NULL, &out, &err);
     if (rc == 0) fail_msg("template %s rendered [%s], expected an error", tpl, out);
     assert_null(out);
-    if (rc != code) fail_msg("template %s: code %s, want %s (%s)", tpl, csd_err_name(rc), csd_err_name(code), err.msg);
+    if (rc != code)
+        fail_msg("template %s: code %s, want %s (%s)", tpl, csd_err_name(rc), csd_err_name(code),
+                 err.msg);
     if (frag1 && !strstr(err.msg, frag1)) fail_msg("error [%s] lacks [%s]", err.msg, frag1);
     if (frag2 && !strstr(err.msg, frag2)) fail_msg("error [%s] lacks [%s]", err.msg, frag2);
 }
 
-static const char *CTX = "{\"name\": \"world\", \"xs\": [1, 2, 3], \"d\": {\"k\": \"v\", \"n\": 1},"
-                         " \"objs\": [{\"t\": \"x\", \"n\": 1}, {\"t\": \"y\", \"n\": 2}, {\"t\": \"x\", \"n\": 3}],"
-                         " \"e\": \"\", \"nul\": null}";
+static const char *CTX =
+    "{\"name\": \"world\", \"xs\": [1, 2, 3], \"d\": {\"k\": \"v\", \"n\": 1},"
+    " \"objs\": [{\"t\": \"x\", \"n\": 1}, {\"t\": \"y\", \"n\": 2}, {\"t\": \"x\", \"n\": 3}],"
+    " \"e\": \"\", \"nul\": null}";
 
 static void test_expressions(void **state) {
     (void)state;
     expect_render("Hello {{ name }}!", CTX, "Hello world!");
-    expect_render("{{ 1 + 2 }} {{ 1.5 + 1 }} {{ 7 / 2 }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 10 }}", NULL,
-                  "3 2.5 3.5 3 1 1024");
+    expect_render("{{ 1 + 2 }} {{ 1.5 + 1 }} {{ 7 / 2 }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 10 }}",
+                  NULL, "3 2.5 3.5 3 1 1024");
     expect_render("{{ -3 }} {{ 1.0 }} {{ 10 / 5 }} {{ 0.1 + 0.2 }} {{ 1 - 4 }} {{ 3 * 1.5 }}", NULL,
                   "-3 1.0 2.0 0.30000000000000004 -3 4.5");
-    expect_render("{{ 'a' ~ 1 ~ true ~ 1.5 }} {{ 'x' + 1 }} {{ [1, 2] + [3] }}", NULL, "a1true1.5 x1 [1, 2, 3]");
-    expect_render("{{ 'a' in 'abc' }} {{ 1 in xs }} {{ 'k' in d }} {{ 5 not in xs }} {{ 'q' in nope }}", CTX,
-                  "true true true true false");
-    expect_render("{{ 1 == 1.0 }} {{ '1' == 1 }} {{ nul == nope }} {{ 1 != 2 }} {{ 2 < 3 }} {{ 2 > 3 }}", CTX,
-                  "true true true true true false");
-    expect_render("{{ true and 'x' }} {{ false or 'y' }} {{ not e }} {{ e or 'empty' }}", CTX, "x y true empty");
+    expect_render("{{ 'a' ~ 1 ~ true ~ 1.5 }} {{ 'x' + 1 }} {{ [1, 2] + [3] }}", NULL,
+                  "a1true1.5 x1 [1, 2, 3]");
+    expect_render(
+        "{{ 'a' in 'abc' }} {{ 1 in xs }} {{ 'k' in d }} {{ 5 not in xs }} {{ 'q' in nope }}", CTX,
+        "true true true true false");
+    expect_render(
+        "{{ 1 == 1.0 }} {{ '1' == 1 }} {{ nul == nope }} {{ 1 != 2 }} {{ 2 < 3 }} {{ 2 > 3 }}", CTX,
+        "true true true true true false");
+    expect_render("{{ true and 'x' }} {{ false or 'y' }} {{ not e }} {{ e or 'empty' }}", CTX,
+                  "x y true empty");
     expect_render("{{ 'x' if false else 'y' }}[{{ 'z' if false }}]", NULL, "y[]");
     expect_render("{{ nope }}[{{ nope.attr.deeper }}][{{ nul }}]", CTX, "[][]");
     expect_render("{{ 'a\\n\\t\\'\\\"\\\\b' }}|{{ \"\\x41\\u00e9\" }}|{{ 'ab' 'cd' }}", NULL,
                   "a\n\t'\"\\b|A\xc3\xa9|abcd");
-    expect_render("{{ [1, 'a', none, true, 1.5, {'a': [1]}] }}", NULL, "[1, \"a\", null, true, 1.5, {\"a\": [1]}]");
+    expect_render("{{ [1, 'a', none, true, 1.5, {'a': [1]}] }}", NULL,
+                  "[1, \"a\", null, true, 1.5, {\"a\": [1]}]");
     expect_render("{{ d }} {{ d['k'] }} {{ d.n }} {{ xs[0] }} {{ xs[-1] }} {{ xs.1 }}", CTX,
                   "{\"k\": \"v\", \"n\": 1} v 1 1 3 2");
 }
@@ -92,87 +101,124 @@ static void test_whitespace(void **state) {
 
 static void test_statements(void **state) {
     (void)state;
-    expect_render("{% for x in xs %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.length }}"
-                  "{% if loop.first %}F{% endif %}{% if loop.last %}L{% endif %} {% endfor %}", CTX,
-                  "1/0/3/3F 2/1/2/3 3/2/1/3L ");
-    expect_render("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}{% endfor %}", CTX,
-                  "k=v;n=1;kn");
+    expect_render(
+        "{% for x in xs %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.length }}"
+        "{% if loop.first %}F{% endif %}{% if loop.last %}L{% endif %} {% endfor %}",
+        CTX, "1/0/3/3F 2/1/2/3 3/2/1/3L ");
+    expect_render(
+        "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{% for k in d %}{{ k }}"
+        "{% endfor %}",
+        CTX, "k=v;n=1;kn");
     expect_render("{% for x in [] %}a{% else %}empty{% endfor %}", NULL, "empty");
     expect_render("{% for x in xs if x != 2 %}{{ x }}{% endfor %}", CTX, "13");
     expect_render("{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{{ x }}{% endfor %}|"
-                  "{% for x in xs %}{{ x }}{% if x == 2 %}{% break %}{% endif %}{% endfor %}", CTX, "13|1");
+                  "{% for x in xs %}{{ x }}{% if x == 2 %}{% break %}{% endif %}{% endfor %}",
+                  CTX, "13|1");
     expect_render("{% if 0 %}a{% elif e %}b{% elif xs %}c{% else %}d{% endif %}", CTX, "c");
-    expect_render("{% set ns = namespace(a=1, b='x') %}{% for x in xs %}{% set ns.a = ns.a + x %}{% endfor %}"
-                  "{{ ns.a }}{{ ns.b }}", CTX, "7x");
+    expect_render(
+        "{% set ns = namespace(a=1, b='x') %}{% for x in xs %}{% set ns.a = ns.a + x %}{% endfor %}"
+        "{{ ns.a }}{{ ns.b }}",
+        CTX, "7x");
     expect_render("{% set x = 1 %}{% for i in xs %}{% set x = i %}{% endfor %}{{ x }}", CTX, "1");
-    expect_render("{% set a, b = [1, 2] %}{{ a }}{{ b }}{% set blk %}in {{ a }}{% endset %}[{{ blk }}]", NULL,
-                  "12[in 1]");
-    expect_render("{% macro f(a, b=2) %}{{ a }}-{{ b }}{% endmacro %}{{ f(1) }} {{ f(1, b=3) }} {{ f('z', 9) }}",
-                  NULL, "1-2 1-3 z-9");
-    expect_render("{% macro g() %}{{ varargs | length }}{{ kwargs.k }}{% endmacro %}{{ g(1, 2, k='v') }}", NULL, "2v");
+    expect_render(
+        "{% set a, b = [1, 2] %}{{ a }}{{ b }}{% set blk %}in {{ a }}{% endset %}[{{ blk }}]", NULL,
+        "12[in 1]");
+    expect_render(
+        "{% macro f(a, b=2) %}{{ a }}-{{ b }}{% endmacro %}{{ f(1) }} {{ f(1, b=3) }}"
+        " {{ f('z', 9) }}",
+        NULL, "1-2 1-3 z-9");
+    expect_render(
+        "{% macro g() %}{{ varargs | length }}{{ kwargs.k }}{% endmacro %}{{ g(1, 2, k='v') }}",
+        NULL, "2v");
     expect_render("{% filter upper %}abc{{ 1 }}{% endfilter %}", NULL, "ABC1");
 }
 
 static void test_filters(void **state) {
     (void)state;
-    expect_render("[{{ '  a b  ' | trim }}] {{ 'aB' | upper }} {{ 'aB' | lower }} {{ 'hi there' | capitalize }}",
-                  NULL, "[a b] AB ab Hi there");
-    expect_render("{{ xs | length }} {{ 'h\xc3\xa9llo' | length }} {{ d | length }} {{ xs | first }} {{ xs | last }}",
-                  CTX, "3 5 2 1 3");
-    expect_render("{{ xs | join('-') }} {{ xs | join }} {{ 'abc' | join(',') }}", CTX, "1-2-3 123 a,b,c");
+    expect_render(
+        "[{{ '  a b  ' | trim }}] {{ 'aB' | upper }} {{ 'aB' | lower }}"
+        " {{ 'hi there' | capitalize }}",
+        NULL, "[a b] AB ab Hi there");
+    expect_render(
+        "{{ xs | length }} {{ 'h\xc3\xa9llo' | length }} {{ d | length }} {{ xs | first }}"
+        " {{ xs | last }}",
+        CTX, "3 5 2 1 3");
+    expect_render("{{ xs | join('-') }} {{ xs | join }} {{ 'abc' | join(',') }}", CTX,
+                  "1-2-3 123 a,b,c");
     expect_render("{{ d | tojson }} {{ 'caf\xc3\xa9 \"q\"' | tojson }} {{ nope | tojson }}", CTX,
                   "{\"k\": \"v\", \"n\": 1} \"caf\xc3\xa9 \\\"q\\\"\" null");
     expect_render("{{ d | tojson(indent=2) }}", CTX, "{\n  \"k\": \"v\",\n  \"n\": 1\n}");
     expect_render("{{ [1, [2]] | tojson(indent=2) }}", NULL, "[\n  1,\n  [\n    2\n  ]\n]");
-    expect_render("{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }} {{ '\xc3\xa9' | tojson(ensure_ascii=true) }}",
-                  NULL, "{\"a\": 2, \"b\": 1} \"\\u00e9\"");
+    expect_render(
+        "{{ {'b': 1, 'a': 2} | tojson(sort_keys=true) }}"
+        " {{ '\xc3\xa9' | tojson(ensure_ascii=true) }}",
+        NULL, "{\"a\": 2, \"b\": 1} \"\\u00e9\"");
     expect_render("{{ 3 | string }} {{ 3.0 | string }} {{ true | string }} {{ xs | string }}", CTX,
                   "3 3.0 true [1, 2, 3]");
-    expect_render("{{ '12abc' | int }} {{ 'x' | int }} {{ 3.7 | int }} {{ '3.5' | float }} {{ 'z' | int(7) }}", NULL,
-                  "12 0 3 3.5 7");
-    expect_render("{{ 'aaa' | replace('a', 'b') }} {{ nope | default('dflt') }} {{ e | default('e', true) }}"
-                  "{{ e | default('unused') }}", CTX, "bbb dflt e");
-    expect_render("{{ d | items }} {{ xs | list }} {{ '<b>' | safe }} {{ xs | reverse | list }}", CTX,
-                  "[[\"k\", \"v\"], [\"n\", 1]] [1, 2, 3] <b> [3, 2, 1]");
+    expect_render(
+        "{{ '12abc' | int }} {{ 'x' | int }} {{ 3.7 | int }} {{ '3.5' | float }}"
+        " {{ 'z' | int(7) }}",
+        NULL, "12 0 3 3.5 7");
+    expect_render(
+        "{{ 'aaa' | replace('a', 'b') }} {{ nope | default('dflt') }} {{ e | default('e', true) }}"
+        "{{ e | default('unused') }}",
+        CTX, "bbb dflt e");
+    expect_render("{{ d | items }} {{ xs | list }} {{ '<b>' | safe }} {{ xs | reverse | list }}",
+                  CTX, "[[\"k\", \"v\"], [\"n\", 1]] [1, 2, 3] <b> [3, 2, 1]");
     expect_render("{{ objs | selectattr('t', 'equalto', 'x') | map(attribute='n') | join(',') }} "
                   "{{ objs | rejectattr('t', 'equalto', 'x') | map(attribute='n') | join(',') }} "
                   "{{ objs | selectattr('n') | list | length }}", CTX, "1,3 2 3");
-    expect_render("{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [1, 2] | sort(reverse=true) }}", NULL,
-                  "[1, 2, 3] [\"A\", \"b\", \"c\"] [2, 1]");
-    expect_render("{{ 'a\nb\n\nc' | indent(2) }}|{{ -5 | abs }}|{{ [1, 1, 2] | unique | list }}", NULL,
-                  "a\n  b\n\n  c|5|[1, 2]");
+    expect_render(
+        "{{ [3, 1, 2] | sort }} {{ ['b', 'A', 'c'] | sort }} {{ [1, 2] | sort(reverse=true) }}",
+        NULL, "[1, 2, 3] [\"A\", \"b\", \"c\"] [2, 1]");
+    expect_render("{{ 'a\nb\n\nc' | indent(2) }}|{{ -5 | abs }}|{{ [1, 1, 2] | unique | list }}",
+                  NULL, "a\n  b\n\n  c|5|[1, 2]");
 }
 
 static void test_tests(void **state) {
     (void)state;
-    expect_render("{{ name is defined }} {{ nope is defined }} {{ nope is undefined }} {{ nul is none }}"
-                  " {{ name is not none }}", CTX, "true false true true true");
-    expect_render("{{ name is string }} {{ xs is string }} {{ d is mapping }} {{ xs is mapping }}", CTX,
-                  "true false true false");
-    expect_render("{{ xs is iterable }} {{ name is iterable }} {{ d is iterable }} {{ xs is sequence }}", CTX,
-                  "true true false true");
-    expect_render("{{ 1 is number }} {{ 1.5 is number }} {{ '1' is number }} {{ 1 is integer }}", NULL,
-                  "true true false true");
-    expect_render("{{ true is true }} {{ 1 is true }} {{ false is false }} {{ 0 is false }} {{ 3 is odd }}"
-                  " {{ 'ab' is lower }}", NULL, "true false true false true true");
+    expect_render(
+        "{{ name is defined }} {{ nope is defined }} {{ nope is undefined }} {{ nul is none }}"
+        " {{ name is not none }}",
+        CTX, "true false true true true");
+    expect_render("{{ name is string }} {{ xs is string }} {{ d is mapping }} {{ xs is mapping }}",
+                  CTX, "true false true false");
+    expect_render(
+        "{{ xs is iterable }} {{ name is iterable }} {{ d is iterable }} {{ xs is sequence }}", CTX,
+        "true true false true");
+    expect_render("{{ 1 is number }} {{ 1.5 is number }} {{ '1' is number }} {{ 1 is integer }}",
+                  NULL, "true true false true");
+    expect_render(
+        "{{ true is true }} {{ 1 is true }} {{ false is false }} {{ 0 is false }} {{ 3 is odd }}"
+        " {{ 'ab' is lower }}",
+        NULL, "true false true false true true");
 }
 
 static void test_strings_and_slices(void **state) {
     (void)state;
-    expect_render("[{{ ' x '.strip() }}][{{ ' x '.lstrip() }}][{{ ' x '.rstrip() }}]", NULL, "[x][x ][ x]");
-    expect_render("{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }}", NULL,
-                  "[\"a\", \"b\", \"\", \"c\"] [\"a\", \"b\"] [\"a\", \"b c\"]");
-    expect_render("{{ 'abc'.startswith('a') }} {{ 'abc'.endswith(('x', 'c')) }} {{ 'abc'.startswith('b') }}",
-                  NULL, "true true false");
-    expect_render("{{ 'Hi'.upper() }} {{ 'Hi'.lower() }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'hello world'.title() }}",
-                  NULL, "HI hi bba Hello World");
+    expect_render("[{{ ' x '.strip() }}][{{ ' x '.lstrip() }}][{{ ' x '.rstrip() }}]", NULL,
+                  "[x][x ][ x]");
+    expect_render("{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }}",
+                  NULL, "[\"a\", \"b\", \"\", \"c\"] [\"a\", \"b\"] [\"a\", \"b c\"]");
+    expect_render(
+        "{{ 'abc'.startswith('a') }} {{ 'abc'.endswith(('x', 'c')) }} {{ 'abc'.startswith('b') }}",
+        NULL, "true true false");
+    expect_render(
+        "{{ 'Hi'.upper() }} {{ 'Hi'.lower() }} {{ 'aaa'.replace('a', 'b', 2) }}"
+        " {{ 'hello world'.title() }}",
+        NULL, "HI hi bba Hello World");
     expect_render("{{ '\xc3\xa9t\xc3\xa9'.upper() }} {{ 'stra\xc3\x9f' | upper }}", NULL,
                   "\xc3\x89T\xc3\x89 STRASS");
-    expect_render("{{ d.get('k') }} {{ d.get('zz', 'def') }} {{ d.get('zz') }} {{ d.keys() }} {{ d.values() }}",
-                  CTX, "v def  [\"k\", \"n\"] [\"v\", 1]");
-    expect_render("{{ xs[::-1] }} {{ xs[1:] }} {{ xs[:2] }} {{ xs[::2] }} {{ 'hello'[1:3] }} {{ 'h\xc3\xa9llo'[::-1] }}",
-                  CTX, "[3, 2, 1] [2, 3] [1, 2] [1, 3] el oll\xc3\xa9h");
-    expect_render("{{ 'x</think>y'.split('</think>')[-1] }} {{ 'abc'[-1] }} {{ xs.length }}", CTX, "y c 3");
+    expect_render(
+        "{{ d.get('k') }} {{ d.get('zz', 'def') }} {{ d.get('zz') }} {{ d.keys() }}"
+        " {{ d.values() }}",
+        CTX, "v def  [\"k\", \"n\"] [\"v\", 1]");
+    expect_render(
+        "{{ xs[::-1] }} {{ xs[1:] }} {{ xs[:2] }} {{ xs[::2] }} {{ 'hello'[1:3] }}"
+        " {{ 'h\xc3\xa9llo'[::-1] }}",
+        CTX, "[3, 2, 1] [2, 3] [1, 2] [1, 3] el oll\xc3\xa9h");
+    expect_render("{{ 'x</think>y'.split('</think>')[-1] }} {{ 'abc'[-1] }} {{ xs.length }}", CTX,
+                  "y c 3");
 }
 
 static void test_strftime_fixed(void **state) {
@@ -186,7 +232,8 @@ static void test_strftime_fixed(void **state) {
     csd_chat_render_opts o = {.now = &now};
     char *out = NULL;
     csd_err err = {0};
-    assert_int_equal(render_opts("{{ strftime_now('%d %b %Y|%B|%H:%M|%m|%%|%q') }}", NULL, &o, &out, &err), 0);
+    assert_int_equal(
+        render_opts("{{ strftime_now('%d %b %Y|%B|%H:%M|%m|%%|%q') }}", NULL, &o, &out, &err), 0);
     assert_string_equal(out, "05 Sep 2024|September|07:03|09|%|%q");
     csd_free(out);
 }
@@ -195,13 +242,15 @@ static void test_syntax_errors(void **state) {
     (void)state;
     expect_error("ok\n{% if %}", NULL, CSD_EFORMAT, "line 2, column 7", "expected an expression");
     expect_error("{{ x + }}", NULL, CSD_EFORMAT, "line 1, column 8", NULL);
-    expect_error("line1\nline2 {% for x in xs %}", NULL, CSD_EFORMAT, "missing {% endfor %}", "line 2");
+    expect_error("line1\nline2 {% for x in xs %}", NULL, CSD_EFORMAT, "missing {% endfor %}",
+                 "line 2");
     expect_error("{{ 'unterminated }}", NULL, CSD_EFORMAT, "line 1, column 4", "unterminated");
     expect_error("{% frobnicate %}", NULL, CSD_EFORMAT, "unknown", "line 1, column 4");
     expect_error("{{ a ! b }}", NULL, CSD_EFORMAT, "unexpected character: !", "column 6");
     expect_error("{# never closed", NULL, CSD_EFORMAT, "missing end of comment", NULL);
     expect_error("{{ '\\q' }}", NULL, CSD_EFORMAT, "escaped character", NULL);
-    expect_error("{% if x %}a{% endfor %}", NULL, CSD_EFORMAT, "expected {% endif %} (found 'endfor')", "column 15");
+    expect_error("{% if x %}a{% endfor %}", NULL, CSD_EFORMAT,
+                 "expected {% endif %} (found 'endfor')", "column 15");
 }
 
 static void test_runtime_errors(void **state) {
@@ -251,35 +300,43 @@ static void test_limits(void **state) {
     free(nots);
     free(tpl2);
     /* unbounded macro recursion */
-    expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, CSD_ERANGE, "recursion", NULL);
+    expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, CSD_ERANGE,
+                 "recursion", NULL);
     /* step budget */
     char *out = NULL;
     csd_err err = {0};
     csd_chat_render_opts os = {.max_steps = 100000};
-    assert_int_equal(render_opts("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
-                                 NULL, &os, &out, &err), CSD_ERANGE);
+    assert_int_equal(
+        render_opts("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}",
+                    NULL, &os, &out, &err),
+        CSD_ERANGE);
     assert_non_null(strstr(err.msg, "steps"));
     /* a huge nested loop is stopped by the memory or the step limit, whichever comes first */
     csd_chat_render_opts o32 = {.max_memory = 32u << 20};
-    int rc = render_opts("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}",
-                         NULL, &o32, &out, &err);
+    int rc = render_opts(
+        "{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", NULL,
+        &o32, &out, &err);
     assert_true(rc == CSD_ERANGE || rc == CSD_EFULL);
     /* output and string size: doubling a string */
     csd_chat_render_opts o = {.max_output = 1000};
-    assert_int_equal(render_opts("{% for i in range(2000) %}x{% endfor %}", NULL, &o, &out, &err), CSD_ERANGE);
+    assert_int_equal(render_opts("{% for i in range(2000) %}x{% endfor %}", NULL, &o, &out, &err),
+                     CSD_ERANGE);
     assert_non_null(strstr(err.msg, "size limit"));
     assert_int_equal(render_opts("{% set ns = namespace(s='ab') %}{% for i in range(64) %}"
                                  "{% set ns.s = ns.s ~ ns.s %}{% endfor %}", NULL, &o, &out, &err),
                      CSD_ERANGE);
     /* memory: many medium strings kept alive in a list */
     csd_chat_render_opts om = {.max_memory = 4u << 20};
-    assert_int_equal(render_opts("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
-                                 "{% set ns.l = ns.l + ['xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' ~ i] %}{% endfor %}",
-                                 NULL, &om, &out, &err),
-                     CSD_EFULL);
+    assert_int_equal(
+        render_opts(
+            "{% set ns = namespace(l=[]) %}{% for i in range(100000) %}"
+            "{% set ns.l = ns.l + ['xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx' ~ i] %}{% endfor %}",
+            NULL, &om, &out, &err),
+        CSD_EFULL);
     /* range size and namespace self-reference */
     expect_error("{{ range(100000000) | length }}", NULL, CSD_EINVAL, "range()", NULL);
-    expect_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}", NULL, CSD_ERANGE, "nested", NULL);
+    expect_error("{% set ns = namespace() %}{% set ns.me = ns %}{{ ns | tojson }}", NULL,
+                 CSD_ERANGE, "nested", NULL);
 }
 
 static void test_builtins(void **state) {
@@ -287,22 +344,29 @@ static void test_builtins(void **state) {
     static const struct {
         const char *name, *want;
     } cases[] = {
-        {"chatml", "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-                   "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"},
+        {"chatml",
+         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+         "<|im_start|>assistant\nHello<|im_end|>\n<|im_start|>user\nBye<|im_end|>\n"
+         "<|im_start|>assistant\n"},
         {"llama3", "<B><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
                    "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
                    "<|start_header_id|>assistant<|end_header_id|>\n\nHello<|eot_id|>"
                    "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
                    "<|start_header_id|>assistant<|end_header_id|>\n\n"},
-        {"llama2", "<B>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello <E><B>[INST] Bye [/INST]"},
+        {"llama2",
+         "<B>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello <E><B>[INST] Bye [/INST]"},
         {"mistral", "<B>[INST] Hi[/INST] Hello<E>[INST] Be brief.\n\nBye[/INST]"},
-        {"gemma", "<B><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello<end_of_turn>\n"
-                  "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"},
+        {"gemma",
+         "<B><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+         "<start_of_turn>model\nHello<end_of_turn>\n"
+         "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"},
     };
-    json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"Be brief.\"},"
-                              " {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"}]},"
-                              " {\"role\": \"assistant\", \"content\": \"Hello\"},"
-                              " {\"role\": \"user\", \"content\": \"Bye\"}]", 0, NULL);
+    json_t *msgs =
+        json_loads("[{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                   " {\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hi\"}]},"
+                   " {\"role\": \"assistant\", \"content\": \"Hello\"},"
+                   " {\"role\": \"user\", \"content\": \"Bye\"}]",
+                   0, NULL);
     assert_non_null(msgs);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *src = csd_chat_template_builtin(cases[i].name);
@@ -311,11 +375,15 @@ static void test_builtins(void **state) {
         csd_err err = {0};
         if (csd_chat_template_create(&t, src, &err)) fail_msg("%s: %s", cases[i].name, err.msg);
         /* keep the parts list: the built-ins handle it themselves */
-        csd_chat_apply_params p = {.messages = msgs, .add_generation_prompt = true, .bos_token = "<B>",
-                                   .eos_token = "<E>", .keep_content_parts = true};
+        csd_chat_apply_params p = {.messages = msgs,
+                                   .add_generation_prompt = true,
+                                   .bos_token = "<B>",
+                                   .eos_token = "<E>",
+                                   .keep_content_parts = true};
         char *out = NULL;
         if (csd_chat_template_apply(t, &p, &out, &err)) fail_msg("%s: %s", cases[i].name, err.msg);
-        if (strcmp(out, cases[i].want)) fail_msg("%s:\n got [%s]\nwant [%s]", cases[i].name, out, cases[i].want);
+        if (strcmp(out, cases[i].want))
+            fail_msg("%s:\n got [%s]\nwant [%s]", cases[i].name, out, cases[i].want);
         csd_free(out);
         csd_chat_template_destroy(t);
     }
@@ -328,8 +396,11 @@ static void test_apply_validation(void **state) {
     (void)state;
     csd_chat_template *t = NULL;
     csd_err err = {0};
-    assert_int_equal(csd_chat_template_create(&t, "{% for m in messages %}{{ m.content }}|{% endfor %}"
-                                                  "{{ tools | length }}{{ enable_thinking }}", &err), 0);
+    assert_int_equal(csd_chat_template_create(&t,
+                                              "{% for m in messages %}{{ m.content }}|{% endfor %}"
+                                              "{{ tools | length }}{{ enable_thinking }}",
+                                              &err),
+                     0);
     static const struct {
         const char *json, *frag;
     } bad[] = {
@@ -338,7 +409,8 @@ static void test_apply_validation(void **state) {
         {"[{\"content\": \"x\"}]", "messages[0].role"},
         {"[{\"role\": \"user\", \"content\": 5}]", "messages[0].content"},
         {"[{\"role\": \"user\", \"content\": [{\"text\": \"x\"}]}]", "content[0]"},
-        {"[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": 1}]}]", "content[0].text"},
+        {"[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": 1}]}]",
+         "content[0].text"},
         {"[{\"role\": \"assistant\", \"tool_calls\": {}}]", "tool_calls"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -351,9 +423,10 @@ static void test_apply_validation(void **state) {
         assert_null(out);
         json_decref(m);
     }
-    json_t *m = json_loads("[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
-                           " {\"type\": \"text\", \"text\": \"b\"}]}, {\"role\": \"user\", \"content\": null}]",
-                           0, NULL);
+    json_t *m = json_loads(
+        "[{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
+        " {\"type\": \"text\", \"text\": \"b\"}]}, {\"role\": \"user\", \"content\": null}]",
+        0, NULL);
     json_t *tools = json_loads("[{\"type\": \"function\"}]", 0, NULL);
     json_t *extra = json_loads("{\"enable_thinking\": false}", 0, NULL);
     csd_chat_apply_params p = {.messages = m, .tools = tools, .extra = extra};
@@ -396,11 +469,14 @@ static void test_real_templates(void **state) {
     assert_non_null(cfg);
     csd_chat_template *t = NULL;
     csd_err err = {0};
-    if (csd_chat_template_create(&t, json_string_value(json_object_get(cfg, "chat_template")), &err))
+    if (csd_chat_template_create(&t, json_string_value(json_object_get(cfg, "chat_template")),
+                                 &err))
         fail_msg("%s", err.msg);
-    json_t *msgs = json_loads("[{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Q\"},"
-                              " {\"role\": \"assistant\", \"content\": \"<think>\\nr\\n</think>\\n\\nA\"},"
-                              " {\"role\": \"user\", \"content\": \"Q2\"}]", 0, NULL);
+    json_t *msgs = json_loads(
+        "[{\"role\": \"system\", \"content\": \"S\"}, {\"role\": \"user\", \"content\": \"Q\"},"
+        " {\"role\": \"assistant\", \"content\": \"<think>\\nr\\n</think>\\n\\nA\"},"
+        " {\"role\": \"user\", \"content\": \"Q2\"}]",
+        0, NULL);
     json_t *extra = json_loads("{\"enable_thinking\": false}", 0, NULL);
     csd_chat_apply_params p = {.messages = msgs, .add_generation_prompt = true, .extra = extra};
     char *out = NULL;
@@ -416,16 +492,18 @@ static void test_real_templates(void **state) {
     CSD_REQUIRE_FILE(path);
     cfg = json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL);
     assert_non_null(cfg);
-    if (csd_chat_template_create(&t, json_string_value(json_object_get(cfg, "chat_template")), &err))
+    if (csd_chat_template_create(&t, json_string_value(json_object_get(cfg, "chat_template")),
+                                 &err))
         fail_msg("%s", err.msg);
     p.bos_token = "<|begin_of_text|>";
     p.extra = NULL;
     if (csd_chat_template_apply(t, &p, &out, &err)) fail_msg("%s", err.msg);
-    assert_string_equal(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
-                             "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
-                             "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nr\n</think>\n\nA<|eot_id|>"
-                             "<|start_header_id|>user<|end_header_id|>\n\nQ2<|eot_id|>"
-                             "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    assert_string_equal(
+        out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|>"
+             "<|start_header_id|>user<|end_header_id|>\n\nQ<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n<think>\nr\n</think>\n\nA<|eot_id|>"
+             "<|start_header_id|>user<|end_header_id|>\n\nQ2<|eot_id|>"
+             "<|start_header_id|>assistant<|end_header_id|>\n\n");
     csd_free(out);
     csd_chat_template_destroy(t);
     json_decref(cfg);

@@ -71,7 +71,8 @@ static int setup(void **state) {
     assert_non_null(mkdtemp(f->dir));
     csd_err err = {0};
     csd_model_config cfg;
-    assert_int_equal(csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err), 0);
+    assert_int_equal(
+        csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err), 0);
     assert_int_equal(csd_synth_write(&cfg, 0 /* f32 */, 11, f->dir, &err), 0);
     csd_model_opts opts;
     csd_model_opts_default(&opts);
@@ -255,7 +256,8 @@ static void test_prefix_cache(void **state) {
     int32_t doc[48], other[48];
     for (int i = 0; i < 48; i++) doc[i] = (int32_t)(1 + (i * 11) % 280);
     memcpy(other, doc, sizeof doc);
-    for (int i = 30; i < 48; i++) other[i] = (int32_t)(2 + (i * 5) % 250); /* same first 30 tokens */
+    for (int i = 30; i < 48; i++)
+        other[i] = (int32_t)(2 + (i * 5) % 250); /* same first 30 tokens */
     csd_engine_opts o;
     csd_engine_opts_default(&o);
     csd_err err = {0};

@@ -63,7 +63,8 @@ static void test_guided_split_tiles_in_order(void **state) {
                     assert_true(e >= b);
                     next = e;
                     if (c % threads == 0) { /* a round's first chunk is its largest */
-                        if (rounds > 1 && c / threads < rounds - 1 && n >= (int64_t)threads << rounds)
+                        if (rounds > 1 && c / threads < rounds - 1 &&
+                            n >= (int64_t)threads << rounds)
                             assert_true(e - b <= prev_round_size);
                         prev_round_size = e - b;
                     }

@@ -1,7 +1,8 @@
 /* test_kern_attention: single-head attention (csd_attend_f16_with) in every table this CPU
- * supports against a float64 softmax-attention over the same f16 cache, for head sizes with and without a fused kernel,
- * strided rows and one to hundreds of positions; results deterministic call to call. The grouped
- * form (several query heads over one K/V head) gives each head exactly its single-head result. */
+ * supports against a float64 softmax-attention over the same f16 cache, for head sizes with and
+ * without a fused kernel, strided rows and one to hundreds of positions; results deterministic call
+ * to call. The grouped form (several query heads over one K/V head) gives each head exactly its
+ * single-head result. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -100,8 +101,8 @@ static void test_attend_matches_f64(void **state) {
     assert_true(checked >= 7 * 6); /* at least ref */
 }
 
-/* csd_attend_f16_group == csd_attend_f16_with head by head, bit for bit, for group sizes that fill a
- * kernel pass, leave a partial one or span several. */
+/* csd_attend_f16_group == csd_attend_f16_with head by head, bit for bit, for group sizes that fill
+ * a kernel pass, leave a partial one or span several. */
 static void test_attend_group_matches_heads(void **state) {
     (void)state;
     static const int64_t hds[] = {16, 18, 64, 76, 80, 128, 200, 264};

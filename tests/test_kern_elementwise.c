@@ -1,6 +1,7 @@
-/* test_kern_elementwise: the softmax step, the SiLU gate and RMSNorm of every table this CPU supports
- * against float64, over the whole range their inputs take (and beyond: large magnitudes, NaN),
- * and deterministic call to call. A table with its own exp (avx512) must stay within a few ulp. */
+/* test_kern_elementwise: the softmax step, the SiLU gate and RMSNorm of every table this CPU
+ * supports against float64, over the whole range their inputs take (and beyond: large magnitudes,
+ * NaN), and deterministic call to call. A table with its own exp (avx512) must stay within a few
+ * ulp. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -58,8 +59,8 @@ static void test_silu_mul_matches_f64(void **state) {
             for (int64_t i = 0; i < len; i++) {
                 double x = g[i], want = x / (1.0 + exp(-x)) * u[i];
                 if (fabs(out[i] - want) > 4e-7 * fabs(want) + 1e-37)
-                    fail_msg("table %s silu_mul(%.9g) * %.9g = %.9g, want %.9g", table_names[ti], g[i],
-                             u[i], out[i], want);
+                    fail_msg("table %s silu_mul(%.9g) * %.9g = %.9g, want %.9g", table_names[ti],
+                             g[i], u[i], out[i], want);
             }
             checked++;
         }
@@ -132,8 +133,8 @@ static void test_rmsnorm_matches_f64(void **state) {
             for (int64_t i = 0; i < n; i++) {
                 double want = x[i] * scale * w[i];
                 if (fabs(out[i] - want) > 3e-7 * fabs(want) + 1e-30)
-                    fail_msg("table %s n %lld: out[%lld] = %.9g, want %.9g", table_names[ti], (long long)n,
-                             (long long)i, out[i], want);
+                    fail_msg("table %s n %lld: out[%lld] = %.9g, want %.9g", table_names[ti],
+                             (long long)n, (long long)i, out[i], want);
             }
             checked++;
         }

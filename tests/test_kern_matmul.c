@@ -388,7 +388,8 @@ static void test_matvec_lanes_any_split(void **state) {
                     run(ops, pool, ws[i], x, 1, got[i]);
                     assert_memory_equal(got[i], want[i], (size_t)rows[i] * sizeof(float));
                 }
-                if (ops != csd_kern_ops_current()) continue; /* csd_matmul_multi: the current table */
+                if (ops != csd_kern_ops_current())
+                    continue; /* csd_matmul_multi: the current table */
                 for (int i = 0; i < 3; i++) memset(got[i], 0xff, (size_t)rows[i] * sizeof(float));
                 csd_matmul_multi(pool, ws, 3, x, 1, got, scratch);
                 for (int i = 0; i < 3; i++)

@@ -154,7 +154,8 @@ static void test_deterministic_and_padding(void **state) {
             for (int64_t r = 0; r < 16; r++) { /* rows 5..15 pad the block */
                 for (int64_t c = 0; c < 384; c++) {
                     int q = csd_quant_get_q(dtype, cols, a, r, c);
-                    if (r >= rows) assert_int_equal(q, dtype == CSD_DTYPE_Q4 ? -8 : 0); /* 0 bytes */
+                    if (r >= rows)
+                        assert_int_equal(q, dtype == CSD_DTYPE_Q4 ? -8 : 0); /* 0 bytes */
                     else if (c >= cols) assert_int_equal(q, 0);
                 }
                 for (int64_t g = 0; g < 3 && r >= rows; g++)
@@ -185,7 +186,8 @@ static void test_block_layout(void **state) {
             csd_qmat_dequant_row(&w, r, out);
             for (int64_t c = 0; c < cols; c++) {
                 int64_t g = c / 128, j = c % 128, lane = r % 16;
-                size_t gb = dtype == CSD_DTYPE_Q8 ? 2048 : 1024, pair = (size_t)(g / 2) * (64 + 2 * gb);
+                size_t gb = dtype == CSD_DTYPE_Q8 ? 2048 : 1024,
+                       pair = (size_t)(g / 2) * (64 + 2 * gb);
                 const uint8_t *grp = blk + pair + 64 + (size_t)(g % 2) * gb;
                 uint16_t sc;
                 memcpy(&sc, blk + pair + (size_t)(g % 2) * 32 + (size_t)lane * 2, sizeof sc);
@@ -207,7 +209,8 @@ static void test_block_layout(void **state) {
 }
 
 /* Plain absmax reference: d = amax / qmax on a symmetric grid, d rounded to f16 like ours. Returns
- * the squared error, and in *wse the error weighted by (x / amax)^2, the objective of the Q4 search. */
+ * the squared error, and in *wse the error weighted by (x / amax)^2, the objective of the Q4
+ * search. */
 static double absmax_sse(const float *x, int n, int qmax, double *wse) {
     float amax = 0;
     for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));

@@ -33,7 +33,8 @@ static void make_model(const char *dir, int64_t n_kv_heads) {
     csd_model_config cfg;
     csd_err err = {0};
     assert_int_equal(mkdir(dir, 0755), 0);
-    if (csd_synth_config(&cfg, p, CSD_ARCH_LLAMA, 300, 1, 2, &err)) fail_msg("synth config: %s", err.msg);
+    if (csd_synth_config(&cfg, p, CSD_ARCH_LLAMA, 300, 1, 2, &err))
+        fail_msg("synth config: %s", err.msg);
     cfg.n_heads = 8; /* with one KV head: 2 parts of CSD_ATTN_TASK_HEADS query heads */
     cfg.n_kv_heads = n_kv_heads;
     if (csd_synth_write(&cfg, CSD_DTYPE_F32, 7 + (uint64_t)n_kv_heads, dir, &err))
@@ -83,7 +84,8 @@ static csd_kv *new_kv(csd_model *m) {
 static void prompt_whole(csd_model *m, const int32_t *ids, float *logits) {
     csd_kv *kv = new_kv(m);
     csd_err err = {0};
-    if (csd_model_forward_seq(m, kv, ids, NULL, N_PROMPT, logits, &err)) fail_msg("forward: %s", err.msg);
+    if (csd_model_forward_seq(m, kv, ids, NULL, N_PROMPT, logits, &err))
+        fail_msg("forward: %s", err.msg);
     assert_int_equal(csd_kv_len(kv), N_PROMPT);
     csd_kv_destroy(kv);
 }
@@ -93,11 +95,13 @@ static void prompt_by_token(csd_model *m, const int32_t *ids, float *logits) {
     csd_kv *kv = new_kv(m);
     csd_err err = {0};
     for (int i = 0; i < N_PROMPT; i++)
-        if (csd_model_forward_seq(m, kv, ids + i, NULL, 1, logits, &err)) fail_msg("step %d: %s", i, err.msg);
+        if (csd_model_forward_seq(m, kv, ids + i, NULL, 1, logits, &err))
+            fail_msg("step %d: %s", i, err.msg);
     csd_kv_destroy(kv);
 }
 
-/* Both prompts decoded side by side, one token of each per forward: logits of each after the last. */
+/* Both prompts decoded side by side, one token of each per forward: logits of each after the
+ * last. */
 static void prompts_batched(csd_model *m, float *logits_a, float *logits_b) {
     int64_t vocab = csd_model_cfg(m)->vocab_size;
     csd_kv *kv[2] = {new_kv(m), new_kv(m)};

@@ -29,8 +29,10 @@ static void load_golden(golden *g) {
     g->n_prompt = (int)json_array_size(p);
     g->n_ids = (int)json_array_size(ids);
     assert_true(g->n_prompt > 0 && g->n_prompt <= 16 && g->n_ids <= 128);
-    for (int i = 0; i < g->n_prompt; i++) g->prompt[i] = (int32_t)json_integer_value(json_array_get(p, i));
-    for (int i = 0; i < g->n_ids; i++) g->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+    for (int i = 0; i < g->n_prompt; i++)
+        g->prompt[i] = (int32_t)json_integer_value(json_array_get(p, i));
+    for (int i = 0; i < g->n_ids; i++)
+        g->ids[i] = (int32_t)json_integer_value(json_array_get(ids, i));
     json_decref(root);
 }
 
@@ -69,7 +71,8 @@ static void greedy_matches_golden(int chunk, int threads) {
         seq[n] = argmax(logits, 512);
         assert_int_equal(seq[n], g.ids[n]);
         n++;
-        if (n < g.n_ids) assert_int_equal(csd_model_forward_seq(m, kv, &seq[n - 1], NULL, 1, logits, &err), 0);
+        if (n < g.n_ids)
+            assert_int_equal(csd_model_forward_seq(m, kv, &seq[n - 1], NULL, 1, logits, &err), 0);
     }
     assert_int_equal(csd_alloc_count(), allocs_before); /* the decode loop allocated nothing */
     csd_kv_destroy(kv);

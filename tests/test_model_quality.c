@@ -315,8 +315,8 @@ static void test_int8_int4_against_f32(void **state) {
 static int tokenize_long_text(int32_t *ids) {
     /* CSD_EMULATOR (empty unless cross-built), CSD_BINARY and the paths come from CMake; single
      * quotes keep spaces in the paths intact. */
-    const char *cmd = CSD_EMULATOR " '" CSD_BINARY "' tokenize '" CSD_STORIES_DIR "' < '" CSD_SOURCE_DIR
-                      "/tests/data/quality_text.txt'";
+    const char *cmd = CSD_EMULATOR " '" CSD_BINARY "' tokenize '" CSD_STORIES_DIR
+                                   "' < '" CSD_SOURCE_DIR "/tests/data/quality_text.txt'";
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     int n = 0;

@@ -114,7 +114,8 @@ static long mapped_resident_kib(const char *path) {
     while (fgets(line, sizeof line, f)) {
         size_t n = strcspn(line, "\n");
         line[n] = 0;
-        if (strchr(line, '-') && strchr(line, '-') < strchr(line, ' ')) { /* a mapping's first line */
+        if (strchr(line, '-') &&
+            strchr(line, '-') < strchr(line, ' ')) { /* a mapping's first line */
             in_path = n >= plen && strcmp(line + n - plen, path) == 0;
         } else if (in_path && strncmp(line, "Rss:", 4) == 0) {
             kib += strtol(line + 4, NULL, 10);
@@ -128,13 +129,15 @@ static long mapped_resident_kib(const char *path) {
 static void expect_file_not_resident(const char *path) {
     struct stat st;
     assert_int_equal(stat(path, &st), 0);
-    assert_true(st.st_size >= 32 << 10); /* a resident copy would show well above the 8 KiB allowed */
+    assert_true(st.st_size >=
+                32 << 10); /* a resident copy would show well above the 8 KiB allowed */
     long kib = mapped_resident_kib(path);
     if (kib < 0) {
         print_message("no /proc/self/smaps: resident file pages not checked\n");
         return;
     }
-    if (kib > 8) fail_msg("%s: %ld KiB of the mapped file still resident after the copy", path, kib);
+    if (kib > 8)
+        fail_msg("%s: %ld KiB of the mapped file still resident after the copy", path, kib);
 }
 
 /* The shards at paths[0..n), mapped and chained: logits equal the whole model's at precision. */

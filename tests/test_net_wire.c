@@ -331,11 +331,12 @@ static void test_copy_prefix_roundtrip(void **state) {
     assert_int_equal(src, 77);
     assert_int_equal(n, 2000);
     csd_err err = {0};
-    assert_int_equal(csd_wire_decode_copy_prefix(b, len - 1, &src, &n, &err), CSD_EPROTO); /* short */
-    csd_wire_put_u32(b + 4, CSD_WIRE_MAX_CONTEXT + 1);                                  /* too long */
+    assert_int_equal(csd_wire_decode_copy_prefix(b, len - 1, &src, &n, &err),
+                     CSD_EPROTO);                      /* short */
+    csd_wire_put_u32(b + 4, CSD_WIRE_MAX_CONTEXT + 1); /* too long */
     assert_int_equal(csd_wire_decode_copy_prefix(b, len, &src, &n, &err), CSD_EPROTO);
     assert_non_null(strstr(err.msg, "COPY_PREFIX"));
-    assert_int_equal(csd_wire_encode_copy_prefix(b, 4, 1, 1, &len, NULL), CSD_EINVAL);    /* no room */
+    assert_int_equal(csd_wire_encode_copy_prefix(b, 4, 1, 1, &len, NULL), CSD_EINVAL); /* no room */
 }
 
 static void test_route_roundtrip(void **state) {

@@ -29,7 +29,7 @@ static void nfc_rules(void **state) {
     (void)state;
     expect_nfc("plain ascii", "plain ascii");
     expect_nfc("e\xCC\x81", "\xC3\xA9");                     /* e + acute -> U+00E9 */
-    expect_nfc("o\xCC\xA3\xCC\x82", "\xE1\xBB\x99");         /* o + dot below + circumflex -> U+1ED9 */
+    expect_nfc("o\xCC\xA3\xCC\x82", "\xE1\xBB\x99"); /* o + dot below + circumflex -> U+1ED9 */
     expect_nfc("o\xCC\x82\xCC\xA3", "\xE1\xBB\x99");         /* marks in the other order */
     expect_nfc("q\xCC\x87\xCC\xA3", "q\xCC\xA3\xCC\x87");    /* reordered, nothing composes */
     expect_nfc("a\xCC\x81\xCC\x81", "\xC3\xA1\xCC\x81");     /* second acute is blocked */

@@ -1,5 +1,5 @@
-/* test_util: what every cmocka test file shares: paths to the shared models and a skip that says why.
- * Include after <cmocka.h>'s prerequisites (stdarg, stddef, setjmp, stdint). */
+/* test_util: what every cmocka test file shares: paths to the shared models and a skip that says
+ * why. Include after <cmocka.h>'s prerequisites (stdarg, stddef, setjmp, stdint). */
 #ifndef CSD_TEST_UTIL_H
 #define CSD_TEST_UTIL_H
 

@@ -1,4 +1,5 @@
-/* cascadia: the one binary. Dispatches to a subcommand from cli/commands.c; nothing else lives here. */
+/* cascadia: the one binary. Dispatches to a subcommand from cli/commands.c; nothing else lives
+ * here. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,9 @@ static void usage(FILE *out) {
             "commands:\n");
     for (const csd_command *c = csd_commands; c->name; c++)
         fprintf(out, "  %-12s %s\n", c->name, c->summary);
-    fprintf(out, "\nenvironment: CSD_LOG=error|warn|info|debug|trace, CSD_KERN=ref|avx2|avxvnni|avx512\n");
+    fprintf(
+        out,
+        "\nenvironment: CSD_LOG=error|warn|info|debug|trace, CSD_KERN=ref|avx2|avxvnni|avx512\n");
 }
 
 int main(int argc, char **argv) {

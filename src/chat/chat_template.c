@@ -125,7 +125,8 @@ int csd_chat_template_render_opts(const csd_chat_template *t, const json_t *ctx,
     st->fail.err = err;
     st->fail.what = "chat template render error";
     st->fail.src = t->src;
-    csd_chat_arena_init(&st->arena, o.max_memory ? o.max_memory : CSD_CHAT_DEFAULT_MAX_MEMORY, &st->fail);
+    csd_chat_arena_init(&st->arena, o.max_memory ? o.max_memory : CSD_CHAT_DEFAULT_MAX_MEMORY,
+                        &st->fail);
     st->rt.arena = &st->arena;
     st->rt.fail = &st->fail;
     st->rt.max_str = o.max_output ? o.max_output : CSD_CHAT_DEFAULT_MAX_OUTPUT;
@@ -144,45 +145,54 @@ int csd_chat_template_render_opts(const csd_chat_template *t, const json_t *ctx,
     return rc;
 }
 
-int csd_chat_template_render(const csd_chat_template *t, const json_t *ctx, char **out, csd_err *err) {
+int csd_chat_template_render(const csd_chat_template *t, const json_t *ctx, char **out,
+                             csd_err *err) {
     return csd_chat_template_render_opts(t, ctx, NULL, out, err);
 }
 
 /* ---- messages ---- */
 
 int csd_chat_messages_validate(const json_t *messages, csd_err *err) {
-    if (!json_is_array(messages)) return csd_err_set(err, CSD_EINVAL, "messages: expected an array");
+    if (!json_is_array(messages))
+        return csd_err_set(err, CSD_EINVAL, "messages: expected an array");
     size_t i;
     json_t *m;
     json_array_foreach(messages, i, m) {
-        if (!json_is_object(m)) return csd_err_set(err, CSD_EINVAL, "messages[%zu]: expected an object", i);
+        if (!json_is_object(m))
+            return csd_err_set(err, CSD_EINVAL, "messages[%zu]: expected an object", i);
         json_t *role = json_object_get(m, "role");
         if (!json_is_string(role))
             return csd_err_set(err, CSD_EINVAL, "messages[%zu].role: expected a string", i);
         json_t *c = json_object_get(m, "content");
         if (c && !json_is_string(c) && !json_is_null(c) && !json_is_array(c))
-            return csd_err_set(err, CSD_EINVAL, "messages[%zu].content: expected a string, null or a list of parts", i);
+            return csd_err_set(err, CSD_EINVAL,
+                               "messages[%zu].content: expected a string, null or a list of parts",
+                               i);
         if (json_is_array(c)) {
             size_t j;
             json_t *part;
             json_array_foreach(c, j, part) {
                 json_t *type = json_object_get(part, "type");
                 if (!json_is_object(part) || !json_is_string(type))
-                    return csd_err_set(err, CSD_EINVAL, "messages[%zu].content[%zu]: expected {type, ...}", i, j);
+                    return csd_err_set(err, CSD_EINVAL,
+                                       "messages[%zu].content[%zu]: expected {type, ...}", i, j);
                 if (strcmp(json_string_value(type), "text") == 0 &&
                     !json_is_string(json_object_get(part, "text")))
-                    return csd_err_set(err, CSD_EINVAL, "messages[%zu].content[%zu].text: expected a string", i, j);
+                    return csd_err_set(err, CSD_EINVAL,
+                                       "messages[%zu].content[%zu].text: expected a string", i, j);
             }
         }
         json_t *tc = json_object_get(m, "tool_calls");
         if (tc && !json_is_null(tc)) {
             if (!json_is_array(tc))
-                return csd_err_set(err, CSD_EINVAL, "messages[%zu].tool_calls: expected an array", i);
+                return csd_err_set(err, CSD_EINVAL, "messages[%zu].tool_calls: expected an array",
+                                   i);
             size_t j;
             json_t *call;
             json_array_foreach(tc, j, call) {
                 if (!json_is_object(call))
-                    return csd_err_set(err, CSD_EINVAL, "messages[%zu].tool_calls[%zu]: expected an object", i, j);
+                    return csd_err_set(err, CSD_EINVAL,
+                                       "messages[%zu].tool_calls[%zu]: expected an object", i, j);
             }
         }
     }
@@ -239,14 +249,16 @@ int csd_chat_template_apply(const csd_chat_template *t, const csd_chat_apply_par
     if (p->extra && !json_is_object(p->extra))
         return csd_err_set(err, CSD_EINVAL, "extra template variables: expected an object");
     json_t *ctx = json_object();
-    json_t *msgs = p->keep_content_parts ? json_incref((json_t *)p->messages) : flatten_parts(p->messages);
+    json_t *msgs =
+        p->keep_content_parts ? json_incref((json_t *)p->messages) : flatten_parts(p->messages);
     if (!ctx || !msgs) {
         json_decref(ctx);
         json_decref(msgs);
         return csd_err_set(err, CSD_ENOMEM, "out of memory");
     }
     int bad = json_object_set_new(ctx, "messages", msgs);
-    bad |= json_object_set_new(ctx, "add_generation_prompt", json_boolean(p->add_generation_prompt));
+    bad |=
+        json_object_set_new(ctx, "add_generation_prompt", json_boolean(p->add_generation_prompt));
     if (p->bos_token) bad |= json_object_set_new(ctx, "bos_token", json_string(p->bos_token));
     if (p->eos_token) bad |= json_object_set_new(ctx, "eos_token", json_string(p->eos_token));
     if (p->tools) bad |= json_object_set(ctx, "tools", (json_t *)p->tools);

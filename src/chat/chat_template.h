@@ -17,7 +17,7 @@
 /* Largest template source accepted by create (bytes). */
 #define CSD_CHAT_MAX_TEMPLATE (4u << 20)
 /* Render defaults when csd_chat_render_opts leaves a field 0. */
-#define CSD_CHAT_DEFAULT_MAX_OUTPUT (16u << 20)     /* bytes of rendered text (and any one string) */
+#define CSD_CHAT_DEFAULT_MAX_OUTPUT (16u << 20) /* bytes of rendered text (and any one string) */
 #define CSD_CHAT_DEFAULT_MAX_MEMORY (256u << 20)    /* bytes the interpreter may allocate */
 #define CSD_CHAT_DEFAULT_MAX_STEPS 20000000ull      /* statements + expression nodes evaluated */
 
@@ -27,7 +27,7 @@ typedef struct csd_chat_render_opts {
     size_t max_output;        /* 0: CSD_CHAT_DEFAULT_MAX_OUTPUT */
     size_t max_memory;        /* 0: CSD_CHAT_DEFAULT_MAX_MEMORY */
     uint64_t max_steps;       /* 0: CSD_CHAT_DEFAULT_MAX_STEPS */
-    const struct tm *now;     /* time seen by strftime_now(); NULL: the local clock (tests fix it) */
+    const struct tm *now; /* time seen by strftime_now(); NULL: the local clock (tests fix it) */
 } csd_chat_render_opts;
 
 /* What csd_chat_template_apply puts into the context besides the messages. */
@@ -56,7 +56,8 @@ void csd_chat_template_destroy(csd_chat_template *t);
  * string owned by the caller (csd_free). Errors: CSD_EINVAL (bad context, runtime error,
  * raise_exception: the template's message), CSD_ERANGE (depth/steps/output limit), CSD_EFULL
  * (memory limit). The template is not modified: concurrent renders of one template are safe. */
-int csd_chat_template_render(const csd_chat_template *t, const json_t *ctx, char **out, csd_err *err);
+int csd_chat_template_render(const csd_chat_template *t, const json_t *ctx, char **out,
+                             csd_err *err);
 int csd_chat_template_render_opts(const csd_chat_template *t, const json_t *ctx,
                                   const csd_chat_render_opts *opts, char **out, csd_err *err);
 

@@ -1,6 +1,7 @@
 /* tmpl_arena: bump allocator, growable buffers and error unwinding for the chat-template engine.
  * A template's AST and a render's values all live in one arena freed at once; a byte limit bounds
- * what a hostile template can allocate. Errors longjmp to the public entry point (chat_template.c). */
+ * what a hostile template can allocate. Errors longjmp to the public entry point
+ * (chat_template.c). */
 #include "chat/tmpl_internal.h"
 
 #include <stdarg.h>

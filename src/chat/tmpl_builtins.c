@@ -53,7 +53,8 @@ static csd_chat_val obj_builtin(csd_chat_rt *rt, csd_chat_val obj, const char *s
 }
 
 static csd_chat_val str_builtin(csd_chat_rt *rt, csd_chat_val str, const char *s, size_t n) {
-    if (name_is(s, n, "length")) return csd_chat_v_int((double)csd_chat_utf16_len(str.u.s.p, str.u.s.n));
+    if (name_is(s, n, "length"))
+        return csd_chat_v_int((double)csd_chat_utf16_len(str.u.s.p, str.u.s.n));
     const char *m = find_name(STR_METHODS, s, n);
     return m ? bound(rt, CSD_CHAT_FN_STR_METHOD, m, str) : csd_chat_v_undef();
 }
@@ -89,23 +90,27 @@ static csd_chat_val index_at(csd_chat_val obj, double x) {
 csd_chat_val csd_chat_member(csd_chat_rt *rt, csd_chat_val obj, csd_chat_val prop, uint32_t pos) {
     if (obj.type == CSD_CHAT_V_OBJ || obj.type == CSD_CHAT_V_NS) {
         if (prop.type != CSD_CHAT_V_STR)
-            RAISE(rt, pos, "cannot access property with non-string: got %s", csd_chat_type_name(prop.type));
+            RAISE(rt, pos, "cannot access property with non-string: got %s",
+                  csd_chat_type_name(prop.type));
         csd_chat_val *v = csd_chat_obj_get(obj.u.obj, prop.u.s.p, prop.u.s.n);
         if (v) return *v;
-        return obj.type == CSD_CHAT_V_OBJ ? obj_builtin(rt, obj, prop.u.s.p, prop.u.s.n) : csd_chat_v_undef();
+        return obj.type == CSD_CHAT_V_OBJ ? obj_builtin(rt, obj, prop.u.s.p, prop.u.s.n)
+                                          : csd_chat_v_undef();
     }
     if (obj.type == CSD_CHAT_V_ARR || obj.type == CSD_CHAT_V_STR) {
         if (prop.type == CSD_CHAT_V_INT) return index_at(obj, prop.u.num);
         if (prop.type == CSD_CHAT_V_STR) {
             if (obj.type == CSD_CHAT_V_STR) return str_builtin(rt, obj, prop.u.s.p, prop.u.s.n);
-            if (name_is(prop.u.s.p, prop.u.s.n, "length")) return csd_chat_v_int((double)obj.u.arr->n);
+            if (name_is(prop.u.s.p, prop.u.s.n, "length"))
+                return csd_chat_v_int((double)obj.u.arr->n);
             return csd_chat_v_undef();
         }
         RAISE(rt, pos, "cannot access property with non-string/non-number: got %s",
               csd_chat_type_name(prop.type));
     }
     if (prop.type != CSD_CHAT_V_STR)
-        RAISE(rt, pos, "cannot access property with non-string: got %s", csd_chat_type_name(prop.type));
+        RAISE(rt, pos, "cannot access property with non-string: got %s",
+              csd_chat_type_name(prop.type));
     return csd_chat_v_undef();
 }
 
@@ -179,11 +184,13 @@ static csd_chat_val str_affix(csd_chat_rt *rt, csd_chat_val s, const csd_chat_va
     const char *fn = start ? "startswith" : "endswith";
     if (n == 0) RAISE(rt, pos, "%s() requires at least one argument", fn);
     csd_chat_val pat = args[0];
-    if (pat.type == CSD_CHAT_V_STR) return csd_chat_v_bool(start ? starts_with(s, pat) : ends_with(s, pat));
+    if (pat.type == CSD_CHAT_V_STR)
+        return csd_chat_v_bool(start ? starts_with(s, pat) : ends_with(s, pat));
     if (pat.type == CSD_CHAT_V_ARR) {
         for (size_t i = 0; i < pat.u.arr->n; i++) {
             csd_chat_val it = pat.u.arr->items[i];
-            if (it.type != CSD_CHAT_V_STR) RAISE(rt, pos, "%s() tuple elements must be strings", fn);
+            if (it.type != CSD_CHAT_V_STR)
+                RAISE(rt, pos, "%s() tuple elements must be strings", fn);
             if (start ? starts_with(s, it) : ends_with(s, it)) return csd_chat_v_bool(true);
         }
         return csd_chat_v_bool(false);
@@ -303,8 +310,8 @@ static csd_chat_val str_replace(csd_chat_rt *rt, csd_chat_val s, const csd_chat_
     return csd_chat_new_str(rt, &b);
 }
 
-static csd_chat_val call_str_method(csd_chat_rt *rt, const csd_chat_func *f, const csd_chat_val *args,
-                                    size_t n, uint32_t pos) {
+static csd_chat_val call_str_method(csd_chat_rt *rt, const csd_chat_func *f,
+                                    const csd_chat_val *args, size_t n, uint32_t pos) {
     csd_chat_val s = f->self;
     const char *m = f->name;
     if (!strcmp(m, "upper")) return str_case(rt, s, true);
@@ -326,10 +333,12 @@ static int compare_vals(csd_chat_rt *rt, csd_chat_val a, csd_chat_val b, bool ca
                         uint32_t pos) {
     if (a.type == CSD_CHAT_V_NULL && b.type == CSD_CHAT_V_NULL) return 0;
     if (a.type == CSD_CHAT_V_NULL || b.type == CSD_CHAT_V_NULL)
-        RAISE(rt, pos, "cannot compare %s with %s", csd_chat_type_name(a.type), csd_chat_type_name(b.type));
+        RAISE(rt, pos, "cannot compare %s with %s", csd_chat_type_name(a.type),
+              csd_chat_type_name(b.type));
     if (a.type == CSD_CHAT_V_UNDEF && b.type == CSD_CHAT_V_UNDEF) return 0;
     if (a.type == CSD_CHAT_V_UNDEF || b.type == CSD_CHAT_V_UNDEF)
-        RAISE(rt, pos, "cannot compare %s with %s", csd_chat_type_name(a.type), csd_chat_type_name(b.type));
+        RAISE(rt, pos, "cannot compare %s with %s", csd_chat_type_name(a.type),
+              csd_chat_type_name(b.type));
     bool an = a.type == CSD_CHAT_V_INT || a.type == CSD_CHAT_V_FLOAT || a.type == CSD_CHAT_V_BOOL;
     bool bn = b.type == CSD_CHAT_V_INT || b.type == CSD_CHAT_V_FLOAT || b.type == CSD_CHAT_V_BOOL;
     if (an && bn) {
@@ -340,7 +349,8 @@ static int compare_vals(csd_chat_rt *rt, csd_chat_val a, csd_chat_val b, bool ca
     if (a.type != b.type || a.tuple != b.tuple)
         RAISE(rt, pos, "cannot compare different types: %s and %s", csd_chat_type_name(a.type),
               csd_chat_type_name(b.type));
-    if (a.type != CSD_CHAT_V_STR) RAISE(rt, pos, "cannot compare type: %s", csd_chat_type_name(a.type));
+    if (a.type != CSD_CHAT_V_STR)
+        RAISE(rt, pos, "cannot compare type: %s", csd_chat_type_name(a.type));
     if (!case_sensitive) {
         a = str_case(rt, a, false);
         b = str_case(rt, b, false);
@@ -452,7 +462,8 @@ static csd_chat_val call_obj_method(csd_chat_rt *rt, const csd_chat_func *f, con
     if (!strcmp(m, "keys") || !strcmp(m, "values")) {
         csd_chat_val out = csd_chat_v_arr(rt->arena, o->n);
         for (size_t i = 0; i < o->n; i++)
-            out.u.arr->items[i] = m[0] == 'k' ? csd_chat_v_str(o->keys[i], o->klens[i]) : o->vals[i];
+            out.u.arr->items[i] =
+                m[0] == 'k' ? csd_chat_v_str(o->keys[i], o->klens[i]) : o->vals[i];
         return out;
     }
     /* dictsort(case_sensitive=false, by='key', reverse=false) */
@@ -464,7 +475,8 @@ static csd_chat_val call_obj_method(csd_chat_rt *rt, const csd_chat_func *f, con
     bool by_value = false;
     if (by) {
         if (name_is(by->u.s.p, by->u.s.n, "value")) by_value = true;
-        else if (!name_is(by->u.s.p, by->u.s.n, "key")) RAISE(rt, pos, "by must be either 'key' or 'value'");
+        else if (!name_is(by->u.s.p, by->u.s.n, "key"))
+            RAISE(rt, pos, "by must be either 'key' or 'value'");
     }
     if (rev && rev->type != CSD_CHAT_V_BOOL) RAISE(rt, pos, "reverse must be a boolean");
     sort_ctx c = {.rt = rt, .case_sensitive = cs && cs->u.b, .reverse = rev && rev->u.b,
@@ -487,10 +499,12 @@ static csd_chat_val fn_namespace(csd_chat_rt *rt, const csd_chat_args *a, uint32
             for (size_t i = 0; i < src.u.arr->n; i++) {
                 csd_chat_val pr = src.u.arr->items[i];
                 if (pr.type != CSD_CHAT_V_ARR || pr.u.arr->n != 2)
-                    RAISE(rt, pos, "namespace expected an object or an iterable of [key, value] pairs");
-                if (pr.u.arr->items[0].type != CSD_CHAT_V_STR) RAISE(rt, pos, "namespace keys must be strings");
-                csd_chat_obj_set(rt->arena, ns.u.obj, pr.u.arr->items[0].u.s.p, pr.u.arr->items[0].u.s.n,
-                                 pr.u.arr->items[1]);
+                    RAISE(rt, pos,
+                          "namespace expected an object or an iterable of [key, value] pairs");
+                if (pr.u.arr->items[0].type != CSD_CHAT_V_STR)
+                    RAISE(rt, pos, "namespace keys must be strings");
+                csd_chat_obj_set(rt->arena, ns.u.obj, pr.u.arr->items[0].u.s.p,
+                                 pr.u.arr->items[0].u.s.n, pr.u.arr->items[1]);
             }
         } else {
             RAISE(rt, pos, "'%s' object is not iterable", csd_chat_type_name(src.type));
@@ -533,7 +547,8 @@ static csd_chat_val fn_range(csd_chat_rt *rt, const csd_chat_args *a, uint32_t p
     csd_chat_val out = csd_chat_v_arr(rt->arena, 0);
     size_t cap = 0;
     for (double i = start; step > 0 ? i < stop : i > stop; i += step) {
-        if (out.u.arr->n >= MAX_RANGE) RAISE(rt, pos, "range() of more than %d elements", MAX_RANGE);
+        if (out.u.arr->n >= MAX_RANGE)
+            RAISE(rt, pos, "range() of more than %d elements", MAX_RANGE);
         arr_push(rt, &out, &cap, i == floor(i) ? csd_chat_v_int(i) : csd_chat_v_float(i));
     }
     return out;
@@ -545,7 +560,8 @@ static csd_chat_val fn_strftime(csd_chat_rt *rt, const csd_chat_args *a, uint32_
                                            "September", "October", "November", "December"};
     static const char *const SHORT_M[12] = {"Jan", "Feb", "Mar", "Apr", "May", "Jun",
                                             "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
-    if (a->npos < 1 || a->pos[0].type != CSD_CHAT_V_STR) RAISE(rt, pos, "strftime_now() needs a format string");
+    if (a->npos < 1 || a->pos[0].type != CSD_CHAT_V_STR)
+        RAISE(rt, pos, "strftime_now() needs a format string");
     struct tm now;
     if (rt->now) {
         now = *rt->now;
@@ -611,7 +627,8 @@ bool csd_chat_apply_test(csd_chat_rt *rt, const char *name, size_t n, csd_chat_v
     if (IS("boolean")) return t == CSD_CHAT_V_BOOL;
     if (IS("callable")) return t == CSD_CHAT_V_FUNC;
     if (IS("odd") || IS("even")) {
-        if (t != CSD_CHAT_V_INT) RAISE(rt, pos, "cannot %.*s on %s", (int)n, name, csd_chat_type_name(t));
+        if (t != CSD_CHAT_V_INT)
+            RAISE(rt, pos, "cannot %.*s on %s", (int)n, name, csd_chat_type_name(t));
         double r = fmod(v.u.num, 2);
         return IS("odd") ? r != 0 : r == 0;
     }
@@ -696,7 +713,8 @@ static csd_chat_val js_parse_float(const char *p, size_t n) {
     return csd_chat_v_float(strtod(buf, NULL));
 }
 
-static csd_chat_val json_filter(csd_chat_rt *rt, csd_chat_val v, const csd_chat_json_opts *o, uint32_t pos) {
+static csd_chat_val json_filter(csd_chat_rt *rt, csd_chat_val v, const csd_chat_json_opts *o,
+                                uint32_t pos) {
     csd_chat_buf b = new_buf(rt);
     csd_chat_to_json(&b, v, o, 0, pos);
     return csd_chat_new_str(rt, &b);
@@ -711,7 +729,8 @@ static csd_chat_val join_values(csd_chat_rt *rt, csd_chat_val arr, csd_chat_val 
     return csd_chat_new_str(rt, &b);
 }
 
-static csd_chat_val indent_str(csd_chat_rt *rt, csd_chat_val s, double width, bool first, bool blank) {
+static csd_chat_val indent_str(csd_chat_rt *rt, csd_chat_val s, double width, bool first,
+                               bool blank) {
     csd_chat_buf b = new_buf(rt);
     const char *p = s.u.s.p, *end = p + s.u.s.n;
     size_t w = width > 0 ? (size_t)fmin(width, (double)rt->max_str) : 0;
@@ -796,7 +815,9 @@ static csd_chat_val filter_ident(csd_chat_rt *rt, csd_chat_val v, const char *na
     }
     case CSD_CHAT_V_INT:
     case CSD_CHAT_V_FLOAT: {
-        if (IS("abs")) return v.type == CSD_CHAT_V_INT ? csd_chat_v_int(fabs(v.u.num)) : csd_chat_v_float(fabs(v.u.num));
+        if (IS("abs"))
+            return v.type == CSD_CHAT_V_INT ? csd_chat_v_int(fabs(v.u.num))
+                                            : csd_chat_v_float(fabs(v.u.num));
         if (IS("int")) return csd_chat_v_int(floor(v.u.num));
         if (IS("float")) return csd_chat_v_float(v.u.num);
         if (IS("string")) {
@@ -811,7 +832,8 @@ static csd_chat_val filter_ident(csd_chat_rt *rt, csd_chat_val v, const char *na
         if (IS("length")) return csd_chat_v_int((double)v.u.obj->n);
         csd_chat_val m = obj_builtin(rt, v, name, n);
         if (m.type == CSD_CHAT_V_FUNC) {
-            csd_chat_args none = {.pos = NULL, .npos = 0, .kw = csd_chat_v_obj(rt->arena, CSD_CHAT_V_OBJ)};
+            csd_chat_args none = {
+                .pos = NULL, .npos = 0, .kw = csd_chat_v_obj(rt->arena, CSD_CHAT_V_OBJ)};
             return call_obj_method(rt, m.u.fn, &none, pos);
         }
         RAISE(rt, pos, "unknown ObjectValue filter: %.*s", (int)n, name);
@@ -824,7 +846,8 @@ static csd_chat_val filter_ident(csd_chat_rt *rt, csd_chat_val v, const char *na
         RAISE(rt, pos, "unknown BooleanValue filter: %.*s", (int)n, name);
     default: break;
     }
-    RAISE(rt, pos, "cannot apply filter \"%.*s\" to type: %s", (int)n, name, csd_chat_type_name(v.type));
+    RAISE(rt, pos, "cannot apply filter \"%.*s\" to type: %s", (int)n, name,
+          csd_chat_type_name(v.type));
 #undef IS
 }
 
@@ -835,7 +858,8 @@ static csd_chat_val filter_select(csd_chat_rt *rt, csd_chat_val v, const csd_cha
         if (v.u.arr->items[i].type != CSD_CHAT_V_OBJ && v.u.arr->items[i].type != CSD_CHAT_V_NS)
             RAISE(rt, f->pos, "`%s` can only be applied to array of objects", fname);
     for (size_t i = 0; i < f->nlist; i++)
-        if (f->list[i]->kind != CSD_CHAT_N_STR) RAISE(rt, f->pos, "arguments of `%s` must be strings", fname);
+        if (f->list[i]->kind != CSD_CHAT_N_STR)
+            RAISE(rt, f->pos, "arguments of `%s` must be strings", fname);
     if (f->nlist < 1) RAISE(rt, f->pos, "`%s` needs an attribute name", fname);
     csd_chat_val attr = csd_chat_eval(rt, f->list[0], s);
     csd_chat_val test = f->nlist > 1 ? csd_chat_eval(rt, f->list[1], s) : csd_chat_v_undef();
@@ -847,7 +871,8 @@ static csd_chat_val filter_select(csd_chat_rt *rt, csd_chat_val v, const csd_cha
                                             "none", "string", "number", "integer", "iterable",
                                             "mapping", "sequence", "lower", "upper", "defined",
                                             "undefined", "equalto", "eq", NULL};
-        for (const char *const *t = tests; *t && !known; t++) known = name_is(test.u.s.p, test.u.s.n, *t);
+        for (const char *const *t = tests; *t && !known; t++)
+            known = name_is(test.u.s.p, test.u.s.n, *t);
         if (!known) RAISE(rt, f->pos, "unknown test: %.*s", (int)test.u.s.n, test.u.s.p);
     }
     csd_chat_val out = csd_chat_v_arr(rt->arena, 0);
@@ -865,7 +890,8 @@ static csd_chat_val filter_select(csd_chat_rt *rt, csd_chat_val v, const csd_cha
     return out;
 }
 
-static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_node *f, csd_chat_scope *s) {
+static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_node *f,
+                                csd_chat_scope *s) {
     if (f->a->kind != CSD_CHAT_N_IDENT) RAISE(rt, f->pos, "unknown filter");
     const char *name = f->a->s;
     size_t n = f->a->slen;
@@ -886,18 +912,22 @@ static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_
             o.indent = (int)ind->u.num;
         }
         const csd_chat_val *ea = csd_chat_obj_get(a.kw.u.obj, "ensure_ascii", 12);
-        if (ea && ea->type != CSD_CHAT_V_BOOL) RAISE(rt, pos, "if set, ensure_ascii must be a boolean");
+        if (ea && ea->type != CSD_CHAT_V_BOOL)
+            RAISE(rt, pos, "if set, ensure_ascii must be a boolean");
         o.ensure_ascii = ea && ea->u.b;
         const csd_chat_val *sk = csd_chat_obj_get(a.kw.u.obj, "sort_keys", 9);
-        if (sk && sk->type != CSD_CHAT_V_BOOL) RAISE(rt, pos, "if set, sort_keys must be a boolean");
+        if (sk && sk->type != CSD_CHAT_V_BOOL)
+            RAISE(rt, pos, "if set, sort_keys must be a boolean");
         o.sort_keys = sk && sk->u.b;
         const csd_chat_val *sep = csd_chat_obj_get(a.kw.u.obj, "separators", 10);
         if (sep && sep->type == CSD_CHAT_V_ARR) {
             if (sep->u.arr->n != 2 || sep->u.arr->items[0].type != CSD_CHAT_V_STR ||
                 sep->u.arr->items[1].type != CSD_CHAT_V_STR)
                 RAISE(rt, pos, "separators must be a tuple of two strings");
-            o.item_sep = csd_chat_arena_strndup(rt->arena, sep->u.arr->items[0].u.s.p, sep->u.arr->items[0].u.s.n);
-            o.key_sep = csd_chat_arena_strndup(rt->arena, sep->u.arr->items[1].u.s.p, sep->u.arr->items[1].u.s.n);
+            o.item_sep = csd_chat_arena_strndup(rt->arena, sep->u.arr->items[0].u.s.p,
+                                                sep->u.arr->items[0].u.s.n);
+            o.key_sep = csd_chat_arena_strndup(rt->arena, sep->u.arr->items[1].u.s.p,
+                                               sep->u.arr->items[1].u.s.n);
         } else if (sep && sep->type != CSD_CHAT_V_NULL) {
             RAISE(rt, pos, "if set, separators must be a tuple of two strings");
         }
@@ -930,17 +960,21 @@ static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_
         const csd_chat_val *d = arg_or_kw(&a, 0, "default");
         csd_chat_val def = d ? *d : is_int ? csd_chat_v_int(0) : csd_chat_v_float(0);
         if (v.type == CSD_CHAT_V_STR) {
-            csd_chat_val x = is_int ? js_parse_int(v.u.s.p, v.u.s.n) : js_parse_float(v.u.s.p, v.u.s.n);
+            csd_chat_val x =
+                is_int ? js_parse_int(v.u.s.p, v.u.s.n) : js_parse_float(v.u.s.p, v.u.s.n);
             return x.type == CSD_CHAT_V_UNDEF || isnan(x.u.num) ? def : x;
         }
         if (v.type == CSD_CHAT_V_INT || v.type == CSD_CHAT_V_FLOAT) return v;
-        if (v.type == CSD_CHAT_V_BOOL) return is_int ? csd_chat_v_int(v.u.b) : csd_chat_v_float(v.u.b);
-        RAISE(rt, pos, "cannot apply filter \"%.*s\" to type: %s", (int)n, name, csd_chat_type_name(v.type));
+        if (v.type == CSD_CHAT_V_BOOL)
+            return is_int ? csd_chat_v_int(v.u.b) : csd_chat_v_float(v.u.b);
+        RAISE(rt, pos, "cannot apply filter \"%.*s\" to type: %s", (int)n, name,
+              csd_chat_type_name(v.type));
     }
     if (IS("default")) {
         csd_chat_val def = a.npos > 0 ? a.pos[0] : csd_chat_v_str("", 0);
         const csd_chat_val *bo = arg_or_kw(&a, 1, "boolean");
-        if (bo && bo->type != CSD_CHAT_V_BOOL) RAISE(rt, pos, "`default` filter flag must be a boolean");
+        if (bo && bo->type != CSD_CHAT_V_BOOL)
+            RAISE(rt, pos, "`default` filter flag must be a boolean");
         if (v.type == CSD_CHAT_V_UNDEF || (bo && bo->u.b && !csd_chat_truthy(v))) return def;
         return v;
     }
@@ -950,10 +984,13 @@ static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_
             const csd_chat_val *cs = arg_or_kw(&a, 1, "case_sensitive");
             const csd_chat_val *at = arg_or_kw(&a, 2, "attribute");
             if (rev && rev->type != CSD_CHAT_V_BOOL) RAISE(rt, pos, "reverse must be a boolean");
-            if (cs && cs->type != CSD_CHAT_V_BOOL) RAISE(rt, pos, "case_sensitive must be a boolean");
-            if (at && at->type != CSD_CHAT_V_STR && at->type != CSD_CHAT_V_INT && at->type != CSD_CHAT_V_NULL)
+            if (cs && cs->type != CSD_CHAT_V_BOOL)
+                RAISE(rt, pos, "case_sensitive must be a boolean");
+            if (at && at->type != CSD_CHAT_V_STR && at->type != CSD_CHAT_V_INT &&
+                at->type != CSD_CHAT_V_NULL)
                 RAISE(rt, pos, "attribute must be a string, integer, or null");
-            sort_ctx c = {.rt = rt, .reverse = rev && rev->u.b, .case_sensitive = cs && cs->u.b, .pos = pos};
+            sort_ctx c = {
+                .rt = rt, .reverse = rev && rev->u.b, .case_sensitive = cs && cs->u.b, .pos = pos};
             if (at && at->type == CSD_CHAT_V_STR) {
                 c.attr = at->u.s.p;
                 c.attr_len = at->u.s.n;
@@ -967,7 +1004,9 @@ static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_
         }
         if (IS("map")) {
             const csd_chat_val *at = csd_chat_obj_get(a.kw.u.obj, "attribute", 9);
-            if (!at) RAISE(rt, pos, "`map` expressions without `attribute` set are not currently supported");
+            if (!at)
+                RAISE(rt, pos,
+                      "`map` expressions without `attribute` set are not currently supported");
             if (at->type != CSD_CHAT_V_STR) RAISE(rt, pos, "attribute must be a string");
             const csd_chat_val *def = csd_chat_obj_get(a.kw.u.obj, "default", 7);
             csd_chat_val out = csd_chat_v_arr(rt->arena, v.u.arr->n);
@@ -1004,13 +1043,15 @@ static csd_chat_val filter_call(csd_chat_rt *rt, csd_chat_val v, const csd_chat_
         if (m.type == CSD_CHAT_V_FUNC) return call_obj_method(rt, m.u.fn, &a, pos);
         RAISE(rt, pos, "unknown ObjectValue filter: %.*s", (int)n, name);
     }
-    RAISE(rt, pos, "cannot apply filter \"%.*s\" to type: %s", (int)n, name, csd_chat_type_name(v.type));
+    RAISE(rt, pos, "cannot apply filter \"%.*s\" to type: %s", (int)n, name,
+          csd_chat_type_name(v.type));
 #undef IS
 }
 
-csd_chat_val csd_chat_apply_filter(csd_chat_rt *rt, csd_chat_val operand, const csd_chat_node *filter,
-                                   csd_chat_scope *s) {
-    if (filter->kind == CSD_CHAT_N_IDENT) return filter_ident(rt, operand, filter->s, filter->slen, filter->pos);
+csd_chat_val csd_chat_apply_filter(csd_chat_rt *rt, csd_chat_val operand,
+                                   const csd_chat_node *filter, csd_chat_scope *s) {
+    if (filter->kind == CSD_CHAT_N_IDENT)
+        return filter_ident(rt, operand, filter->s, filter->slen, filter->pos);
     if (filter->kind == CSD_CHAT_N_CALL) return filter_call(rt, operand, filter, s);
     RAISE(rt, filter->pos, "unknown filter");
 }

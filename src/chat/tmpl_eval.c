@@ -21,11 +21,13 @@ void csd_chat_step(csd_chat_rt *rt, uint32_t pos) {
 
 static void enter(csd_chat_rt *rt, uint32_t pos) {
     if (++rt->depth > CSD_CHAT_MAX_EVAL_DEPTH)
-        csd_chat_raise(rt->fail, CSD_ERANGE, pos, "recursion deeper than %d", CSD_CHAT_MAX_EVAL_DEPTH);
+        csd_chat_raise(rt->fail, CSD_ERANGE, pos, "recursion deeper than %d",
+                       CSD_CHAT_MAX_EVAL_DEPTH);
     csd_chat_step(rt, pos);
 }
 
-void csd_chat_scope_set(csd_chat_rt *rt, csd_chat_scope *s, const char *k, size_t kn, csd_chat_val v) {
+void csd_chat_scope_set(csd_chat_rt *rt, csd_chat_scope *s, const char *k, size_t kn,
+                        csd_chat_val v) {
     csd_chat_obj_set(rt->arena, &s->vars, k, kn, v);
 }
 
@@ -48,7 +50,8 @@ csd_chat_val csd_chat_new_str(csd_chat_rt *rt, const csd_chat_buf *b) {
     return csd_chat_v_str(b->p ? b->p : "", b->len);
 }
 
-/* Runs a block into a fresh buffer and returns it as a string (set blocks, macros, filter blocks). */
+/* Runs a block into a fresh buffer and returns it as a string (set blocks, macros, filter
+ * blocks). */
 static csd_chat_val render_to_string(csd_chat_rt *rt, csd_chat_node *const *list, size_t n,
                                      csd_chat_scope *s, uint32_t pos) {
     csd_chat_buf tmp;
@@ -75,7 +78,8 @@ void csd_chat_eval_args(csd_chat_rt *rt, csd_chat_node *const *list, size_t n, c
         size_t add = 1;
         if (x->kind == CSD_CHAT_N_SPREAD) {
             if (v.type != CSD_CHAT_V_ARR)
-                RAISE(rt, x->pos, "cannot unpack non-iterable type: %s", csd_chat_type_name(v.type));
+                RAISE(rt, x->pos, "cannot unpack non-iterable type: %s",
+                      csd_chat_type_name(v.type));
             add = v.u.arr->n;
         }
         if (npos + add > cap) {
@@ -97,17 +101,20 @@ void csd_chat_eval_args(csd_chat_rt *rt, csd_chat_node *const *list, size_t n, c
         const csd_chat_node *x = list[i];
         if (x->kind == CSD_CHAT_N_KWARG) {
             if (csd_chat_obj_get(kw.u.obj, x->s, x->slen))
-                RAISE(rt, x->pos, "got multiple values for keyword argument '%.*s'", (int)x->slen, x->s);
+                RAISE(rt, x->pos, "got multiple values for keyword argument '%.*s'", (int)x->slen,
+                      x->s);
             csd_chat_obj_set(rt->arena, kw.u.obj, x->s, x->slen, csd_chat_eval(rt, x->a, s));
         } else if (x->kind == CSD_CHAT_N_KWSPREAD) {
             csd_chat_val v = csd_chat_eval(rt, x->a, s);
             if (v.type != CSD_CHAT_V_OBJ)
-                RAISE(rt, x->pos, "argument after ** must be a mapping, not %s", csd_chat_type_name(v.type));
+                RAISE(rt, x->pos, "argument after ** must be a mapping, not %s",
+                      csd_chat_type_name(v.type));
             for (size_t k = 0; k < v.u.obj->n; k++) {
                 if (csd_chat_obj_get(kw.u.obj, v.u.obj->keys[k], v.u.obj->klens[k]))
                     RAISE(rt, x->pos, "got multiple values for keyword argument '%.*s'",
                           (int)v.u.obj->klens[k], v.u.obj->keys[k]);
-                csd_chat_obj_set(rt->arena, kw.u.obj, v.u.obj->keys[k], v.u.obj->klens[k], v.u.obj->vals[k]);
+                csd_chat_obj_set(rt->arena, kw.u.obj, v.u.obj->keys[k], v.u.obj->klens[k],
+                                 v.u.obj->vals[k]);
             }
         }
     }
@@ -129,7 +136,8 @@ static csd_chat_val call_macro(csd_chat_rt *rt, const csd_chat_func *f, const cs
     for (size_t i = 0; i < args->kw.u.obj->n; i++)
         csd_chat_obj_set(rt->arena, kw, args->kw.u.obj->keys[i], args->kw.u.obj->klens[i],
                          args->kw.u.obj->vals[i]);
-    const csd_chat_node **pending = csd_chat_arena_alloc(rt->arena, (m->nlist2 + 1) * sizeof *pending);
+    const csd_chat_node **pending =
+        csd_chat_arena_alloc(rt->arena, (m->nlist2 + 1) * sizeof *pending);
     size_t npending = 0;
     for (size_t i = 0; i < m->nlist2; i++) {
         const csd_chat_node *p = m->list2[i];
@@ -177,14 +185,16 @@ static csd_chat_val call_macro(csd_chat_rt *rt, const csd_chat_func *f, const cs
               m->nlist2);
     }
     for (size_t i = 0; i < npending; i++)
-        csd_chat_scope_set(rt, ms, pending[i]->s, pending[i]->slen, csd_chat_eval(rt, pending[i]->a, ms));
+        csd_chat_scope_set(rt, ms, pending[i]->s, pending[i]->slen,
+                           csd_chat_eval(rt, pending[i]->a, ms));
     return render_to_string(rt, m->list, m->nlist, ms, pos);
 }
 
 csd_chat_val csd_chat_call(csd_chat_rt *rt, csd_chat_val fn, const csd_chat_args *args,
                            csd_chat_scope *s, uint32_t pos) {
     if (fn.type != CSD_CHAT_V_FUNC)
-        RAISE(rt, pos, "cannot call something that is not a function: got %s", csd_chat_type_name(fn.type));
+        RAISE(rt, pos, "cannot call something that is not a function: got %s",
+              csd_chat_type_name(fn.type));
     if (fn.u.fn->kind == CSD_CHAT_FN_MACRO) return call_macro(rt, fn.u.fn, args, s, pos);
     return csd_chat_call_builtin(rt, fn.u.fn, args, pos);
 }
@@ -194,8 +204,12 @@ csd_chat_val csd_chat_call(csd_chat_rt *rt, csd_chat_val fn, const csd_chat_args
 static bool numeric_like(csd_chat_val v) {
     return v.type == CSD_CHAT_V_INT || v.type == CSD_CHAT_V_FLOAT || v.type == CSD_CHAT_V_BOOL;
 }
-static double num_of(csd_chat_val v) { return v.type == CSD_CHAT_V_BOOL ? (v.u.b ? 1 : 0) : v.u.num; }
-static bool is_num(csd_chat_val v) { return v.type == CSD_CHAT_V_INT || v.type == CSD_CHAT_V_FLOAT; }
+static double num_of(csd_chat_val v) {
+    return v.type == CSD_CHAT_V_BOOL ? (v.u.b ? 1 : 0) : v.u.num;
+}
+static bool is_num(csd_chat_val v) {
+    return v.type == CSD_CHAT_V_INT || v.type == CSD_CHAT_V_FLOAT;
+}
 
 static csd_chat_val concat(csd_chat_rt *rt, csd_chat_val l, csd_chat_val r, uint32_t pos) {
     csd_chat_buf b;
@@ -381,8 +395,10 @@ static csd_chat_val eval_object(csd_chat_rt *rt, const csd_chat_node *n, csd_cha
     for (size_t i = 0; i + 1 < n->nlist; i += 2) {
         csd_chat_val k = csd_chat_eval(rt, n->list[i], s);
         if (k.type != CSD_CHAT_V_STR)
-            RAISE(rt, n->list[i]->pos, "object keys must be strings: got %s", csd_chat_type_name(k.type));
-        csd_chat_obj_set(rt->arena, v.u.obj, k.u.s.p, k.u.s.n, csd_chat_eval(rt, n->list[i + 1], s));
+            RAISE(rt, n->list[i]->pos, "object keys must be strings: got %s",
+                  csd_chat_type_name(k.type));
+        csd_chat_obj_set(rt->arena, v.u.obj, k.u.s.p, k.u.s.n,
+                         csd_chat_eval(rt, n->list[i + 1], s));
     }
     return v;
 }
@@ -414,13 +430,16 @@ csd_chat_val csd_chat_eval(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_sco
     case CSD_CHAT_N_MEMBER: v = eval_member(rt, n, s); break;
     case CSD_CHAT_N_UNARY: v = eval_unary(rt, n, s); break;
     case CSD_CHAT_N_BINARY: v = eval_binary(rt, n, s); break;
-    case CSD_CHAT_N_FILTER: v = csd_chat_apply_filter(rt, csd_chat_eval(rt, n->a, s), n->b, s); break;
+    case CSD_CHAT_N_FILTER:
+        v = csd_chat_apply_filter(rt, csd_chat_eval(rt, n->a, s), n->b, s);
+        break;
     case CSD_CHAT_N_TEST:
         v = csd_chat_v_bool(csd_chat_apply_test(rt, n->s, n->slen, csd_chat_eval(rt, n->a, s), NULL,
                                                 n->pos) != n->flag);
         break;
     case CSD_CHAT_N_SELECT:
-        v = csd_chat_truthy(csd_chat_eval(rt, n->b, s)) ? csd_chat_eval(rt, n->a, s) : csd_chat_v_undef();
+        v = csd_chat_truthy(csd_chat_eval(rt, n->b, s)) ? csd_chat_eval(rt, n->a, s)
+                                                        : csd_chat_v_undef();
         break;
     case CSD_CHAT_N_TERNARY:
         v = csd_chat_truthy(csd_chat_eval(rt, n->a, s)) ? csd_chat_eval(rt, n->b, s)
@@ -436,36 +455,44 @@ csd_chat_val csd_chat_eval(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_sco
 /* ---- statements ---- */
 
 static void exec_set(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *s) {
-    csd_chat_val rhs = n->b ? csd_chat_eval(rt, n->b, s) : render_to_string(rt, n->list, n->nlist, s, n->pos);
+    csd_chat_val rhs =
+        n->b ? csd_chat_eval(rt, n->b, s) : render_to_string(rt, n->list, n->nlist, s, n->pos);
     const csd_chat_node *t = n->a;
     if (t->kind == CSD_CHAT_N_IDENT) {
         csd_chat_scope_set(rt, s, t->s, t->slen, rhs);
     } else if (t->kind == CSD_CHAT_N_TUPLE) {
         if (rhs.type != CSD_CHAT_V_ARR)
-            RAISE(rt, n->pos, "cannot unpack non-iterable type in set: %s", csd_chat_type_name(rhs.type));
+            RAISE(rt, n->pos, "cannot unpack non-iterable type in set: %s",
+                  csd_chat_type_name(rhs.type));
         if (rhs.u.arr->n != t->nlist)
-            RAISE(rt, n->pos, "too %s items to unpack in set", t->nlist > rhs.u.arr->n ? "few" : "many");
+            RAISE(rt, n->pos, "too %s items to unpack in set",
+                  t->nlist > rhs.u.arr->n ? "few" : "many");
         for (size_t i = 0; i < t->nlist; i++) {
-            if (t->list[i]->kind != CSD_CHAT_N_IDENT) RAISE(rt, n->pos, "cannot unpack to non-identifier in set");
+            if (t->list[i]->kind != CSD_CHAT_N_IDENT)
+                RAISE(rt, n->pos, "cannot unpack to non-identifier in set");
             csd_chat_scope_set(rt, s, t->list[i]->s, t->list[i]->slen, rhs.u.arr->items[i]);
         }
     } else if (t->kind == CSD_CHAT_N_MEMBER) {
         csd_chat_val obj = csd_chat_eval(rt, t->a, s);
-        if (obj.type != CSD_CHAT_V_NS) RAISE(rt, n->pos, "cannot assign attribute on non-namespace object");
-        if (t->b->kind != CSD_CHAT_N_IDENT) RAISE(rt, n->pos, "cannot assign to member with non-identifier property");
+        if (obj.type != CSD_CHAT_V_NS)
+            RAISE(rt, n->pos, "cannot assign attribute on non-namespace object");
+        if (t->b->kind != CSD_CHAT_N_IDENT)
+            RAISE(rt, n->pos, "cannot assign to member with non-identifier property");
         csd_chat_obj_set(rt->arena, obj.u.obj, t->b->s, t->b->slen, rhs);
     } else {
         RAISE(rt, n->pos, "invalid left-hand side in assignment");
     }
 }
 
-static void bind_loopvar(csd_chat_rt *rt, const csd_chat_node *lv, csd_chat_scope *s, csd_chat_val cur) {
+static void bind_loopvar(csd_chat_rt *rt, const csd_chat_node *lv, csd_chat_scope *s,
+                         csd_chat_val cur) {
     if (lv->kind == CSD_CHAT_N_IDENT) {
         csd_chat_scope_set(rt, s, lv->s, lv->slen, cur);
         return;
     }
     for (size_t j = 0; j < lv->nlist; j++) {
-        if (lv->list[j]->kind != CSD_CHAT_N_IDENT) RAISE(rt, lv->pos, "cannot unpack non-identifier type");
+        if (lv->list[j]->kind != CSD_CHAT_N_IDENT)
+            RAISE(rt, lv->pos, "cannot unpack non-identifier type");
         csd_chat_scope_set(rt, s, lv->list[j]->s, lv->list[j]->slen, cur.u.arr->items[j]);
     }
 }
@@ -495,7 +522,8 @@ static void exec_for(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *ou
             keys.u.arr->items[i] = csd_chat_v_str(it.u.obj->keys[i], it.u.obj->klens[i]);
         it = keys;
     } else if (it.type != CSD_CHAT_V_ARR) {
-        RAISE(rt, n->pos, "expected iterable or object type in for loop: got %s", csd_chat_type_name(it.type));
+        RAISE(rt, n->pos, "expected iterable or object type in for loop: got %s",
+              csd_chat_type_name(it.type));
     }
     size_t total = it.u.arr->n, count = 0;
     csd_chat_val *items = csd_chat_arena_alloc(rt->arena, (total + 1) * sizeof *items);
@@ -547,7 +575,8 @@ static bool mentions(const csd_chat_node *n, const char *name, int depth) {
     if (!n || depth > CSD_CHAT_MAX_PARSE_DEPTH * 4) return false;
     if (n->kind == CSD_CHAT_N_IDENT && n->slen == strlen(name) && memcmp(n->s, name, n->slen) == 0)
         return true;
-    if (mentions(n->a, name, depth + 1) || mentions(n->b, name, depth + 1) || mentions(n->c, name, depth + 1))
+    if (mentions(n->a, name, depth + 1) || mentions(n->b, name, depth + 1) ||
+        mentions(n->c, name, depth + 1))
         return true;
     for (size_t i = 0; i < n->nlist; i++)
         if (mentions(n->list[i], name, depth + 1)) return true;
@@ -595,12 +624,14 @@ static int exec_stmt(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *s)
     case CSD_CHAT_N_FILTER_STMT: {
         csd_chat_val body = render_to_string(rt, n->list, n->nlist, s, n->pos);
         csd_chat_val v = csd_chat_apply_filter(rt, body, n->b, s);
-        if (v.type != CSD_CHAT_V_NULL && v.type != CSD_CHAT_V_UNDEF) csd_chat_to_string(rt->out, v, n->pos);
+        if (v.type != CSD_CHAT_V_NULL && v.type != CSD_CHAT_V_UNDEF)
+            csd_chat_to_string(rt->out, v, n->pos);
         return FLOW_NORMAL;
     }
     default: {
         csd_chat_val v = csd_chat_eval(rt, n, s);
-        if (v.type != CSD_CHAT_V_NULL && v.type != CSD_CHAT_V_UNDEF) csd_chat_to_string(rt->out, v, n->pos);
+        if (v.type != CSD_CHAT_V_NULL && v.type != CSD_CHAT_V_UNDEF)
+            csd_chat_to_string(rt->out, v, n->pos);
         return FLOW_NORMAL;
     }
     }

@@ -107,7 +107,8 @@ typedef struct csd_chat_tok {
 } csd_chat_tok;
 
 /* Preprocesses (trim_blocks, lstrip_blocks, generation tags) and tokenizes src. */
-void csd_chat_lex(csd_chat_arena *a, const char *src, size_t len, csd_chat_tok **out, size_t *n_out);
+void csd_chat_lex(csd_chat_arena *a, const char *src, size_t len, csd_chat_tok **out,
+                  size_t *n_out);
 
 /* ---- AST ---- */
 
@@ -296,7 +297,8 @@ size_t csd_chat_utf8_next(const char *p, const char *end, uint32_t *cp);
 void csd_chat_utf8_put(csd_chat_buf *b, uint32_t cp);
 /* Number of UTF-16 code units (JS string .length). */
 size_t csd_chat_utf16_len(const char *p, size_t n);
-/* Unicode-aware case mapping for the scripts we cover (ASCII, Latin-1, Latin Ext-A, Greek, Cyrillic). */
+/* Unicode-aware case mapping for the scripts we cover (ASCII, Latin-1, Latin Ext-A, Greek,
+ * Cyrillic). */
 uint32_t csd_chat_to_upper(uint32_t cp);
 uint32_t csd_chat_to_lower(uint32_t cp);
 
@@ -320,7 +322,8 @@ struct csd_chat_scope {
     csd_chat_obj vars;
 };
 
-void csd_chat_scope_set(csd_chat_rt *rt, csd_chat_scope *s, const char *k, size_t kn, csd_chat_val v);
+void csd_chat_scope_set(csd_chat_rt *rt, csd_chat_scope *s, const char *k, size_t kn,
+                        csd_chat_val v);
 csd_chat_val csd_chat_scope_lookup(const csd_chat_scope *s, const char *k, size_t kn);
 /* Runs a program; output goes to rt->out. */
 void csd_chat_exec_program(csd_chat_rt *rt, const csd_chat_node *prog, csd_chat_scope *global);
@@ -337,11 +340,11 @@ void csd_chat_eval_args(csd_chat_rt *rt, csd_chat_node *const *list, size_t n, c
                         csd_chat_args *out);
 csd_chat_val csd_chat_call(csd_chat_rt *rt, csd_chat_val fn, const csd_chat_args *args,
                            csd_chat_scope *s, uint32_t pos);
-csd_chat_val csd_chat_call_builtin(csd_chat_rt *rt, const csd_chat_func *f, const csd_chat_args *args,
-                                   uint32_t pos);
+csd_chat_val csd_chat_call_builtin(csd_chat_rt *rt, const csd_chat_func *f,
+                                   const csd_chat_args *args, uint32_t pos);
 csd_chat_val csd_chat_member(csd_chat_rt *rt, csd_chat_val obj, csd_chat_val prop, uint32_t pos);
-csd_chat_val csd_chat_apply_filter(csd_chat_rt *rt, csd_chat_val operand, const csd_chat_node *filter,
-                                   csd_chat_scope *s);
+csd_chat_val csd_chat_apply_filter(csd_chat_rt *rt, csd_chat_val operand,
+                                   const csd_chat_node *filter, csd_chat_scope *s);
 bool csd_chat_apply_test(csd_chat_rt *rt, const char *name, size_t n, csd_chat_val v,
                          const csd_chat_val *arg, uint32_t pos);
 csd_chat_val csd_chat_new_str(csd_chat_rt *rt, const csd_chat_buf *b);

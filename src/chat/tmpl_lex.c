@@ -92,7 +92,8 @@ static size_t ws_run(const ptext *t, size_t i) {
     return i;
 }
 
-/* /(\s*){%(-?)\s*(?:end)?generation\s*(-?)%}(\s*)/gs -> (lstrip ? "" : before) + (rstrip ? "" : after) */
+/* /(\s*){%(-?)\s*(?:end)?generation\s*(-?)%}(\s*)/gs -> (lstrip ? "" : before) + (rstrip ? "" :
+ * after) */
 static bool match_generation(const ptext *t, size_t i, size_t *tag, size_t *tag_end, size_t *end,
                              bool *lstrip, bool *rstrip) {
     size_t j = ws_run(t, i);
@@ -413,7 +414,8 @@ static void lex_main(lexer *L) {
     }
 }
 
-void csd_chat_lex(csd_chat_arena *a, const char *src, size_t len, csd_chat_tok **out, size_t *n_out) {
+void csd_chat_lex(csd_chat_arena *a, const char *src, size_t len, csd_chat_tok **out,
+                  size_t *n_out) {
     if (len >= UINT32_MAX - 1)
         csd_chat_raise(a->fail, CSD_ERANGE, CSD_CHAT_NOPOS, "template too large");
     lexer L;

@@ -82,7 +82,8 @@ static bool is_ident(const parser *P, const char *name) {
 }
 
 static bool is_ident2(const parser *P, const char *a, const char *b) {
-    return P->cur + 1 < P->n && tok_is_ident(&P->t[P->cur], a) && tok_is_ident(&P->t[P->cur + 1], b);
+    return P->cur + 1 < P->n && tok_is_ident(&P->t[P->cur], a) &&
+           tok_is_ident(&P->t[P->cur + 1], b);
 }
 
 /* {% name ... with name among the NULL-terminated list */
@@ -158,14 +159,16 @@ static void parse_args(parser *P, nvec *out, bool params) {
         uint32_t pos = here(P);
         bool kwspread = is(P, CSD_CHAT_T_POW);
         bool spread = is(P, CSD_CHAT_T_MUL) && P->t[P->cur].n == 1 && P->t[P->cur].p[0] == '*';
-        if (params && (kwspread || spread)) perr(P, "argument unpacking is not allowed in parameters", NULL);
+        if (params && (kwspread || spread))
+            perr(P, "argument unpacking is not allowed in parameters", NULL);
         if (kwspread) {
             P->cur++;
             csd_chat_node *x = mk(P, CSD_CHAT_N_KWSPREAD, pos);
             x->a = parse_expression(P);
             nv_push(P, out, x);
             if (is(P, CSD_CHAT_T_COMMA)) P->cur++;
-            if (!is(P, CSD_CHAT_T_RPAREN)) perr(P, "`**` must be applied to the final argument", NULL);
+            if (!is(P, CSD_CHAT_T_RPAREN))
+                perr(P, "`**` must be applied to the final argument", NULL);
             break;
         }
         csd_chat_node *arg;
@@ -179,7 +182,8 @@ static void parse_args(parser *P, nvec *out, bool params) {
             arg = parse_expression(P);
             if (is(P, CSD_CHAT_T_EQUALS)) {
                 P->cur++;
-                if (arg->kind != CSD_CHAT_N_IDENT) perr(P, "expected an identifier before '='", NULL);
+                if (arg->kind != CSD_CHAT_N_IDENT)
+                    perr(P, "expected an identifier before '='", NULL);
                 csd_chat_node *kw = mk(P, CSD_CHAT_N_KWARG, arg->pos);
                 kw->s = arg->s;
                 kw->slen = arg->slen;
@@ -190,7 +194,8 @@ static void parse_args(parser *P, nvec *out, bool params) {
                 if (arg->kind != CSD_CHAT_N_IDENT && arg->kind != CSD_CHAT_N_KWARG)
                     perr(P, "expected identifier for parameter declaration", NULL);
                 for (size_t i = 0; i < out->n; i++)
-                    if (out->p[i]->slen == arg->slen && memcmp(out->p[i]->s, arg->s, arg->slen) == 0)
+                    if (out->p[i]->slen == arg->slen &&
+                        memcmp(out->p[i]->s, arg->s, arg->slen) == 0)
                         perr(P, "duplicate parameter name", NULL);
             }
             if (arg->kind == CSD_CHAT_N_KWARG) saw_kw = true;
@@ -227,7 +232,8 @@ static csd_chat_node *parse_member_args(parser *P) {
     if (sl.n == 0) perr(P, "expected at least one argument for member/slice expression", NULL);
     /* like the reference, `x[a b]` (no colon) silently uses the first expression */
     if (!is_slice) return sl.p[0];
-    if (sl.n > 3) csd_chat_raise(P->a->fail, CSD_EFORMAT, pos, "expected 0-3 arguments for slice expression");
+    if (sl.n > 3)
+        csd_chat_raise(P->a->fail, CSD_EFORMAT, pos, "expected 0-3 arguments for slice expression");
     csd_chat_node *x = mk(P, CSD_CHAT_N_SLICE, pos);
     x->a = sl.p[0];
     x->b = sl.n > 1 ? sl.p[1] : NULL;
@@ -474,7 +480,8 @@ static csd_chat_node *parse_primary(parser *P) {
     case CSD_CHAT_T_NUM: {
         /* JS Number(): any digit count is fine (huge values become 1e+63 or Infinity) */
         char *buf = csd_chat_arena_strndup(P->a, tk->p, tk->n);
-        csd_chat_node *x = mk(P, memchr(tk->p, '.', tk->n) ? CSD_CHAT_N_FLOAT : CSD_CHAT_N_INT, tk->pos);
+        csd_chat_node *x =
+            mk(P, memchr(tk->p, '.', tk->n) ? CSD_CHAT_N_FLOAT : CSD_CHAT_N_INT, tk->pos);
         x->num = strtod(buf, NULL);
         return x;
     }

@@ -13,7 +13,9 @@ csd_chat_val csd_chat_v_undef(void) { return (csd_chat_val){.type = CSD_CHAT_V_U
 csd_chat_val csd_chat_v_null(void) { return (csd_chat_val){.type = CSD_CHAT_V_NULL}; }
 csd_chat_val csd_chat_v_bool(bool b) { return (csd_chat_val){.type = CSD_CHAT_V_BOOL, .u.b = b}; }
 csd_chat_val csd_chat_v_int(double x) { return (csd_chat_val){.type = CSD_CHAT_V_INT, .u.num = x}; }
-csd_chat_val csd_chat_v_float(double x) { return (csd_chat_val){.type = CSD_CHAT_V_FLOAT, .u.num = x}; }
+csd_chat_val csd_chat_v_float(double x) {
+    return (csd_chat_val){.type = CSD_CHAT_V_FLOAT, .u.num = x};
+}
 
 csd_chat_val csd_chat_v_str(const char *p, size_t n) {
     csd_chat_val v = {.type = CSD_CHAT_V_STR};
@@ -46,7 +48,8 @@ csd_chat_val *csd_chat_obj_get(const csd_chat_obj *o, const char *k, size_t kn) 
     return NULL;
 }
 
-void csd_chat_obj_set(csd_chat_arena *a, csd_chat_obj *o, const char *k, size_t kn, csd_chat_val v) {
+void csd_chat_obj_set(csd_chat_arena *a, csd_chat_obj *o, const char *k, size_t kn,
+                      csd_chat_val v) {
     csd_chat_val *slot = csd_chat_obj_get(o, k, kn);
     if (slot) {
         *slot = v;
@@ -88,10 +91,9 @@ bool csd_chat_truthy(csd_chat_val v) {
 }
 
 const char *csd_chat_type_name(int type) {
-    static const char *names[CSD_CHAT_V_COUNT] = {"UndefinedValue", "NullValue",   "BooleanValue",
-                                                   "IntegerValue",   "FloatValue",  "StringValue",
-                                                   "ArrayValue",     "ObjectValue", "NamespaceValue",
-                                                   "FunctionValue"};
+    static const char *names[CSD_CHAT_V_COUNT] = {
+        "UndefinedValue", "NullValue",  "BooleanValue", "IntegerValue",   "FloatValue",
+        "StringValue",    "ArrayValue", "ObjectValue",  "NamespaceValue", "FunctionValue"};
     return type >= 0 && type < CSD_CHAT_V_COUNT ? names[type] : "?";
 }
 
@@ -122,8 +124,9 @@ csd_chat_val csd_chat_from_json(csd_chat_arena *a, const json_t *j, int depth) {
         return (isfinite(x) && x == floor(x)) ? csd_chat_v_int(x) : csd_chat_v_float(x);
     }
     case JSON_STRING:
-        return csd_chat_v_str(csd_chat_arena_strndup(a, json_string_value(j), json_string_length(j)),
-                              json_string_length(j));
+        return csd_chat_v_str(
+            csd_chat_arena_strndup(a, json_string_value(j), json_string_length(j)),
+            json_string_length(j));
     case JSON_ARRAY: {
         size_t n = json_array_size(j);
         csd_chat_val v = csd_chat_v_arr(a, n);
@@ -251,7 +254,9 @@ static void fmt_float(csd_chat_buf *b, double x) {
 void csd_chat_to_string(csd_chat_buf *b, csd_chat_val v, uint32_t pos) {
     switch (v.type) {
     case CSD_CHAT_V_UNDEF: csd_chat_buf_puts(b, "undefined"); break;
-    case CSD_CHAT_V_NULL: csd_chat_buf_puts(b, "undefined"); break; /* the reference's none holds undefined */
+    case CSD_CHAT_V_NULL:
+        csd_chat_buf_puts(b, "undefined");
+        break; /* the reference's none holds undefined */
     case CSD_CHAT_V_BOOL: csd_chat_buf_puts(b, v.u.b ? "true" : "false"); break;
     case CSD_CHAT_V_INT: csd_chat_fmt_number(b, v.u.num); break;
     case CSD_CHAT_V_FLOAT: fmt_float(b, v.u.num); break;
@@ -311,7 +316,8 @@ static void json_str(csd_chat_buf *b, const char *s, size_t n, bool ascii) {
             size_t k = csd_chat_utf8_next(p, end, &cp);
             if (cp >= 0x10000) {
                 uint32_t x = cp - 0x10000;
-                snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xD800 + (x >> 10), 0xDC00 + (x & 0x3FF));
+                snprintf(esc, sizeof esc, "\\u%04x\\u%04x", 0xD800 + (x >> 10),
+                         0xDC00 + (x & 0x3FF));
             } else {
                 snprintf(esc, sizeof esc, "\\u%04x", cp);
             }
@@ -344,7 +350,9 @@ void csd_chat_to_json(csd_chat_buf *b, csd_chat_val v, const csd_chat_json_opts 
     const char *key_sep = o->key_sep ? o->key_sep : ": ";
     switch (v.type) {
     case CSD_CHAT_V_NULL: csd_chat_buf_puts(b, "null"); return;
-    case CSD_CHAT_V_UNDEF: csd_chat_buf_puts(b, o->undefined_as_null ? "null" : "undefined"); return;
+    case CSD_CHAT_V_UNDEF:
+        csd_chat_buf_puts(b, o->undefined_as_null ? "null" : "undefined");
+        return;
     case CSD_CHAT_V_INT:
     case CSD_CHAT_V_FLOAT:
         if (!isfinite(v.u.num)) csd_chat_buf_puts(b, "null");
@@ -400,7 +408,8 @@ void csd_chat_to_json(csd_chat_buf *b, csd_chat_val v, const csd_chat_json_opts 
         return;
     }
     default:
-        csd_chat_raise(f, CSD_EINVAL, pos, "cannot convert to JSON: %s", csd_chat_type_name(v.type));
+        csd_chat_raise(f, CSD_EINVAL, pos, "cannot convert to JSON: %s",
+                       csd_chat_type_name(v.type));
     }
 }
 
@@ -424,8 +433,9 @@ static double js_to_number(const char *p, size_t n) {
         int base = (buf[1] | 0x20) == 'x' ? 16 : (buf[1] | 0x20) == 'o' ? 8 : 2;
         double x = 0;
         for (size_t i = 2; i < len; i++) {
-            int d = buf[i] >= '0' && buf[i] <= '9' ? buf[i] - '0'
-                  : (buf[i] | 0x20) >= 'a' && (buf[i] | 0x20) <= 'f' ? (buf[i] | 0x20) - 'a' + 10 : 99;
+            int d = buf[i] >= '0' && buf[i] <= '9'                     ? buf[i] - '0'
+                    : (buf[i] | 0x20) >= 'a' && (buf[i] | 0x20) <= 'f' ? (buf[i] | 0x20) - 'a' + 10
+                                                                       : 99;
             if (d >= base) return NAN;
             x = x * base + d;
         }
@@ -475,10 +485,13 @@ bool csd_chat_loose_eq(csd_chat_arena *a, csd_chat_val x, csd_chat_val y, uint32
     if (x.type == y.type || (is_num(x.type) && is_num(y.type))) return csd_chat_strict_eq(x, y);
     if (x.type == CSD_CHAT_V_BOOL) return csd_chat_loose_eq(a, csd_chat_v_int(x.u.b), y, pos);
     if (y.type == CSD_CHAT_V_BOOL) return csd_chat_loose_eq(a, x, csd_chat_v_int(y.u.b), pos);
-    if (is_num(x.type) && y.type == CSD_CHAT_V_STR) return x.u.num == js_to_number(y.u.s.p, y.u.s.n);
-    if (x.type == CSD_CHAT_V_STR && is_num(y.type)) return y.u.num == js_to_number(x.u.s.p, x.u.s.n);
+    if (is_num(x.type) && y.type == CSD_CHAT_V_STR)
+        return x.u.num == js_to_number(y.u.s.p, y.u.s.n);
+    if (x.type == CSD_CHAT_V_STR && is_num(y.type))
+        return y.u.num == js_to_number(x.u.s.p, x.u.s.n);
     if (is_ref(x.type) || is_ref(y.type)) {
-        if ((is_ref(x.type) && x.type == CSD_CHAT_V_FUNC) || (is_ref(y.type) && y.type == CSD_CHAT_V_FUNC))
+        if ((is_ref(x.type) && x.type == CSD_CHAT_V_FUNC) ||
+            (is_ref(y.type) && y.type == CSD_CHAT_V_FUNC))
             return false;
         csd_chat_buf b;
         csd_chat_buf_init(&b, a, SIZE_MAX / 2);
@@ -499,7 +512,10 @@ size_t csd_chat_utf8_next(const char *p, const char *end, uint32_t *cp) {
         *cp = c;
         return 1;
     }
-    size_t len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 && c < 0xF0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+    size_t len = c >= 0xF0 && c <= 0xF4  ? 4
+                 : c >= 0xE0 && c < 0xF0 ? 3
+                 : c >= 0xC2 && c < 0xE0 ? 2
+                                         : 0;
     if (len == 0 || len > avail) {
         *cp = 0xFFFD;
         return 1;
@@ -512,7 +528,8 @@ size_t csd_chat_utf8_next(const char *p, const char *end, uint32_t *cp) {
         }
         x = (x << 6) | (s[i] & 0x3F);
     }
-    if ((len == 3 && (x < 0x800 || (x >= 0xD800 && x < 0xE000))) || (len == 4 && (x < 0x10000 || x > 0x10FFFF))) {
+    if ((len == 3 && (x < 0x800 || (x >= 0xD800 && x < 0xE000))) ||
+        (len == 4 && (x < 0x10000 || x > 0x10FFFF))) {
         *cp = 0xFFFD;
         return 1;
     }

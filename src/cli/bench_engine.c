@@ -25,7 +25,8 @@ typedef struct bench_target {
     csd_pipeline *pipe;
 } bench_target;
 
-static int target_open(csd_bench_args *a, int max_requests, int64_t ctx, bench_target *t, csd_err *err) {
+static int target_open(csd_bench_args *a, int max_requests, int64_t ctx, bench_target *t,
+                       csd_err *err) {
     memset(t, 0, sizeof *t);
     if (a->model.max_ctx <= 0) a->model.max_ctx = ctx;
     int rc;
@@ -35,7 +36,8 @@ static int target_open(csd_bench_args *a, int max_requests, int64_t ctx, bench_t
         uint64_t t0 = csd_now_ns();
         while (t->pipe->ops->ready && !t->pipe->ops->ready(t->pipe)) {
             if ((double)(csd_now_ns() - t0) * 1e-9 > FLEET_READY_TIMEOUT_S)
-                return csd_err_set(err, CSD_ETIMEOUT, "the fleet is not ready after %.0f s", FLEET_READY_TIMEOUT_S);
+                return csd_err_set(err, CSD_ETIMEOUT, "the fleet is not ready after %.0f s",
+                                   FLEET_READY_TIMEOUT_S);
             struct timespec ts = {0, 50 * 1000000L};
             nanosleep(&ts, NULL);
         }
@@ -45,10 +47,11 @@ static int target_open(csd_bench_args *a, int max_requests, int64_t ctx, bench_t
     uint64_t t0 = csd_now_ns();
     rc = csd_model_open(&t->model, a->model_dir, &a->model, err);
     if (rc) return rc;
-    fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n", a->model_dir,
-            (double)(csd_now_ns() - t0) * 1e-9, csd_dtype_name(csd_model_precision(t->model)),
-            (double)csd_model_weight_bytes(t->model) / (1 << 20), csd_pool_size(csd_model_pool(t->model)),
-            csd_kern_name());
+    fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n",
+            a->model_dir, (double)(csd_now_ns() - t0) * 1e-9,
+            csd_dtype_name(csd_model_precision(t->model)),
+            (double)csd_model_weight_bytes(t->model) / (1 << 20),
+            csd_pool_size(csd_model_pool(t->model)), csd_kern_name());
     return csd_local_pipeline_create(&t->pipe, t->model, max_requests, err);
 }
 
@@ -72,7 +75,7 @@ static int count_stages(const csd_bench_args *a) {
     return n + (a->fleet.local_stage == 0);
 }
 
-/* ---- --concurrency ---------------------------------------------------------------------------- */
+/* ---- --concurrency --------------------------------------------------------------------------- */
 
 typedef struct level_run {
     pthread_mutex_t mu;
@@ -103,7 +106,8 @@ static void on_done(void *ctx, const csd_req_result *res) {
 
 typedef struct level_result {
     int concurrency;
-    double aggregate_tps;   /* all generated tokens / wall time (submit of the first to the last end) */
+    /* all generated tokens / wall time (submit of the first to the last end) */
+    double aggregate_tps;
     double per_stream_tps;  /* mean decode rate one stream sees (after its first token) */
     double ttft_s;          /* mean time to first token */
     double step_ms;         /* mean batched step of the engine */
@@ -113,7 +117,8 @@ typedef struct level_result {
 
 /* Submits c streams at once and waits for all of them. */
 static int run_level(csd_engine *e, const csd_bench_args *a, int c, int64_t n_gen, uint64_t *rng,
-                     level_run *run, stream_ctx *sc, int32_t *prompt, level_result *out, csd_err *err) {
+                     level_run *run, stream_ctx *sc, int32_t *prompt, level_result *out,
+                     csd_err *err) {
     csd_req_params params;
     memset(&params, 0, sizeof params);
     csd_sampler_params_default(&params.sampling);
@@ -150,7 +155,8 @@ static int run_level(csd_engine *e, const csd_bench_args *a, int c, int64_t n_ge
     double per = 0, ttft = 0;
     for (int i = 0; i < c; i++) {
         const csd_req_result *r = &run->res[i];
-        if (r->end == CSD_REQ_END_ERROR) return csd_err_set(err, r->code ? r->code : CSD_EIO, "%s", r->message);
+        if (r->end == CSD_REQ_END_ERROR)
+            return csd_err_set(err, r->code ? r->code : CSD_EIO, "%s", r->message);
         tokens += r->completion_tokens;
         double dec = r->total_s - r->ttft_s;
         per += dec > 0 && r->completion_tokens > 1 ? (double)(r->completion_tokens - 1) / dec : 0;
@@ -166,29 +172,35 @@ static int run_level(csd_engine *e, const csd_bench_args *a, int c, int64_t n_ge
     return 0;
 }
 
-static void print_levels(const csd_bench_args *a, const bench_target *t, const level_result *res, int n) {
+static void print_levels(const csd_bench_args *a, const bench_target *t, const level_result *res,
+                         int n) {
     const char *where = a->fleet.fleet ? "fleet" : "local";
     int threads = local_threads(a, t);
     if (a->json) {
         printf("[");
         for (int i = 0; i < n; i++)
-            printf("%s\n  {\"pipeline\": \"%s\", \"threads\": %d, \"concurrency\": %d, \"n_gen\": %lld, "
-                   "\"prompt_tokens\": %lld, \"aggregate_tps\": %.3f, \"per_stream_tps\": %.3f, "
-                   "\"speedup_vs_1\": %.3f, \"ttft_s\": %.4f, \"step_ms\": %.3f, \"load_avg\": %.2f}",
-                   i ? "," : "", where, threads, res[i].concurrency, (long long)a->n_gen,
-                   (long long)a->stream_prompt, res[i].aggregate_tps, res[i].per_stream_tps,
-                   res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0, res[i].ttft_s,
-                   res[i].step_ms, res[i].load_avg);
+            printf(
+                "%s\n  {\"pipeline\": \"%s\", \"threads\": %d, \"concurrency\": %d, \"n_gen\": "
+                "%lld, "
+                "\"prompt_tokens\": %lld, \"aggregate_tps\": %.3f, \"per_stream_tps\": %.3f, "
+                "\"speedup_vs_1\": %.3f, \"ttft_s\": %.4f, \"step_ms\": %.3f, \"load_avg\": %.2f}",
+                i ? "," : "", where, threads, res[i].concurrency, (long long)a->n_gen,
+                (long long)a->stream_prompt, res[i].aggregate_tps, res[i].per_stream_tps,
+                res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
+                res[i].ttft_s, res[i].step_ms, res[i].load_avg);
         printf("\n]\n");
         return;
     }
-    printf("| pipeline | threads | streams | prompt | gen | aggregate t/s | per-stream t/s | vs first level "
-           "| TTFT s | step ms | load |\n");
+    printf(
+        "| pipeline | threads | streams | prompt | gen | aggregate t/s | per-stream t/s | vs first "
+        "level "
+        "| TTFT s | step ms | load |\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < n; i++)
-        printf("| %s | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.2f |\n", where, threads,
-               res[i].concurrency, (long long)a->stream_prompt, (long long)a->n_gen, res[i].aggregate_tps,
-               res[i].per_stream_tps, res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
+        printf("| %s | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.2f |\n", where,
+               threads, res[i].concurrency, (long long)a->stream_prompt, (long long)a->n_gen,
+               res[i].aggregate_tps, res[i].per_stream_tps,
+               res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
                res[i].ttft_s, res[i].step_ms, res[i].load_avg);
 }
 
@@ -230,7 +242,8 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
             level_result one;
             rc = run_level(e, a, a->levels[l], a->n_gen, &rng, run, sc, prompt, &one, &err);
             if (rc) break;
-            fprintf(stderr, "streams %d rep %d: %.2f t/s aggregate, %.2f t/s per stream, step %.1f ms\n",
+            fprintf(stderr,
+                    "streams %d rep %d: %.2f t/s aggregate, %.2f t/s per stream, step %.1f ms\n",
                     a->levels[l], r + 1, one.aggregate_tps, one.per_stream_tps, one.step_ms);
             sum.aggregate_tps += one.aggregate_tps / a->reps;
             sum.per_stream_tps += one.per_stream_tps / a->reps;
@@ -282,7 +295,9 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
         rc = p->ops->open(p, req, a->n_prompt + a->n_gen + 16, err);
         opened = !rc;
     }
-    if (!rc) rc = p->ops->forward(p, req, ids, a->n_prompt > 0 && a->n_prompt < 32 ? a->n_prompt : 32, logits, err);
+    if (!rc)
+        rc = p->ops->forward(p, req, ids, a->n_prompt > 0 && a->n_prompt < 32 ? a->n_prompt : 32,
+                             logits, err);
     for (int r = 0; !rc && a->n_prompt > 0 && r < a->reps; r++) {
         rc = p->ops->truncate(p, req, 0, err);
         uint64_t t0 = csd_now_ns();
@@ -296,7 +311,8 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
     for (int r = 0; !rc && a->n_gen > 0 && r < a->reps; r++) {
         rc = p->ops->truncate(p, req, 0, err);
         uint64_t s = csd_now_ns();
-        for (int64_t i = 0; !rc && i < a->n_gen; i++) { /* greedy decode steps, as `run` makes them */
+        /* greedy decode steps, as `run` makes them */
+        for (int64_t i = 0; !rc && i < a->n_gen; i++) {
             csd_step_entry e = {req, &ids[i], 1, true, true};
             rc = p->ops->step_begin(p, &e, 1, logits, err);
             if (!rc) rc = p->ops->step_end(p, err);
@@ -330,29 +346,34 @@ static void print_fleet(const csd_bench_args *a, const bench_target *t, const fl
     int stages = count_stages(a), threads = local_threads(a, t);
     double T = r->token_ms > 0 ? r->token_ms : 1;
     if (a->json) {
-        printf("{\"mode\": \"fleet\", \"stages\": %d, \"local_stage\": %s, \"local_threads\": %d, "
-               "\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, "
-               "\"tg_tps\": %.3f, \"tg_sd\": %.3f, \"ms_per_token\": %.3f, \"local_compute_ms\": %.3f, "
-               "\"remote_compute_ms\": %.3f, \"network_wait_ms\": %.3f, \"coordinator_ms\": %.3f, "
-               "\"coordinator_pct\": %.2f, \"rtt_ms\": %.3f, \"load_avg\": %.2f}\n",
-               stages, a->fleet.local_stage == 0 ? "true" : "false", threads, (long long)a->n_prompt,
-               (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps, r->tg_sd, r->token_ms, r->local_ms,
-               r->remote_ms, r->network_ms, r->coord_ms, 100 * r->coord_ms / T, r->rtt_ms, r->load_avg);
+        printf(
+            "{\"mode\": \"fleet\", \"stages\": %d, \"local_stage\": %s, \"local_threads\": %d, "
+            "\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, "
+            "\"tg_tps\": %.3f, \"tg_sd\": %.3f, \"ms_per_token\": %.3f, \"local_compute_ms\": "
+            "%.3f, "
+            "\"remote_compute_ms\": %.3f, \"network_wait_ms\": %.3f, \"coordinator_ms\": %.3f, "
+            "\"coordinator_pct\": %.2f, \"rtt_ms\": %.3f, \"load_avg\": %.2f}\n",
+            stages, a->fleet.local_stage == 0 ? "true" : "false", threads, (long long)a->n_prompt,
+            (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps, r->tg_sd, r->token_ms,
+            r->local_ms, r->remote_ms, r->network_ms, r->coord_ms, 100 * r->coord_ms / T, r->rtt_ms,
+            r->load_avg);
         return;
     }
     printf("| fleet | stages | test | t/s |\n| --- | ---: | ---: | ---: |\n");
     if (a->n_prompt > 0)
-        printf("| %s | %d | pp%lld | %.2f ± %.2f |\n", a->fleet.fleet, stages, (long long)a->n_prompt, r->pp_tps,
-               r->pp_sd);
+        printf("| %s | %d | pp%lld | %.2f ± %.2f |\n", a->fleet.fleet, stages,
+               (long long)a->n_prompt, r->pp_tps, r->pp_sd);
     if (a->n_gen <= 0) return;
-    printf("| %s | %d | tg%lld | %.2f ± %.2f |\n", a->fleet.fleet, stages, (long long)a->n_gen, r->tg_tps, r->tg_sd);
-    printf("\nwhere the %.2f ms of a generated token go (%llu steps, link RTT %.3f ms):\n\n", r->token_ms,
-           (unsigned long long)r->steps, r->rtt_ms);
+    printf("| %s | %d | tg%lld | %.2f ± %.2f |\n", a->fleet.fleet, stages, (long long)a->n_gen,
+           r->tg_tps, r->tg_sd);
+    printf("\nwhere the %.2f ms of a generated token go (%llu steps, link RTT %.3f ms):\n\n",
+           r->token_ms, (unsigned long long)r->steps, r->rtt_ms);
     printf("| part | ms/token | share |\n| --- | ---: | ---: |\n");
     if (a->fleet.local_stage == 0)
-        printf("| stage 0 compute (this process, %d threads) | %.2f | %.1f%% |\n", threads, r->local_ms,
-               100 * r->local_ms / T);
-    printf("| remote stage compute (workers' forward) | %.2f | %.1f%% |\n", r->remote_ms, 100 * r->remote_ms / T);
+        printf("| stage 0 compute (this process, %d threads) | %.2f | %.1f%% |\n", threads,
+               r->local_ms, 100 * r->local_ms / T);
+    printf("| remote stage compute (workers' forward) | %.2f | %.1f%% |\n", r->remote_ms,
+           100 * r->remote_ms / T);
     printf("| network + wait | %.2f | %.1f%% |\n", r->network_ms, 100 * r->network_ms / T);
     printf("| coordinator overhead | %.2f | %.1f%% |\n", r->coord_ms, 100 * r->coord_ms / T);
     printf("| total | %.2f | 100%% |\n", r->token_ms);

@@ -63,8 +63,8 @@ typedef struct csd_bench_read_way {
  * (1 to 4 streams per thread, each prefetch hint; best, when not NULL, gets the winning way),
  * every pool thread reading its own contiguous slice (STREAM "read": a sum). The buffer is
  * written first by the same threads (first touch), so it is backed by real pages. */
-int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_bench_read_way *best,
-                        csd_err *err);
+int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs,
+                        csd_bench_read_way *best, csd_err *err);
 
 /* A buffer read by the pool threads on demand: the paired roofline reads one of exactly a token's
  * bytes after every generated token. */

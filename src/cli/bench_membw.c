@@ -24,7 +24,8 @@ struct csd_bench_reader {
     int64_t n;          /* uint64 words */
     bool fill;          /* first pass: write (first touch) instead of read */
     csd_bench_read_way way;
-    uint64_t sums[CSD_BENCH_MAX_STREAMS]; /* per thread: stored, so the reads are not optimised out */
+    /* per thread: stored, so the reads are not optimised out */
+    uint64_t sums[CSD_BENCH_MAX_STREAMS];
 };
 
 static void reader_fn(void *ctx, int ith, int nth) {
@@ -42,7 +43,8 @@ static void reader_fn(void *ctx, int ith, int nth) {
     if (ith < CSD_BENCH_MAX_STREAMS) j->sums[ith] = sum;
 }
 
-int csd_cli_bench_reader_create(csd_pool *pool, size_t bytes, csd_bench_reader **out, csd_err *err) {
+int csd_cli_bench_reader_create(csd_pool *pool, size_t bytes, csd_bench_reader **out,
+                                csd_err *err) {
     *out = NULL;
     csd_bench_reader *j = csd_alloc(sizeof *j);
     if (!j) return csd_err_set(err, CSD_ENOMEM, "bandwidth test state");
@@ -51,7 +53,8 @@ int csd_cli_bench_reader_create(csd_pool *pool, size_t bytes, csd_bench_reader *
     j->buf = csd_alloc(bytes);
     if (!j->buf) {
         csd_free(j);
-        return csd_err_set(err, CSD_ENOMEM, "bandwidth test buffer of %.1f MiB", (double)bytes / (1 << 20));
+        return csd_err_set(err, CSD_ENOMEM, "bandwidth test buffer of %.1f MiB",
+                           (double)bytes / (1 << 20));
     }
     j->pool = pool;
     j->n = (int64_t)(bytes / sizeof(uint64_t));
@@ -73,7 +76,9 @@ double csd_cli_bench_reader_pass(csd_bench_reader *r, csd_bench_read_way way) {
     return (double)(csd_now_ns() - t0) * 1e-9;
 }
 
-size_t csd_cli_bench_reader_bytes(const csd_bench_reader *r) { return (size_t)r->n * sizeof(uint64_t); }
+size_t csd_cli_bench_reader_bytes(const csd_bench_reader *r) {
+    return (size_t)r->n * sizeof(uint64_t);
+}
 
 void csd_cli_bench_reader_destroy(csd_bench_reader *r) {
     if (!r) return;
@@ -81,8 +86,8 @@ void csd_cli_bench_reader_destroy(csd_bench_reader *r) {
     csd_free(r);
 }
 
-int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs, csd_bench_read_way *best,
-                        csd_err *err) {
+int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs,
+                        csd_bench_read_way *best, csd_err *err) {
     *gbs = 0;
     csd_bench_reader *r;
     int rc = csd_cli_bench_reader_create(pool, (size_t)mib << 20, &r, err);

@@ -30,15 +30,16 @@ bool csd_cli_float(const char *cmd, const char *flag, const char *text, double l
     errno = 0;
     double v = text ? strtod(text, &end) : 0;
     if (!text || *text == '\0' || *end != '\0' || errno || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "cascadia %s: %s expects a number in [%g, %g], got '%s'\n", cmd, flag, lo, hi,
-                text ? text : "");
+        fprintf(stderr, "cascadia %s: %s expects a number in [%g, %g], got '%s'\n", cmd, flag, lo,
+                hi, text ? text : "");
         return false;
     }
     *out = v;
     return true;
 }
 
-bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids, int64_t *n) {
+bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids,
+                     int64_t *n) {
     *ids = NULL;
     *n = 0;
     size_t len = strlen(text), cap = len / 2 + 1;
@@ -50,7 +51,8 @@ bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_
         errno = 0;
         long v = strtol(p, &end, 10);
         if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
-            fprintf(stderr, "cascadia %s: %s expects comma-separated token ids, got '%s'\n", cmd, flag, text);
+            fprintf(stderr, "cascadia %s: %s expects comma-separated token ids, got '%s'\n", cmd,
+                    flag, text);
             csd_free(out);
             return false;
         }
@@ -71,7 +73,8 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
     if (!strcmp(flag, "--precision")) {
         int d = csd_dtype_parse(value);
         if (d < 0) {
-            fprintf(stderr, "cascadia %s: --precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
+            fprintf(stderr,
+                    "cascadia %s: --precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
                     cmd, value ? value : "");
             return -1;
         }
@@ -81,7 +84,8 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
     if (!strcmp(flag, "--kv-type")) {
         int d = csd_dtype_parse(value);
         if (d != CSD_DTYPE_F32 && d != CSD_DTYPE_F16 && d != CSD_DTYPE_Q8) {
-            fprintf(stderr, "cascadia %s: --kv-type must be f32, f16 or q8, got '%s'\n", cmd, value ? value : "");
+            fprintf(stderr, "cascadia %s: --kv-type must be f32, f16 or q8, got '%s'\n", cmd,
+                    value ? value : "");
             return -1;
         }
         opts->kv_dtype = d;

@@ -9,13 +9,15 @@
 #include "core/err.h"
 #include "model/model.h"
 
-/* Parses a whole decimal integer in [lo, hi]; prints "cascadia CMD: --flag: ..." and returns false. */
+/* Parses a whole decimal integer in [lo, hi]; prints "cascadia CMD: --flag: ..." and returns
+ * false. */
 bool csd_cli_int(const char *cmd, const char *flag, const char *text, int64_t lo, int64_t hi,
                  int64_t *out);
 bool csd_cli_float(const char *cmd, const char *flag, const char *text, double lo, double hi,
                    double *out);
 /* Parses "1,2,3" into ids (csd_free *ids). */
-bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids, int64_t *n);
+bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids,
+                     int64_t *n);
 
 /* Model flags common to run, logits, bench: --precision, --threads, --ctx, --kv-type.
  * Returns 1 when the flag was one of them (consumed), 0 when not, -1 on a bad value. */

@@ -18,9 +18,11 @@
 #include "model/weight_stream.h"
 
 static const char *const bench_usage =
-    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-d 0] [-t THREADS] [-r REPS] [--json]\n"
+    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-d 0] [-t THREADS] "
+    "[-r REPS] [--json]\n"
     "       cascadia bench MODEL_DIR --concurrency 1,2,4,8,16 [-n 64] [options]\n"
-    "       cascadia bench --fleet H:P,... --manifest DIR [--local-stage 0] (--key F | --insecure)\n"
+    "       cascadia bench --fleet H:P,... --manifest DIR [--local-stage 0] "
+    "(--key F | --insecure)\n"
     "                      [-n 128] [--concurrency LIST]\n"
     "  -p N                prompt tokens of the prompt-processing test (default 512, 0 = skip)\n"
     "  -n N                generated tokens (default 128; 64 with --concurrency)\n"
@@ -32,9 +34,10 @@ static const char *const bench_usage =
     "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
     "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
     "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it and\n"
-    "                      the paired roofline: tg again, each token followed by a read of its bytes)\n"
-    "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
-    CSD_CLI_FLEET_FLAGS_HELP;
+    "                      the paired roofline: tg again, each token followed by a read of "
+    "its bytes)\n"
+    "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_DIR_HELP
+        CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *state) {
     const int64_t skip = vocab > 300 ? 259 : 0; /* special and byte tokens */
@@ -117,7 +120,9 @@ static int parse_args(int argc, char **argv, csd_bench_args *a) {
                 i += takes;
                 continue;
             }
-            if (r == 0) r = csd_cli_model_flag("bench", !strcmp(f, "-t") ? "--threads" : f, value, &a->model);
+            if (r == 0)
+                r = csd_cli_model_flag("bench", !strcmp(f, "-t") ? "--threads" : f, value,
+                                       &a->model);
             if (r < 0) return 2;
             if (r == 0) {
                 fprintf(stderr, "cascadia bench: unknown option '%s'\n%s", f, bench_usage);
@@ -137,7 +142,8 @@ static int parse_args(int argc, char **argv, csd_bench_args *a) {
         return 2;
     }
     if (!a->model_dir && !a->fleet.fleet) {
-        fprintf(stderr, "cascadia bench: MODEL_DIR (or --fleet/--manifest) is required\n%s", bench_usage);
+        fprintf(stderr, "cascadia bench: MODEL_DIR (or --fleet/--manifest) is required\n%s",
+                bench_usage);
         return 2;
     }
     if (a->depth > 0 && (a->n_levels || a->fleet.fleet)) {
@@ -158,7 +164,7 @@ typedef struct bench_result {
     double pp_tps, pp_sd;
     double tg_tps, tg_sd;
     size_t weight_bytes;  /* read per generated token: layers + final norm + head */
-    size_t kv_bytes;      /* KV cache read per generated token, at the mean context of the tg test */
+    size_t kv_bytes;      /* KV cache read per generated token, at the tg test's mean context */
     double membw_gbs;     /* peak: best pass over a 1 GiB buffer */
     csd_bench_read_way membw_way; /* how that pass read */
     double paired_gbs;    /* the reads paired with generated tokens (bench_membw.c) */
@@ -241,10 +247,11 @@ static void paired_read_pass(void *ctx) {
     csd_cli_bench_reader_pass(p->reader, p->way);
 }
 
-static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
-                      bench_result *res, float *logits, csd_err *err) {
+static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+                      double *v, bench_result *res, float *logits, csd_err *err) {
     paired_read p = {NULL, res->membw_way};
-    int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes, &p.reader, err);
+    int rc = csd_cli_bench_reader_create(csd_model_pool(m), res->weight_bytes + res->kv_bytes,
+                                         &p.reader, err);
     if (rc) return rc;
     tg_after after = {paired_read_pass, &p, 0};
     rc = run_tg(m, kv, ids, a, v, logits, &after, err);
@@ -262,8 +269,8 @@ static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_be
  * share the machine's state second by second. */
 static void weight_stream_pass(void *ctx) { csd_weight_stream_run(ctx); }
 
-static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a, double *v,
-                       bench_result *res, float *logits, csd_err *err) {
+static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
+                       double *v, bench_result *res, float *logits, csd_err *err) {
     csd_weight_stream *ws;
     int rc = csd_weight_stream_create(&ws, m, err);
     if (rc) return rc;
@@ -309,10 +316,10 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
         rc = csd_model_forward_seq(m, kv, ids, NULL, warm, logits, err);
     }
     if (!rc && a->membw_mib > 0) {
-        fprintf(stderr, "measuring memory bandwidth (%lld MiB, %d threads)\n", (long long)a->membw_mib,
-                csd_pool_size(csd_model_pool(m)));
-        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs, &res->membw_way,
-                                 err);
+        fprintf(stderr, "measuring memory bandwidth (%lld MiB, %d threads)\n",
+                (long long)a->membw_mib, csd_pool_size(csd_model_pool(m)));
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->membw_gbs,
+                                 &res->membw_way, err);
     }
     if (!rc) rc = fill_depth(m, kv, ids, a, logits, err);
     if (!rc && a->n_prompt > 0) {
@@ -335,8 +342,8 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
         }
     }
     if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
-        fprintf(stderr, "tg%lld x %d, each token paired with a read of its bytes\n", (long long)a->n_gen,
-                a->reps);
+        fprintf(stderr, "tg%lld x %d, each token paired with a read of its bytes\n",
+                (long long)a->n_gen, a->reps);
         rc = run_paired(m, kv, ids, a, v, res, logits, err);
     }
     if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
@@ -368,25 +375,28 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
     size_t read = r->weight_bytes + r->kv_bytes;
     double roof = r->membw_gbs > 0 && read ? r->membw_gbs * 1e9 / (double)read : 0;
     double frac = roof > 0 ? r->tg_tps / roof : 0;
-    double paired_frac = r->paired_gbs > 0 ? r->paired_tg_tps * (double)read / (r->paired_gbs * 1e9) : 0;
+    double paired_frac =
+        r->paired_gbs > 0 ? r->paired_tg_tps * (double)read / (r->paired_gbs * 1e9) : 0;
     double ceiling_frac = roof > 0 ? r->ceiling_tps / roof : 0;
     double ceiling_tg_frac = r->ceiling_tps > 0 ? r->ceiling_tg_tps / r->ceiling_tps : 0;
     if (a->json) {
-        printf("{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
-               "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, \"reps\": %d, "
-               "\"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
-               "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, \"roofline_tps\": %.3f, "
-               "\"roofline_fraction\": %.6f, \"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
-               "\"paired_roofline_fraction\": %.6f, \"ceiling_tps\": %.3f, \"ceiling_fraction\": %.6f, "
-               "\"ceiling_tg_tps\": %.3f, \"ceiling_tg_fraction\": %.6f, "
-               "\"membw_streams\": %d, \"membw_nta\": %s, "
-               "\"load_avg\": [%.2f, %.2f]}\n",
-               base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
-               (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
-               r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
-               r->paired_gbs, r->paired_tg_tps, paired_frac, r->ceiling_tps, ceiling_frac,
-               r->ceiling_tg_tps, ceiling_tg_frac, r->membw_way.streams,
-               r->membw_way.nta ? "true" : "false", r->load_before, r->load_after);
+        printf(
+            "{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
+            "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, "
+            "\"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
+            "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, "
+            "\"roofline_tps\": %.3f, \"roofline_fraction\": %.6f, "
+            "\"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
+            "\"paired_roofline_fraction\": %.6f, \"ceiling_tps\": %.3f, "
+            "\"ceiling_fraction\": %.6f, \"ceiling_tg_tps\": %.3f, \"ceiling_tg_fraction\": %.6f, "
+            "\"membw_streams\": %d, \"membw_nta\": %s, "
+            "\"load_avg\": [%.2f, %.2f]}\n",
+            base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
+            (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
+            r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
+            r->paired_gbs, r->paired_tg_tps, paired_frac, r->ceiling_tps, ceiling_frac,
+            r->ceiling_tg_tps, ceiling_tg_frac, r->membw_way.streams,
+            r->membw_way.nta ? "true" : "false", r->load_before, r->load_after);
         return;
     }
     printf("| model | precision | size | threads | test | t/s |\n");
@@ -395,25 +405,33 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
     char at[32] = ""; /* llama-bench's label for a test at depth */
     if (a->depth > 0) snprintf(at, sizeof at, " @ d%lld", (long long)a->depth);
     if (a->n_prompt > 0)
-        printf("| %s | %s | %.1f MiB | %d | pp%lld%s | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
-               threads, (long long)a->n_prompt, at, r->pp_tps, r->pp_sd);
+        printf("| %s | %s | %.1f MiB | %d | pp%lld%s | %.2f ± %.2f |\n", base_name(a->model_dir),
+               prec, mib, threads, (long long)a->n_prompt, at, r->pp_tps, r->pp_sd);
     if (a->n_gen > 0)
-        printf("| %s | %s | %.1f MiB | %d | tg%lld%s | %.2f ± %.2f |\n", base_name(a->model_dir), prec, mib,
-               threads, (long long)a->n_gen, at, r->tg_tps, r->tg_sd);
+        printf("| %s | %s | %.1f MiB | %d | tg%lld%s | %.2f ± %.2f |\n", base_name(a->model_dir),
+               prec, mib, threads, (long long)a->n_gen, at, r->tg_tps, r->tg_sd);
     if (a->membw_mib > 0 && a->n_gen > 0) {
         char kv[64] = "";
-        if (r->kv_bytes > 0) snprintf(kv, sizeof kv, " + %.2f MiB KV cache", (double)r->kv_bytes / (1 << 20));
-        printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%d threads, "
-               "%d streams each, %s prefetch) = %.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
-               (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, r->membw_way.streams,
-               r->membw_way.nta ? "non-temporal" : "ordinary", roof, 100 * frac, csd_kern_name());
-        printf("paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f t/s "
-               "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
-               r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);
-        printf("ceiling:  the weight stream alone (every matrix times one token, one job per input width, "
-               "nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated with it: %.2f "
-               "t/s, %.1f%% of it\n",
-               r->ceiling_tps, 100 * ceiling_frac, r->ceiling_tg_tps, 100 * ceiling_tg_frac);
+        if (r->kv_bytes > 0)
+            snprintf(kv, sizeof kv, " + %.2f MiB KV cache", (double)r->kv_bytes / (1 << 20));
+        printf(
+            "\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%d threads, "
+            "%d streams each, %s prefetch) = %.2f t/s; generation reaches %.1f%% of it (kernels "
+            "%s)\n",
+            (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, r->membw_way.streams,
+            r->membw_way.nta ? "non-temporal" : "ordinary", roof, 100 * frac, csd_kern_name());
+        printf(
+            "paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f "
+            "t/s "
+            "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
+            r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);
+        printf(
+            "ceiling:  the weight stream alone (every matrix times one token, one job per input "
+            "width, "
+            "nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated with it: "
+            "%.2f "
+            "t/s, %.1f%% of it\n",
+            r->ceiling_tps, 100 * ceiling_frac, r->ceiling_tg_tps, 100 * ceiling_tg_frac);
     }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }
@@ -433,16 +451,19 @@ int csd_cmd_bench(int argc, char **argv) {
     uint64_t t0 = csd_now_ns();
     rc = csd_model_open(&model, a.model_dir, &a.model, &err);
     if (!rc) {
-        fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n", a.model_dir,
-                (double)(csd_now_ns() - t0) * 1e-9, csd_dtype_name(csd_model_precision(model)),
-                (double)csd_model_weight_bytes(model) / (1 << 20), csd_pool_size(csd_model_pool(model)),
-                csd_kern_name());
-        int64_t trained = csd_model_cfg(model)->max_seq_len, longest = a.depth + a.n_prompt + a.n_gen;
+        fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n",
+                a.model_dir, (double)(csd_now_ns() - t0) * 1e-9,
+                csd_dtype_name(csd_model_precision(model)),
+                (double)csd_model_weight_bytes(model) / (1 << 20),
+                csd_pool_size(csd_model_pool(model)), csd_kern_name());
+        int64_t trained = csd_model_cfg(model)->max_seq_len,
+                longest = a.depth + a.n_prompt + a.n_gen;
         if (trained > 0 && longest > trained) /* as llama-bench: measured anyway, but say so */
-            fprintf(stderr, "cascadia bench: warning: -d %lld + -p %lld + -n %lld = %lld tokens is past "
-                            "the model's trained context of %lld (max_position_embeddings)\n",
-                    (long long)a.depth, (long long)a.n_prompt, (long long)a.n_gen, (long long)longest,
-                    (long long)trained);
+            fprintf(stderr,
+                    "cascadia bench: warning: -d %lld + -p %lld + -n %lld = %lld tokens is past "
+                    "the model's trained context of %lld (max_position_embeddings)\n",
+                    (long long)a.depth, (long long)a.n_prompt, (long long)a.n_gen,
+                    (long long)longest, (long long)trained);
         bench_result res;
         memset(&res, 0, sizeof res);
         rc = bench_model(model, &a, &res, &err);

@@ -14,7 +14,8 @@ static const char *const logits_usage =
     "usage: cascadia logits MODEL_DIR --ids 1,2,3 [--top K] [--out FILE] [model options]\n"
     "  --ids LIST   token ids (comma-separated), fed as one sequence\n"
     "  --top K      logits printed per position (default 5)\n"
-    "  --out FILE   write all logits as float32 [positions x vocab]\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP;
+    "  --out FILE   write all logits as float32 [positions x vocab]\n" CSD_CLI_MODEL_DIR_HELP
+        CSD_CLI_MODEL_FLAGS_HELP;
 
 /* Teacher-forced logits of every position, in chunks of the model's batch limit. */
 static int all_logits(csd_model *m, const int32_t *ids, int64_t n, float *out, csd_err *err) {
@@ -71,7 +72,8 @@ int csd_cmd_logits(int argc, char **argv) {
         } else if (f[0] == '-') {
             int r = csd_cli_model_flag("logits", f, value, &opts);
             if (r <= 0) {
-                if (r == 0) fprintf(stderr, "cascadia logits: unknown option '%s'\n%s", f, logits_usage);
+                if (r == 0)
+                    fprintf(stderr, "cascadia logits: unknown option '%s'\n%s", f, logits_usage);
                 return 2;
             }
             i++;
@@ -103,7 +105,8 @@ int csd_cmd_logits(int argc, char **argv) {
     if (!rc) rc = all_logits(m, ids, n, logits, &err);
     if (!rc && out_path)
         rc = csd_file_write_all(out_path, logits, (size_t)(n * vocab) * sizeof(float), &err);
-    for (int64_t p = 0; !rc && top > 0 && p < n; p++) print_top(logits + p * vocab, vocab, p, ids[p], (int)top);
+    for (int64_t p = 0; !rc && top > 0 && p < n; p++)
+        print_top(logits + p * vocab, vocab, p, ids[p], (int)top);
     if (rc) csd_cli_error("logits", &err);
     csd_free(logits);
     csd_free(ids);

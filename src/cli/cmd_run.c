@@ -16,7 +16,8 @@
 
 static const char *const run_usage =
     "usage: cascadia run MODEL_DIR -p TEXT [options]\n"
-    "       cascadia run --fleet H:P,... --manifest DIR (--key FILE | --insecure) -p TEXT [options]\n"
+    "       cascadia run --fleet H:P,... --manifest DIR (--key FILE | --insecure) -p TEXT "
+    "[options]\n"
     "  -p, --prompt TEXT   the prompt\n"
     "  -n N                tokens to generate (default 128)\n"
     "  --temp T            temperature, 0 = greedy (default 0.8)\n"
@@ -27,8 +28,8 @@ static const char *const run_usage =
     "  --presence-penalty F, --frequency-penalty F   (default 0)\n"
     "  --seed S            sampling seed (default 24301)\n"
     "  --ignore-eos        keep generating past end-of-text\n"
-    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
-    CSD_CLI_FLEET_FLAGS_HELP;
+    "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_DIR_HELP
+        CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 typedef struct run_args {
     const char *model_dir;
@@ -126,7 +127,9 @@ static int parse_args(int argc, char **argv, run_args *a) {
     }
     if (a->fleet.fleet) a->model_dir = a->fleet.manifest; /* the tokenizer lives there */
     if (!a->model_dir || !a->prompt) {
-        fprintf(stderr, "cascadia run: MODEL_DIR (or --fleet/--manifest) and -p TEXT are required\n%s", run_usage);
+        fprintf(stderr,
+                "cascadia run: MODEL_DIR (or --fleet/--manifest) and -p TEXT are required\n%s",
+                run_usage);
         return 2;
     }
     return 0;
@@ -145,7 +148,8 @@ static bool on_token(void *ctx, int32_t id, const float *logits) {
         printf("%d ", id);
     } else {
         size_t len = 0;
-        if (csd_detok_push(&o->detok, id, o->buf, sizeof o->buf, &len) == 0) fwrite(o->buf, 1, len, stdout);
+        if (csd_detok_push(&o->detok, id, o->buf, sizeof o->buf, &len) == 0)
+            fwrite(o->buf, 1, len, stdout);
     }
     fflush(stdout);
     return false;
@@ -155,8 +159,10 @@ static void print_stats(const csd_gen_stats *st) {
     double pp = st->prompt_s > 0 ? (double)st->n_prompt / st->prompt_s : 0;
     /* the first generated token comes from the prefill; the rest from decode steps */
     double tg = st->gen_s > 0 && st->n_gen > 1 ? (double)(st->n_gen - 1) / st->gen_s : 0;
-    fprintf(stderr, "\nprompt: %lld tokens, %.2f tok/s | generation: %lld tokens, %.2f tok/s | finish: %s\n",
-            (long long)st->n_prompt, pp, (long long)st->n_gen, tg, csd_finish_name(st->finish));
+    fprintf(
+        stderr,
+        "\nprompt: %lld tokens, %.2f tok/s | generation: %lld tokens, %.2f tok/s | finish: %s\n",
+        (long long)st->n_prompt, pp, (long long)st->n_gen, tg, csd_finish_name(st->finish));
 }
 
 static int generate_text(const run_args *a, csd_pipeline *pipe, const csd_tok *tok, csd_err *err) {
@@ -208,14 +214,17 @@ int csd_cmd_run(int argc, char **argv) {
     rc = csd_tok_load(&tok, a.model_dir, &err);
     if (!rc && a.fleet.fleet) {
         rc = csd_cli_fleet_open(&a.fleet, &a.model, 1, &pipe, &err);
-        if (!rc) fprintf(stderr, "connected to the fleet in %.2f s\n", (double)(csd_now_ns() - t0) * 1e-9);
+        if (!rc)
+            fprintf(stderr, "connected to the fleet in %.2f s\n",
+                    (double)(csd_now_ns() - t0) * 1e-9);
     } else if (!rc) {
         rc = csd_model_open(&model, a.model_dir, &a.model, &err);
     }
     if (!rc && !a.fleet.fleet) {
         fprintf(stderr, "loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",
                 a.model_dir, (double)(csd_now_ns() - t0) * 1e-9, csd_model_cfg(model)->model_type,
-                (long long)csd_model_cfg(model)->n_layers, csd_dtype_name(csd_model_precision(model)),
+                (long long)csd_model_cfg(model)->n_layers,
+                csd_dtype_name(csd_model_precision(model)),
                 (double)csd_model_weight_bytes(model) / (1 << 20), csd_kern_name());
         rc = csd_local_pipeline_create(&pipe, model, 1, &err);
     }

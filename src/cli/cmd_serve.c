@@ -24,8 +24,10 @@
 
 static const char *const serve_usage =
     "usage: cascadia serve MODEL_DIR [options]\n"
-    "       cascadia serve --manifest DIR --fleet H:P,H:P [--fleet H:P,H:P ...] (--key F | --insecure) [options]\n"
-    "       (each --fleet is one pipeline replica, stages in order; requests go to the one with a free slot)\n"
+    "       cascadia serve --manifest DIR --fleet H:P,H:P [--fleet H:P,H:P ...] (--key F | "
+    "--insecure) [options]\n"
+    "       (each --fleet is one pipeline replica, stages in order; requests go to the one with a "
+    "free slot)\n"
     "  --host ADDR          address to listen on (default 127.0.0.1)\n"
     "  --port N             TCP port (default 8080; 0 = any free port)\n"
     "  --parallel N         requests decoded together (default 4)\n"
@@ -34,8 +36,9 @@ static const char *const serve_usage =
     "  --chat-template NAME use a built-in template: chatml|llama3|llama2|mistral|gemma\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
-    "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline (default 4, 0 = off)\n"
-    CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
+    "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline (default 4, 0 "
+    "= off)\n" CSD_CLI_MODEL_DIR_HELP
+        CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
 
@@ -167,7 +170,8 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     }
     if (a->n_fleets) a->model_dir = a->fleet.manifest; /* tokenizer and templates live there */
     if (!a->model_dir) {
-        fprintf(stderr, "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s", serve_usage);
+        fprintf(stderr, "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s",
+                serve_usage);
         return 2;
     }
     if (!a->api_key) {
@@ -207,7 +211,8 @@ static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_templ
 }
 
 /* Builds what requests run on: one in-process pipeline over the whole model, or one fleet
- * pipeline per --fleet group. Each needs a request slot per parallel request and per cached prompt. */
+ * pipeline per --fleet group. Each needs a request slot per parallel request and per cached
+ * prompt. */
 static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) {
     uint64_t t0 = csd_now_ns();
     int slots = a->parallel + a->prefix_cache;

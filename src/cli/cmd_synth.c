@@ -24,8 +24,8 @@ static const char *const synth_usage =
     "tokenizer files. Without --tokenizer, a small built-in tokenizer is written.\n";
 
 static void list_presets(void) {
-    printf("%-16s %-8s %6s %6s %7s %5s %7s  %s\n", "preset", "family", "dim", "layers", "heads", "kv", "vocab",
-           "mirrors");
+    printf("%-16s %-8s %6s %6s %7s %5s %7s  %s\n", "preset", "family", "dim", "layers", "heads",
+           "kv", "vocab", "mirrors");
     for (const csd_synth_preset *p = csd_synth_presets; p->name; p++) {
         char vocab[16];
         snprintf(vocab, sizeof vocab, "%lld", (long long)p->cfg.vocab_size);
@@ -37,7 +37,8 @@ static void list_presets(void) {
 }
 
 /* Copies DIR/name to out/name (bounded). Missing optional files are fine. */
-static int copy_file(const char *dir, const char *out, const char *name, bool required, csd_err *err) {
+static int copy_file(const char *dir, const char *out, const char *name, bool required,
+                     csd_err *err) {
     char src[4096], dst[4096];
     if (csd_path_join(src, sizeof src, dir, name) || csd_path_join(dst, sizeof dst, out, name))
         return csd_err_set(err, CSD_ERANGE, "path too long");
@@ -67,12 +68,16 @@ static int write_tokenizer(const char *tok_dir, const char *out, csd_err *err) {
     return rc;
 }
 
-static int synth(const char *arch_name, const char *preset_name, const char *tok_dir, const char *out,
-                 uint64_t seed, int dtype, csd_err *err) {
+static int synth(const char *arch_name, const char *preset_name, const char *tok_dir,
+                 const char *out, uint64_t seed, int dtype, csd_err *err) {
     const csd_arch_desc *arch = csd_arch_find(arch_name);
-    if (!arch) return csd_err_set(err, CSD_EUNSUPPORTED, "unknown --arch '%s' (supported: %s)", arch_name, csd_arch_supported_list());
+    if (!arch)
+        return csd_err_set(err, CSD_EUNSUPPORTED, "unknown --arch '%s' (supported: %s)", arch_name,
+                           csd_arch_supported_list());
     const csd_synth_preset *preset = csd_synth_preset_find(preset_name);
-    if (!preset) return csd_err_set(err, CSD_ENOTFOUND, "unknown --preset '%s' (see --list-presets)", preset_name);
+    if (!preset)
+        return csd_err_set(err, CSD_ENOTFOUND, "unknown --preset '%s' (see --list-presets)",
+                           preset_name);
     if (mkdir(out, 0755) != 0 && errno != EEXIST)
         return csd_err_set(err, CSD_EIO, "%s: cannot create: %s", out, strerror(errno));
     int rc = write_tokenizer(tok_dir, out, err);
@@ -135,7 +140,7 @@ int csd_cmd_synth(int argc, char **argv) {
         csd_cli_error("synth", &err);
         return 1;
     }
-    fprintf(stderr, "wrote %s (%s, preset %s, seed %lld) in %.1f s\n", out, arch, preset, (long long)seed,
-            (double)(csd_now_ns() - t0) * 1e-9);
+    fprintf(stderr, "wrote %s (%s, preset %s, seed %lld) in %.1f s\n", out, arch, preset,
+            (long long)seed, (double)(csd_now_ns() - t0) * 1e-9);
     return 0;
 }

@@ -1,5 +1,5 @@
-/* cmd_worker: `cascadia worker --shard FILE --listen HOST:PORT [--key FILE | --insecure]`: loads one
- * stage's shard (checksums verified) and serves it until SIGINT/SIGTERM. */
+/* cmd_worker: `cascadia worker --shard FILE --listen HOST:PORT [--key FILE | --insecure]`: loads
+ * one stage's shard (checksums verified) and serves it until SIGINT/SIGTERM. */
 #include <signal.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -17,8 +17,10 @@ static const char *const worker_usage =
     "usage: cascadia worker --shard FILE --listen HOST:PORT (--key FILE | --insecure) [options]\n"
     "  --shard FILE        a stage-K.shard written by `cascadia export`\n"
     "  --listen HOST:PORT  where the coordinator and the previous stage connect (port 0: any)\n"
-    "  --key FILE          the fleet key (`cascadia keygen`): links are authenticated and encrypted\n"
-    "  --insecure          no encryption (a checksum per frame only): benchmarks on a trusted network\n"
+    "  --key FILE          the fleet key (`cascadia keygen`): links are authenticated and "
+    "encrypted\n"
+    "  --insecure          no encryption (a checksum per frame only): benchmarks on a trusted "
+    "network\n"
     "  --max-requests N    open requests at most (default 64; the least recently used is evicted)\n"
     "  --kv-mem BYTES      KV cache memory cap, e.g. 2G (default 4G)\n"
     "  --threads N, --ctx N   as for `cascadia run`\n";
@@ -74,21 +76,25 @@ int csd_cmd_worker(int argc, char **argv) {
         } else if (!strcmp(f, "--kv-mem")) {
             sopts.kv_mem_cap = parse_bytes(value);
             if (!sopts.kv_mem_cap) {
-                fprintf(stderr, "cascadia worker: --kv-mem expects a size like 2G, got '%s'\n", value);
+                fprintf(stderr, "cascadia worker: --kv-mem expects a size like 2G, got '%s'\n",
+                        value);
                 return 2;
             }
             i++;
         } else {
             int r = csd_cli_model_flag("worker", f, value, &mopts);
             if (r <= 0 || !strcmp(f, "--precision")) {
-                if (r >= 0) fprintf(stderr, "cascadia worker: unknown option '%s'\n%s", f, worker_usage);
+                if (r >= 0)
+                    fprintf(stderr, "cascadia worker: unknown option '%s'\n%s", f, worker_usage);
                 return 2;
             }
             i++;
         }
     }
     if (!shard_path || !listen || (!key_path && !insecure) || (key_path && insecure)) {
-        fprintf(stderr, "cascadia worker: --shard, --listen and one of --key/--insecure are required\n%s", worker_usage);
+        fprintf(stderr,
+                "cascadia worker: --shard, --listen and one of --key/--insecure are required\n%s",
+                worker_usage);
         return 2;
     }
     csd_err err = {0};
@@ -112,16 +118,21 @@ int csd_cmd_worker(int argc, char **argv) {
         if (!rc) {
             double kv_tok = (double)csd_model_kv_bytes_per_token(model);
             uint64_t cap = sopts.kv_mem_cap ? sopts.kv_mem_cap : 4ull << 30;
-            fprintf(stderr, "worker: stage %u of %u, layers [%lld, %lld)%s%s, %s, loaded in %.2f s\n"
-                    "worker: memory: weights %.1f MiB, KV %.1f KiB/token (%s) = %.1f MiB per %lld-token request, "
-                    "cap %.0f MiB\n"
-                    "worker: listening on port %u (%s)\n", h->stage_index, h->stage_count, (long long)h->layer_begin,
-                    (long long)h->layer_end, h->has_embed ? " +embeddings" : "", h->has_head ? " +head" : "",
-                    csd_dtype_name(h->precision), (double)(csd_now_ns() - t0) * 1e-9,
-                    (double)csd_model_weight_bytes(model) / (1 << 20), kv_tok / 1024,
-                    csd_dtype_name(csd_model_kv_dtype(model)), kv_tok * (double)csd_model_max_ctx(model) / (1 << 20),
-                    (long long)csd_model_max_ctx(model), (double)cap / (1 << 20), csd_stage_server_port(server),
-                    insecure ? "insecure" : "encrypted");
+            fprintf(
+                stderr,
+                "worker: stage %u of %u, layers [%lld, %lld)%s%s, %s, loaded in %.2f s\n"
+                "worker: memory: weights %.1f MiB, KV %.1f KiB/token (%s) = %.1f MiB per "
+                "%lld-token request, "
+                "cap %.0f MiB\n"
+                "worker: listening on port %u (%s)\n",
+                h->stage_index, h->stage_count, (long long)h->layer_begin, (long long)h->layer_end,
+                h->has_embed ? " +embeddings" : "", h->has_head ? " +head" : "",
+                csd_dtype_name(h->precision), (double)(csd_now_ns() - t0) * 1e-9,
+                (double)csd_model_weight_bytes(model) / (1 << 20), kv_tok / 1024,
+                csd_dtype_name(csd_model_kv_dtype(model)),
+                kv_tok * (double)csd_model_max_ctx(model) / (1 << 20),
+                (long long)csd_model_max_ctx(model), (double)cap / (1 << 20),
+                csd_stage_server_port(server), insecure ? "insecure" : "encrypted");
         }
     }
     if (!rc) {

@@ -38,13 +38,16 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
         char *end = NULL;
         long n = strcmp(value, "auto") ? strtol(value, &end, 10) : 0;
         if (end && (*end || n < 1 || n > CSD_FLEET_MAX_STAGES)) {
-            fprintf(stderr, "cascadia %s: --micro-batches takes auto or 1 to %d\n", cmd, CSD_FLEET_MAX_STAGES);
+            fprintf(stderr, "cascadia %s: --micro-batches takes auto or 1 to %d\n", cmd,
+                    CSD_FLEET_MAX_STAGES);
             return -1;
         }
         f->micro_batches = (int)n;
     } else if (!strcmp(flag, "--local-stage")) {
         if (strcmp(value, "0")) {
-            fprintf(stderr, "cascadia %s: --local-stage takes 0 (the coordinator runs the first stage)\n", cmd);
+            fprintf(stderr,
+                    "cascadia %s: --local-stage takes 0 (the coordinator runs the first stage)\n",
+                    cmd);
             return -1;
         }
         f->local_stage = 0;
@@ -78,9 +81,11 @@ static int split_fleet(const char *fleet, csd_fleet_opts *o, csd_err *err) {
     if (snprintf(list, sizeof list, "%s", fleet) >= (int)sizeof list)
         return csd_err_set(err, CSD_ERANGE, "--fleet is longer than %zu bytes", sizeof list - 1);
     o->n_addrs = 0;
-    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
         if (o->n_addrs == CSD_FLEET_MAX_STAGES)
-            return csd_err_set(err, CSD_ERANGE, "--fleet lists more than %d workers", CSD_FLEET_MAX_STAGES);
+            return csd_err_set(err, CSD_ERANGE, "--fleet lists more than %d workers",
+                               CSD_FLEET_MAX_STAGES);
         if (strlen(tok) > CSD_WIRE_MAX_ROUTE)
             return csd_err_set(err, CSD_ERANGE, "--fleet address '%.40s...' is too long", tok);
         snprintf(o->addrs[o->n_addrs++], sizeof o->addrs[0], "%s", tok);
@@ -88,8 +93,8 @@ static int split_fleet(const char *fleet, csd_fleet_opts *o, csd_err *err) {
     return o->n_addrs ? 0 : csd_err_set(err, CSD_EINVAL, "--fleet lists no worker");
 }
 
-int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_requests, csd_pipeline **out,
-                       csd_err *err) {
+int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_requests,
+                       csd_pipeline **out, csd_err *err) {
     *out = NULL;
     csd_manifest *m = NULL;
     csd_fleet_opts o;
@@ -98,14 +103,17 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
     if (!rc) rc = split_fleet(f->fleet, &o, err);
     int first = f->local_stage == 0 ? 1 : 0;
     if (!rc && o.n_addrs != m->n_stages - first)
-        rc = csd_err_set(err, CSD_EINVAL, "--fleet lists %d workers but the manifest has %d stages%s", o.n_addrs,
+        rc = csd_err_set(err, CSD_EINVAL,
+                         "--fleet lists %d workers but the manifest has %d stages%s", o.n_addrs,
                          m->n_stages, first ? " (stage 0 runs here)" : "");
     if (!rc && f->key_path) rc = csd_fleet_key_load(f->key_path, &f->key, err);
     if (!rc && first) {
         char path[4096];
-        if (csd_path_join(path, sizeof path, m->dir, m->stages[0].file)) rc = csd_err_set(err, CSD_ERANGE, "path too long");
+        if (csd_path_join(path, sizeof path, m->dir, m->stages[0].file))
+            rc = csd_err_set(err, CSD_ERANGE, "path too long");
         if (!rc) rc = csd_model_shard_open(&f->shard0, path, err);
-        if (!rc) rc = csd_model_create(&f->model0, &f->shard0->cfg, &f->shard0->weights, mopts, err);
+        if (!rc)
+            rc = csd_model_create(&f->model0, &f->shard0->cfg, &f->shard0->weights, mopts, err);
     }
     if (!rc) {
         o.first_remote_stage = (uint32_t)first;
@@ -119,8 +127,9 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
         o.link.insecure = f->insecure;
         o.hidden_dtype = f->hidden_dtype;
         o.micro_batches = f->micro_batches;
-        int64_t ctx = mopts->max_ctx > 0 ? mopts->max_ctx
-                      : m->cfg.max_seq_len < CSD_MODEL_DEFAULT_MAX_CTX ? m->cfg.max_seq_len : CSD_MODEL_DEFAULT_MAX_CTX;
+        int64_t ctx = mopts->max_ctx > 0                               ? mopts->max_ctx
+                      : m->cfg.max_seq_len < CSD_MODEL_DEFAULT_MAX_CTX ? m->cfg.max_seq_len
+                                                                       : CSD_MODEL_DEFAULT_MAX_CTX;
         o.max_ctx = f->model0 ? csd_model_max_ctx(f->model0) : ctx;
         o.max_step_tokens = CSD_MODEL_DEFAULT_MAX_BATCH;
         rc = csd_fleet_pipeline_create(out, &o, f->model0, max_requests, err);

@@ -24,14 +24,17 @@ typedef struct csd_cli_fleet {
     csd_model *model0;
 } csd_cli_fleet;
 
-#define CSD_CLI_FLEET_FLAGS_HELP                                                                  \
-    "  --fleet H:P,H:P     workers in stage order (one per stage; with --local-stage 0, stages 1..)\n" \
-    "  --manifest DIR      the export directory (`cascadia export --out DIR`)\n"                  \
-    "  --local-stage 0     run stage 0 in this process (it must be on this machine: DIR/stage-0.shard)\n" \
-    "  --key FILE          the fleet key (`cascadia keygen`), or --insecure\n"                      \
-    "  --hidden-dtype T    f16 (default), bf16 or f32 hidden states between stages\n"              \
-    "  --micro-batches N   steps kept in flight through the stages (default auto: one per machine,\n" \
-    "                      from the addresses; stages sharing a machine share its cores)\n"
+#define CSD_CLI_FLEET_FLAGS_HELP                                                              \
+    "  --fleet H:P,H:P     workers in stage order (one per stage; with --local-stage 0,\n"    \
+    "                      stages 1..)\n"                                                     \
+    "  --manifest DIR      the export directory (`cascadia export --out DIR`)\n"              \
+    "  --local-stage 0     run stage 0 in this process (it must be on this machine:\n"        \
+    "                      DIR/stage-0.shard)\n"                                              \
+    "  --key FILE          the fleet key (`cascadia keygen`), or --insecure\n"                \
+    "  --hidden-dtype T    f16 (default), bf16 or f32 hidden states between stages\n"         \
+    "  --micro-batches N   steps kept in flight through the stages (default auto: one per\n"  \
+    "                      machine, from the addresses; stages sharing a machine share its\n" \
+    "                      cores)\n"
 
 void csd_cli_fleet_init(csd_cli_fleet *f);
 /* 1: consumed (with its value when it takes one), 0: not a fleet flag, -1: bad value. *takes_value

@@ -32,14 +32,15 @@ static int add_word(json_t *vocab, json_t *merges, const char *word, int *next_i
         prefix[len++] = *c;
         prefix[len] = 0;
         if (json_object_get(vocab, prefix)) continue;
-        if (json_array_append_new(merges, json_string(merge)) || add_piece(vocab, prefix, next_id)) return -1;
+        if (json_array_append_new(merges, json_string(merge)) || add_piece(vocab, prefix, next_id))
+            return -1;
     }
     return 0;
 }
 
 static json_t *special(int id, const char *content) {
-    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content, "single_word", 0,
-                     "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1);
+    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content,
+                     "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1);
 }
 
 static json_t *build_tokenizer(int *vocab_size) {
@@ -66,28 +67,26 @@ static json_t *build_tokenizer(int *vocab_size) {
         " s:{s:s, s:[{s:{s:s, s:i}}, {s:{s:s, s:i}}], s:[], s:{s:{s:s, s:[i], s:[s]}}},"
         " s:{s:s, s:[{s:s, s:{s:s}, s:s}, {s:s}, {s:s}, {s:s, s:s, s:i, s:i}]},"
         " s:{s:s, s:n, s:s, s:n, s:n, s:b, s:b, s:b, s:o, s:o}}",
-        "version", "1.0", "truncation", "padding", "added_tokens", added,
-        "normalizer", "type", "Sequence", "normalizers", "type", "Prepend", "prepend", "\xe2\x96\x81",
-        "type", "Replace", "pattern", "String", " ", "content", "\xe2\x96\x81",
-        "pre_tokenizer",
-        "post_processor", "type", "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0,
+        "version", "1.0", "truncation", "padding", "added_tokens", added, "normalizer", "type",
+        "Sequence", "normalizers", "type", "Prepend", "prepend", "\xe2\x96\x81", "type", "Replace",
+        "pattern", "String", " ", "content", "\xe2\x96\x81", "pre_tokenizer", "post_processor",
+        "type", "TemplateProcessing", "single", "SpecialToken", "id", "<s>", "type_id", 0,
         "Sequence", "id", "A", "type_id", 0, "pair", "special_tokens", "<s>", "id", "<s>", "ids", 1,
-        "tokens", "<s>",
-        "decoder", "type", "Sequence", "decoders", "type", "Replace", "pattern", "String", "\xe2\x96\x81",
-        "content", " ", "type", "ByteFallback", "type", "Fuse", "type", "Strip", "content", " ",
-        "start", 1, "stop", 0,
-        "model", "type", "BPE", "dropout", "unk_token", "<unk>", "continuing_subword_prefix",
-        "end_of_word_suffix", "fuse_unk", 1, "byte_fallback", 1, "ignore_merges", 0, "vocab", vocab,
-        "merges", merges);
+        "tokens", "<s>", "decoder", "type", "Sequence", "decoders", "type", "Replace", "pattern",
+        "String", "\xe2\x96\x81", "content", " ", "type", "ByteFallback", "type", "Fuse", "type",
+        "Strip", "content", " ", "start", 1, "stop", 0, "model", "type", "BPE", "dropout",
+        "unk_token", "<unk>", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 1,
+        "byte_fallback", 1, "ignore_merges", 0, "vocab", vocab, "merges", merges);
 }
 
 int csd_synth_tokenizer_json(char **tokenizer_json, char **config_json, csd_err *err) {
     *tokenizer_json = *config_json = NULL;
     int vocab_size = 0;
     json_t *tok = build_tokenizer(&vocab_size);
-    json_t *cfg = json_pack("{s:b, s:b, s:s, s:s, s:s, s:i, s:s}", "add_bos_token", 1, "add_eos_token", 0,
-                            "bos_token", "<s>", "eos_token", "</s>", "unk_token", "<unk>",
-                            "model_max_length", 2048, "tokenizer_class", "LlamaTokenizer");
+    json_t *cfg =
+        json_pack("{s:b, s:b, s:s, s:s, s:s, s:i, s:s}", "add_bos_token", 1, "add_eos_token", 0,
+                  "bos_token", "<s>", "eos_token", "</s>", "unk_token", "<unk>", "model_max_length",
+                  2048, "tokenizer_class", "LlamaTokenizer");
     char *t = tok ? json_dumps(tok, JSON_COMPACT) : NULL;
     char *c = cfg ? json_dumps(cfg, JSON_INDENT(2)) : NULL;
     json_decref(tok);

@@ -135,14 +135,16 @@ static void req_free(req *r) {
 
 static void finish(worker *w, req *r, int end, int code, const char *msg) {
     csd_engine *e = w->e;
-    bool kept = r->opened && (end == CSD_REQ_END_STOP || end == CSD_REQ_END_LENGTH) && retain_prompt(w, r);
+    bool kept =
+        r->opened && (end == CSD_REQ_END_STOP || end == CSD_REQ_END_LENGTH) && retain_prompt(w, r);
     if (r->opened && !kept) w->pipe->ops->close(w->pipe, (uint32_t)r->id);
     csd_req_result res = {0};
     res.end = end;
     res.prompt_tokens = r->n_prompt;
     res.completion_tokens = r->n_gen;
     uint64_t now = csd_now_ns();
-    res.queue_s = r->t_admit ? (double)(r->t_admit - r->t_submit) * 1e-9 : (double)(now - r->t_submit) * 1e-9;
+    res.queue_s =
+        r->t_admit ? (double)(r->t_admit - r->t_submit) * 1e-9 : (double)(now - r->t_submit) * 1e-9;
     res.ttft_s = r->t_first ? (double)(r->t_first - r->t_submit) * 1e-9 : 0;
     res.total_s = (double)(now - r->t_submit) * 1e-9;
     res.cached_tokens = r->cached_tokens;
@@ -157,7 +159,8 @@ static void finish(worker *w, req *r, int end, int code, const char *msg) {
 
 static bool retain_prompt(worker *w, req *r) {
     csd_engine *e = w->e;
-    if (e->opts.prefix_cache <= 0 || r->n_prompt < e->opts.prefix_min || !w->pipe->ops->copy_prefix) return false;
+    if (e->opts.prefix_cache <= 0 || r->n_prompt < e->opts.prefix_min || !w->pipe->ops->copy_prefix)
+        return false;
     for (cache_entry *c = w->cache; c; c = c->next) /* the same prompt is cached already */
         if (c->n == r->n_prompt && common_prefix(c->tokens, c->n, r->prompt, r->n_prompt) == c->n) {
             c->last_used = csd_now_ns();
@@ -381,7 +384,8 @@ static void emit_token(worker *w, req *r, float *logits) {
     int end = 0;
     if (stop || atomic_load(&r->cancel)) end = stop ? CSD_REQ_END_STOP : CSD_REQ_END_CANCELLED;
     else if (!r->params.ignore_eos && is_eog(e, ev.id)) end = CSD_REQ_END_STOP;
-    else if (r->n_gen >= r->params.max_tokens || r->n_prompt + r->n_gen >= e->max_ctx) end = CSD_REQ_END_LENGTH;
+    else if (r->n_gen >= r->params.max_tokens || r->n_prompt + r->n_gen >= e->max_ctx)
+        end = CSD_REQ_END_LENGTH;
     if (end) {
         remove_active(w, r);
         finish(w, r, end, 0, NULL);
@@ -465,8 +469,9 @@ static void *worker_main(void *arg) {
 
 /* ---- public API ---- */
 
-int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes, const int32_t *eog_ids,
-                      int n_eog, const csd_engine_opts *opts, csd_err *err) {
+int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
+                      const int32_t *eog_ids, int n_eog, const csd_engine_opts *opts,
+                      csd_err *err) {
     *out = NULL;
     if (n_pipes <= 0) return csd_err_set(err, CSD_EINVAL, "no pipeline to serve");
     csd_engine *e = csd_alloc(sizeof *e);
@@ -477,7 +482,8 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
     if (e->opts.queue_max < 0) e->opts.queue_max = 0;
     if (e->opts.prefill_chunk <= 0) e->opts.prefill_chunk = 256;
     e->cfg = pipes[0]->cfg;
-    e->max_ctx = opts->max_ctx > 0 && opts->max_ctx < pipes[0]->max_ctx ? opts->max_ctx : pipes[0]->max_ctx;
+    e->max_ctx =
+        opts->max_ctx > 0 && opts->max_ctx < pipes[0]->max_ctx ? opts->max_ctx : pipes[0]->max_ctx;
     e->next_id = 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -500,7 +506,8 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
         w->scratch_logits = csd_alloc_array((size_t)e->cfg.vocab_size, sizeof(float));
         int ok = w->steps && w->scratch_logits;
         for (int s = 0; ok && s < flight; s++) {
-            w->steps[s].logits = csd_alloc_array((size_t)e->opts.parallel * (size_t)e->cfg.vocab_size, sizeof(float));
+            w->steps[s].logits = csd_alloc_array(
+                (size_t)e->opts.parallel * (size_t)e->cfg.vocab_size, sizeof(float));
             ok = w->steps[s].logits != NULL;
         }
         if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
@@ -548,15 +555,18 @@ void csd_engine_destroy(csd_engine *e) {
     csd_free(e);
 }
 
-int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt, const csd_req_params *params,
-                      const csd_req_callbacks *cb, void *ctx, uint64_t *id, csd_err *err) {
+int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                      const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
+                      uint64_t *id, csd_err *err) {
     if (n_prompt <= 0) return csd_err_set(err, CSD_EINVAL, "empty prompt");
     if (n_prompt >= e->max_ctx)
-        return csd_err_set(err, CSD_ERANGE, "prompt of %lld tokens does not fit the context of %lld tokens",
+        return csd_err_set(err, CSD_ERANGE,
+                           "prompt of %lld tokens does not fit the context of %lld tokens",
                            (long long)n_prompt, (long long)e->max_ctx);
     if (params->max_tokens <= 0) return csd_err_set(err, CSD_ERANGE, "max_tokens must be > 0");
     if (params->top_logprobs < 0 || params->top_logprobs > CSD_ENGINE_MAX_TOP_LOGPROBS)
-        return csd_err_set(err, CSD_ERANGE, "top_logprobs must be in [0, %d]", CSD_ENGINE_MAX_TOP_LOGPROBS);
+        return csd_err_set(err, CSD_ERANGE, "top_logprobs must be in [0, %d]",
+                           CSD_ENGINE_MAX_TOP_LOGPROBS);
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->cfg.vocab_size)
             return csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary", prompt[i]);
@@ -582,8 +592,8 @@ int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt, co
         e->stats.requests_rejected++;
         pthread_mutex_unlock(&e->mu);
         req_free(r);
-        return csd_err_set(err, CSD_EFULL, "server is at capacity (%d slots, %d queued)", e->stats.slots,
-                           e->opts.queue_max);
+        return csd_err_set(err, CSD_EFULL, "server is at capacity (%d slots, %d queued)",
+                           e->stats.slots, e->opts.queue_max);
     }
     r->id = e->next_id++;
     if (e->queue_tail) e->queue_tail->next = r;

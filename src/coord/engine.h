@@ -19,7 +19,7 @@
 
 typedef struct csd_engine_opts {
     int parallel;          /* concurrent requests per pipeline (slots); default 4 */
-    int queue_max;         /* waiting requests beyond the slots before submit says CSD_EFULL; default 64 */
+    int queue_max;         /* waiting requests beyond the slots before CSD_EFULL; default 64 */
     int64_t max_ctx;       /* per request; 0: the pipeline's */
     int64_t prefill_chunk; /* prompt tokens per step while others decode; default 256 */
     int prefix_cache;      /* finished prompts kept (KV in every stage) for reuse, per pipeline;

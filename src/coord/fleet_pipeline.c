@@ -153,11 +153,14 @@ static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
             one.n_tokens = 1;
             one.data_bytes = 4;
             rc = csd_wire_act_ids(&one, ids, 1, &err);
-            if (!rc && ids[0] >= (uint32_t)vocab) rc = csd_err_set(&err, CSD_EPROTO, "sampled id out of range");
+            if (!rc && ids[0] >= (uint32_t)vocab)
+                rc = csd_err_set(&err, CSD_EPROTO, "sampled id out of range");
             /* a greedy request: logits that make the chosen id the argmax */
-            for (int64_t v = 0; !rc && v < vocab; v++) dst[v] = v == (int64_t)ids[0] ? 0.0f : -1e30f;
+            for (int64_t v = 0; !rc && v < vocab; v++)
+                dst[v] = v == (int64_t)ids[0] ? 0.0f : -1e30f;
         } else {
-            rc = csd_err_set(&err, CSD_EPROTO, "result of kind %s", csd_wire_act_kind_name(act.kind));
+            rc = csd_err_set(&err, CSD_EPROTO, "result of kind %s",
+                             csd_wire_act_kind_name(act.kind));
         }
     }
     if (rc && !s->rc) {
@@ -218,7 +221,8 @@ static void *reader_main(void *arg) {
             }
             break;
         }
-        if (h.type == CSD_WIRE_RESULT && lr->index == f->opts.n_addrs - 1) on_result(f, &h, buf.data);
+        if (h.type == CSD_WIRE_RESULT && lr->index == f->opts.n_addrs - 1)
+            on_result(f, &h, buf.data);
         else if (h.type == CSD_WIRE_ERROR) on_error(f, lr->index, &h, buf.data);
         else if (h.type == CSD_WIRE_STATS_REPLY) {
             pthread_mutex_lock(&f->mu);
@@ -247,7 +251,8 @@ static void close_links(fleet *f) {
     pthread_rwlock_unlock(&f->links_lock);
 }
 
-static int send_simple(csd_conn *c, int type, uint32_t req, const uint8_t *payload, size_t len, csd_err *err) {
+static int send_simple(csd_conn *c, int type, uint32_t req, const uint8_t *payload, size_t len,
+                       csd_err *err) {
     csd_wire_hdr h = csd_wire_hdr_make(type, 0, req, 0, (uint32_t)len);
     return csd_conn_send(c, &h, payload, len, err);
 }
@@ -281,8 +286,11 @@ static int connect_chain(fleet *f, csd_err *err) {
         csd_netbuf buf = {0};
         csd_wire_hdr h;
         rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
-        if (!rc) rc = csd_conn_recv(f->conns[i], &h, &buf, o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
-        if (!rc && h.type != CSD_WIRE_PONG) rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
+        if (!rc)
+            rc = csd_conn_recv(f->conns[i], &h, &buf,
+                               o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
+        if (!rc && h.type != CSD_WIRE_PONG)
+            rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
         rtt += (double)(csd_now_ns() - t0) * 1e-9;
         csd_netbuf_fini(&buf);
     }
@@ -300,7 +308,8 @@ static int connect_chain(fleet *f, csd_err *err) {
         if (!rc && h.type == CSD_WIRE_ERROR) {
             csd_wire_error e;
             if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
-                rc = csd_err_set(err, CSD_EMISMATCH, "stage at %s could not reach %s: %s", o->addrs[i], o->addrs[i + 1], e.text);
+                rc = csd_err_set(err, CSD_EMISMATCH, "stage at %s could not reach %s: %s",
+                                 o->addrs[i], o->addrs[i + 1], e.text);
             else
                 rc = CSD_EPROTO;
         }
@@ -356,11 +365,13 @@ static int ensure_send(fleet *f, size_t n, csd_err *err) {
 }
 
 /* Sends on the first remote link, failing cleanly while the fleet is disconnected. */
-static int send_first(fleet *f, const csd_wire_hdr *h, const void *payload, size_t len, csd_err *err) {
+static int send_first(fleet *f, const csd_wire_hdr *h, const void *payload, size_t len,
+                      csd_err *err) {
     pthread_rwlock_rdlock(&f->links_lock);
     int rc;
     if (!atomic_load(&f->connected) || !first_link(f))
-        rc = csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)", f->broken_msg[0] ? f->broken_msg : "starting");
+        rc = csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)",
+                         f->broken_msg[0] ? f->broken_msg : "starting");
     else
         rc = csd_conn_send(first_link(f), h, payload, len, err);
     pthread_rwlock_unlock(&f->links_lock);
@@ -386,7 +397,8 @@ static void free_local(local_req *l) {
 static int fleet_open(csd_pipeline *p, uint32_t req, int64_t max_ctx, csd_err *err) {
     fleet *f = (fleet *)p;
     if (!atomic_load(&f->connected))
-        return csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)", f->broken_msg[0] ? f->broken_msg : "starting");
+        return csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)",
+                           f->broken_msg[0] ? f->broken_msg : "starting");
     local_req *slot = NULL;
     for (int i = 0; i < f->n_locals && !slot; i++)
         if (!f->locals[i].used) slot = &f->locals[i];
@@ -434,8 +446,10 @@ static int fleet_truncate(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *e
 static int fleet_copy_prefix(csd_pipeline *p, uint32_t src, uint32_t dst, int64_t n, csd_err *err) {
     fleet *f = (fleet *)p;
     local_req *ls = find_local(f, src), *ld = find_local(f, dst);
-    if (!ls || !ld) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", ls ? dst : src);
-    if (n < 0 || n > ls->len) return csd_err_set(err, CSD_ERANGE, "prefix of %lld tokens", (long long)n);
+    if (!ls || !ld)
+        return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", ls ? dst : src);
+    if (n < 0 || n > ls->len)
+        return csd_err_set(err, CSD_ERANGE, "prefix of %lld tokens", (long long)n);
     int rc = ld->kv ? csd_kv_copy_prefix(ld->kv, ls->kv, n, err) : 0;
     uint8_t buf[CSD_WIRE_COPY_PREFIX_SIZE];
     size_t len = 0;
@@ -463,14 +477,16 @@ static int run_local_stage(fleet *f, const csd_step_entry *e, int n, csd_err *er
     return rc;
 }
 
-static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, float *logits, csd_err *err) {
+static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, float *logits,
+                            csd_err *err) {
     fleet *f = (fleet *)p;
-    if (n <= 0 || n > CSD_STEP_MAX_ENTRIES) return csd_err_set(err, CSD_EINVAL, "step of %d entries", n);
+    if (n <= 0 || n > CSD_STEP_MAX_ENTRIES)
+        return csd_err_set(err, CSD_EINVAL, "step of %d entries", n);
     int64_t total = 0;
     for (int i = 0; i < n; i++) total += e[i].n;
     if (total > f->opts.max_step_tokens)
-        return csd_err_set(err, CSD_ERANGE, "step of %lld tokens exceeds the fleet's %lld", (long long)total,
-                           (long long)f->opts.max_step_tokens);
+        return csd_err_set(err, CSD_ERANGE, "step of %lld tokens exceeds the fleet's %lld",
+                           (long long)total, (long long)f->opts.max_step_tokens);
     pthread_mutex_lock(&f->mu);
     if (f->count == MAX_IN_FLIGHT) {
         pthread_mutex_unlock(&f->mu);
@@ -482,7 +498,8 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
         local_req *l = find_local(f, e[i].req);
         if (!l) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", e[i].req);
         for (int j = 0; j < i; j++)
-            if (e[j].req == e[i].req) return csd_err_set(err, CSD_EINVAL, "request %u twice in a step", e[i].req);
+            if (e[j].req == e[i].req)
+                return csd_err_set(err, CSD_EINVAL, "request %u twice in a step", e[i].req);
         positions[i] = l->len;
     }
     int rc = f->local0 ? run_local_stage(f, e, n, err) : 0;
@@ -505,19 +522,24 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     int64_t row = 0, dim = f->opts.cfg.dim;
     for (int i = 0; i < n && !rc; i++) {
         /* the last stage answers with the token id unless the caller needs the distribution */
-        uint16_t flags = (e[i].want_logits && !e[i].argmax_only ? CSD_WIRE_FLAG_OUT_LOGITS : CSD_WIRE_FLAG_OUT_SAMPLE) |
+        uint16_t flags = (e[i].want_logits && !e[i].argmax_only ? CSD_WIRE_FLAG_OUT_LOGITS
+                                                                : CSD_WIRE_FLAG_OUT_SAMPLE) |
                          (i + 1 < n ? CSD_WIRE_FLAG_BATCH_MORE : 0);
         size_t len = 0;
         uint32_t pos;
         if (f->local0) {
-            size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_HIDDEN, f->opts.hidden_dtype, (uint32_t)e[i].n, (uint32_t)dim);
+            size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_HIDDEN, f->opts.hidden_dtype,
+                                                    (uint32_t)e[i].n, (uint32_t)dim);
             rc = ensure_send(f, need, err);
-            if (!rc) rc = csd_wire_encode_rows_f32(f->send_buf, f->send_cap, CSD_WIRE_ACT_HIDDEN, f->opts.hidden_dtype,
-                                                   f->hidden + row * dim, (uint32_t)e[i].n, (uint32_t)dim, &len, err);
+            if (!rc)
+                rc = csd_wire_encode_rows_f32(f->send_buf, f->send_cap, CSD_WIRE_ACT_HIDDEN,
+                                              f->opts.hidden_dtype, f->hidden + row * dim,
+                                              (uint32_t)e[i].n, (uint32_t)dim, &len, err);
         } else {
             rc = ensure_send(f, 64 + (size_t)e[i].n * 4, err);
-            if (!rc) rc = csd_wire_encode_ids(f->send_buf, f->send_cap, CSD_WIRE_ACT_TOKENS, (const uint32_t *)e[i].ids,
-                                              (uint32_t)e[i].n, &len, err);
+            if (!rc)
+                rc = csd_wire_encode_ids(f->send_buf, f->send_cap, CSD_WIRE_ACT_TOKENS,
+                                         (const uint32_t *)e[i].ids, (uint32_t)e[i].n, &len, err);
         }
         pos = (uint32_t)positions[i];
         row += e[i].n;
@@ -570,7 +592,8 @@ static int fleet_step_end(csd_pipeline *p, csd_err *err) {
     return rc; /* the engine closes the failed requests, which frees their state */
 }
 
-static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_t n, float *logits, csd_err *err) {
+static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_t n,
+                         float *logits, csd_err *err) {
     fleet *f = (fleet *)p;
     for (int64_t done = 0; done < n;) { /* prompts in chunks the workers accept */
         int64_t chunk = n - done < f->opts.max_step_tokens ? n - done : f->opts.max_step_tokens;
@@ -616,23 +639,25 @@ static int micro_batches(const csd_fleet_opts *o, bool local0) {
     int n = o->micro_batches > 0 ? o->micro_batches : machines;
     if (n > stages) n = stages;
     if (n > MAX_IN_FLIGHT) n = MAX_IN_FLIGHT;
-    CSD_LOGI("fleet: %d stage(s) on %d machine(s): %d micro-batch(es) in flight%s", stages, machines, n,
-             o->micro_batches > 0 ? " (--micro-batches)" : "");
+    CSD_LOGI("fleet: %d stage(s) on %d machine(s): %d micro-batch(es) in flight%s", stages,
+             machines, n, o->micro_batches > 0 ? " (--micro-batches)" : "");
     return n;
 }
 
-int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, csd_model *local0, int max_requests,
-                              csd_err *err) {
+int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, csd_model *local0,
+                              int max_requests, csd_err *err) {
     *out = NULL;
     if (opts->n_addrs <= 0 || opts->n_addrs > CSD_FLEET_MAX_STAGES)
-        return csd_err_set(err, CSD_EINVAL, "a fleet needs 1 to %d remote stages", CSD_FLEET_MAX_STAGES);
+        return csd_err_set(err, CSD_EINVAL, "a fleet needs 1 to %d remote stages",
+                           CSD_FLEET_MAX_STAGES);
     fleet *f = csd_alloc(sizeof *f);
     if (!f) return csd_err_set(err, CSD_ENOMEM, "fleet");
     f->opts = *opts;
     if (f->opts.hidden_dtype < 0) f->opts.hidden_dtype = CSD_DTYPE_F16;
     if (f->opts.max_step_tokens <= 0) f->opts.max_step_tokens = CSD_MODEL_DEFAULT_MAX_BATCH;
     f->local0 = local0;
-    if (local0 && f->opts.max_step_tokens > csd_model_max_batch(local0)) f->opts.max_step_tokens = csd_model_max_batch(local0);
+    if (local0 && f->opts.max_step_tokens > csd_model_max_batch(local0))
+        f->opts.max_step_tokens = csd_model_max_batch(local0);
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
     pthread_rwlock_init(&f->links_lock, NULL);
@@ -646,10 +671,12 @@ int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, cs
     f->locals = csd_alloc_array((size_t)f->n_locals, sizeof(local_req));
     if (!f->locals) rc = csd_err_set(err, CSD_ENOMEM, "fleet requests");
     if (local0 && !rc) {
-        f->hidden = csd_alloc_array((size_t)(f->opts.max_step_tokens * opts->cfg.dim), sizeof(float));
+        f->hidden =
+            csd_alloc_array((size_t)(f->opts.max_step_tokens * opts->cfg.dim), sizeof(float));
         f->batch_kv = csd_alloc_array((size_t)f->opts.max_step_tokens, sizeof(csd_kv *));
         f->batch_ids = csd_alloc_array((size_t)f->opts.max_step_tokens, sizeof(int32_t));
-        if (!f->hidden || !f->batch_kv || !f->batch_ids) rc = csd_err_set(err, CSD_ENOMEM, "fleet stage 0");
+        if (!f->hidden || !f->batch_kv || !f->batch_ids)
+            rc = csd_err_set(err, CSD_ENOMEM, "fleet stage 0");
     }
     if (!rc) rc = connect_chain(f, err);
     if (!rc && pthread_create(&f->reconnector, NULL, reconnect_main, f) != 0)
@@ -686,6 +713,7 @@ void csd_fleet_pipeline_timing(csd_pipeline *p, csd_fleet_timing *out) {
         pthread_cond_timedwait(&f->cv, &f->mu, &ts);
     }
     out->remote_compute_s = 0;
-    for (int i = 0; i < f->opts.n_addrs; i++) out->remote_compute_s += (double)f->last_stats[i].forward_ns * 1e-9;
+    for (int i = 0; i < f->opts.n_addrs; i++)
+        out->remote_compute_s += (double)f->last_stats[i].forward_ns * 1e-9;
     pthread_mutex_unlock(&f->mu);
 }

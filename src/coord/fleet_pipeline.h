@@ -3,8 +3,9 @@
  * in order, hidden states included, and the last stage answers with logits or sampled ids. With a
  * local first stage (--local-stage 0) the coordinator computes stage 0 itself and sends hidden
  * states to the first remote stage. Up to one step per stage is kept in flight (by default one per
- * machine the stages run on), so every stage computes while the others do. A dead worker fails the requests in flight with a clear error;
- * the pipeline reconnects in the background and serves again once the worker is back. */
+ * machine the stages run on), so every stage computes while the others do. A dead worker fails the
+ * requests in flight with a clear error; the pipeline reconnects in the background and serves again
+ * once the worker is back. */
 #ifndef CSD_FLEET_PIPELINE_H
 #define CSD_FLEET_PIPELINE_H
 
@@ -18,7 +19,8 @@
 #define CSD_FLEET_MAX_STAGES 64
 
 typedef struct csd_fleet_opts {
-    char addrs[CSD_FLEET_MAX_STAGES][CSD_WIRE_MAX_ROUTE + 1]; /* "host:port" per remote stage, in order */
+    /* "host:port" per remote stage, in order */
+    char addrs[CSD_FLEET_MAX_STAGES][CSD_WIRE_MAX_ROUTE + 1];
     int n_addrs;
     uint32_t first_remote_stage;             /* index of addrs[0] among the stages */
     uint32_t layer_ranges[CSD_FLEET_MAX_STAGES][2]; /* expected [begin, end) of each remote stage */
@@ -28,14 +30,14 @@ typedef struct csd_fleet_opts {
     int hidden_dtype;                        /* CSD_DTYPE_F16 (default), F32 or BF16 */
     int64_t max_ctx;
     int64_t max_step_tokens;                 /* the workers' batch limit */
-    int micro_batches;                       /* steps kept in flight; 0: one per machine (fleet_hosts.h) */
+    int micro_batches;                       /* steps in flight; 0: one a machine (fleet_hosts.h) */
 } csd_fleet_opts;
 
 typedef struct csd_model csd_model;
 
 /* local_stage0: the coordinator's own stage 0 (NULL when every stage is remote); borrowed. */
-int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, csd_model *local_stage0,
-                              int max_requests, csd_err *err);
+int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts,
+                              csd_model *local_stage0, int max_requests, csd_err *err);
 
 /* Per-token breakdown for `cascadia bench --fleet`, accumulated since creation. */
 typedef struct csd_fleet_timing {

@@ -71,7 +71,8 @@ int csd_generate(csd_pipeline *p, uint32_t req, const int32_t *prompt, int64_t n
     if (n_prompt <= 0) return csd_err_set(err, CSD_EINVAL, "empty prompt");
     if (gp->max_tokens <= 0) return csd_err_set(err, CSD_EINVAL, "max_tokens must be > 0");
     if (n_prompt >= p->max_ctx)
-        return csd_err_set(err, CSD_ERANGE, "prompt of %lld tokens does not fit the context of %lld",
+        return csd_err_set(err, CSD_ERANGE,
+                           "prompt of %lld tokens does not fit the context of %lld",
                            (long long)n_prompt, (long long)p->max_ctx);
     int32_t vocab = (int32_t)p->cfg.vocab_size;
     csd_sampler *s = NULL;

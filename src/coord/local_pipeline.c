@@ -99,7 +99,8 @@ static int local_step_end(csd_pipeline *p, csd_err *err) {
 static int local_truncate(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *err) {
     local_slot *s = find_slot((local_pipeline *)p, req);
     if (!s) return csd_err_set(err, CSD_ENOTFOUND, "request %u is not open", req);
-    if (csd_kv_truncate(s->kv, pos)) return csd_err_set(err, CSD_ERANGE, "truncate to %lld", (long long)pos);
+    if (csd_kv_truncate(s->kv, pos))
+        return csd_err_set(err, CSD_ERANGE, "truncate to %lld", (long long)pos);
     return 0;
 }
 
@@ -133,7 +134,8 @@ static const csd_pipeline_ops local_ops = {
     .step_end = local_step_end, .truncate = local_truncate,       .copy_prefix = local_copy_prefix,
     .close = local_close,       .destroy = local_destroy,         .ready = NULL};
 
-int csd_local_pipeline_create(csd_pipeline **out, csd_model *model, int max_requests, csd_err *err) {
+int csd_local_pipeline_create(csd_pipeline **out, csd_model *model, int max_requests,
+                              csd_err *err) {
     *out = NULL;
     local_pipeline *lp = csd_alloc(sizeof *lp);
     if (!lp) return csd_err_set(err, CSD_ENOMEM, "pipeline");

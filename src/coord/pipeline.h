@@ -20,7 +20,8 @@ typedef struct csd_step_entry {
     int64_t n;
     bool want_logits;    /* next-token logits after the last of these tokens */
     bool argmax_only;    /* the caller only takes the argmax (greedy, no penalties): a fleet may
-                          * return the token id instead of the logits, and a one-hot row stands in */
+                          * return the token id instead of the logits, and a one-hot row stands
+                          * in */
 } csd_step_entry;
 
 /* Most entries one step may carry. */
@@ -55,7 +56,8 @@ struct csd_pipeline {
     const csd_pipeline_ops *ops;
     csd_model_config cfg; /* the model being served */
     int64_t max_ctx;      /* longest request it accepts */
-    int max_in_flight;    /* steps that may overlap: 1 in-process; a fleet: --micro-batches (fleet_hosts.h) */
+    /* steps that may overlap: 1 in-process; a fleet: --micro-batches (fleet_hosts.h) */
+    int max_in_flight;
     int64_t max_step_tokens; /* tokens one step may carry in all */
 };
 

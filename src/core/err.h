@@ -1,6 +1,7 @@
 /* err: error codes and the error-detail struct every fallible function fills.
  * Functions return 0 on success or a negative CSD_E* code; details (a readable message naming the
- * problem: file, field, value) go into an optional csd_err. Codes and their names come from one table. */
+ * problem: file, field, value) go into an optional csd_err. Codes and their names come from one
+ * table. */
 #ifndef CSD_ERR_H
 #define CSD_ERR_H
 

@@ -53,7 +53,8 @@ void csd_file_map_drop_pages(const void *p, size_t n) {
     if (page <= 0 || n == 0) return;
     uintptr_t b = ((uintptr_t)p + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
     uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)page - 1);
-    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED); /* best effort: only RSS is at stake */
+    /* best effort: only RSS is at stake */
+    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
 }
 
 int csd_file_read_all(const char *path, size_t max_bytes, char **out, size_t *out_len,

@@ -127,7 +127,8 @@ int csd_pool_create(csd_pool **out, int n_threads, csd_err *err) {
         n_threads = cores < CSD_POOL_MAX_THREADS ? cores : CSD_POOL_MAX_THREADS;
     }
     if (n_threads > CSD_POOL_MAX_THREADS)
-        return csd_err_set(err, CSD_ERANGE, "threads=%d exceeds %d", n_threads, CSD_POOL_MAX_THREADS);
+        return csd_err_set(err, CSD_ERANGE, "threads=%d exceeds %d", n_threads,
+                           CSD_POOL_MAX_THREADS);
     csd_pool *pool = csd_alloc(sizeof *pool);
     if (!pool) return csd_err_set(err, CSD_ENOMEM, "thread pool");
     pool->n_threads = n_threads;
@@ -180,7 +181,8 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
     pool->gen = (pool->gen + 1) & ((1ull << (64 - 2 * TICKET_BITS)) - 1);
     if (pool->gen == 0) pool->gen = 1; /* 0 is what idle workers start from */
     /* seq_cst: the publication is ordered before the sleepers load below */
-    atomic_store(&pool->ticket, (pool->gen << (2 * TICKET_BITS)) | ((uint64_t)n_chunks << TICKET_BITS));
+    atomic_store(&pool->ticket,
+                 (pool->gen << (2 * TICKET_BITS)) | ((uint64_t)n_chunks << TICKET_BITS));
     if (atomic_load(&pool->sleepers) > 0) {
         pthread_mutex_lock(&pool->mutex);
         pthread_cond_broadcast(&pool->wake);

@@ -26,7 +26,8 @@ typedef struct csd_st_tensor {
 
 typedef struct csd_st_set csd_st_set;
 
-/* Opens MODEL_DIR/model.safetensors, or every file listed by MODEL_DIR/model.safetensors.index.json. */
+/* Opens MODEL_DIR/model.safetensors, or every file listed by
+ * MODEL_DIR/model.safetensors.index.json. */
 int csd_st_open_dir(csd_st_set **out, const char *model_dir, csd_err *err);
 /* Opens one .safetensors file. */
 int csd_st_open_file(csd_st_set **out, const char *path, csd_err *err);
@@ -42,7 +43,8 @@ const csd_st_tensor *csd_st_at(const csd_st_set *set, int index);
 int csd_st_parse(csd_st_set **out, const uint8_t *buf, size_t len, const char *label, csd_err *err);
 
 /* Writing. A descriptor per tensor; fill() is called once per tensor, in order, to produce its
- * bytes (dst has nbytes = product(shape) * dtype size), so huge models stream one tensor at a time. */
+ * bytes (dst has nbytes = product(shape) * dtype size), so huge models stream one tensor at a
+ * time. */
 typedef struct csd_st_desc {
     const char *name;
     int dtype;

@@ -51,7 +51,8 @@ static void neon_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
             src = pad;
         }
         float32x4_t mx = vdupq_n_f32(0.0f);
-        for (int k = 0; k < CSD_QUANT_GROUP; k += 4) mx = vmaxq_f32(mx, vabsq_f32(vld1q_f32(src + k)));
+        for (int k = 0; k < CSD_QUANT_GROUP; k += 4)
+            mx = vmaxq_f32(mx, vabsq_f32(vld1q_f32(src + k)));
         float amax = vmaxvq_f32(mx);
         float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         int32x4_t sum = vdupq_n_s32(0);
@@ -149,7 +150,8 @@ AI void q_group_scale(float32x4_t acc[4], const int32x4_t is[4], const uint16_t 
     float32x4_t dw[4] = {vcvt_f32_f16(vget_low_f16(h0)), vcvt_high_f32_f16(h0),
                          vcvt_f32_f16(vget_low_f16(h1)), vcvt_high_f32_f16(h1)};
     float32x4_t dxv = vdupq_n_f32(dx);
-    for (int r = 0; r < 4; r++) acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(is[r]), vmulq_f32(dw[r], dxv));
+    for (int r = 0; r < 4; r++)
+        acc[r] = vfmaq_f32(acc[r], vcvtq_f32_s32(is[r]), vmulq_f32(dw[r], dxv));
 }
 
 AI void store_rows(float *y, int nrows, const float32x4_t acc[4]) {
@@ -236,7 +238,9 @@ static void neon_matmul_q8_q8(float *y, const csd_qmat *w, const uint8_t *act, i
 }
 
 /* 4 f16 -> 4 f32 (hardware conversion, exact). */
-AI float32x4_t load_f16x4(const uint16_t *p) { return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p))); }
+AI float32x4_t load_f16x4(const uint16_t *p) {
+    return vcvt_f32_f16(vreinterpret_f16_u16(vld1_u16(p)));
+}
 
 /* The n % 4 tail elements through a padded vector (pad: what the missing lanes hold). */
 AI float32x4_t load_tail(const float *p, int64_t n, float pad) {
@@ -277,7 +281,8 @@ AI float32x4_t load_w4(const int kind, const uint8_t *row, int64_t c, int n) {
 
 /* One 4-column step of a tile: each row's 4 weights against each token's 4 inputs. */
 AI void f_step(const int R, const int T, const int kind, float32x4_t acc[][CSD_F_TILE_T],
-               const uint8_t *row0, size_t row_bytes, const float *x, int64_t ldx, int64_t c, int n) {
+               const uint8_t *row0, size_t row_bytes, const float *x, int64_t ldx, int64_t c,
+               int n) {
     const size_t esz = kind == WF32 ? 4 : 2;
     float32x4_t wv[CSD_F_MV_R];
     for (int r = 0; r < R; r++) {
@@ -338,7 +343,8 @@ DEF_AXPY(neon_axpy_f16, uint16_t, load_f16x4, csd_f16_to_f32)
 /* Round to nearest even in hardware (FPCR's default mode): bit-identical to ref's conversion. */
 static void neon_f32_to_f16(uint16_t *out, const float *in, int64_t n) {
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(in + i))));
+    for (; i + 4 <= n; i += 4)
+        vst1_u16(out + i, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(in + i))));
     if (i < n) csd_f32_to_f16_row(out + i, in + i, n - i);
 }
 
@@ -399,7 +405,9 @@ AI float32x4_t silu_mul_f32x4(float32x4_t g, float32x4_t u) {
 static void neon_silu_mul(float *g, const float *u, int64_t n) {
     int64_t i = 0;
     for (; i + 4 <= n; i += 4) vst1q_f32(g + i, silu_mul_f32x4(vld1q_f32(g + i), vld1q_f32(u + i)));
-    if (i < n) store_tail(g + i, n - i, silu_mul_f32x4(load_tail(g + i, n - i, 0), load_tail(u + i, n - i, 0)));
+    if (i < n)
+        store_tail(g + i, n - i,
+                   silu_mul_f32x4(load_tail(g + i, n - i, 0), load_tail(u + i, n - i, 0)));
 }
 
 /* Squares summed in 2 x 2 double lanes, then across them; the scaling is ref's float sequence
@@ -475,7 +483,8 @@ static bool neon_attend_f16_group(float *out, const float *q, int64_t g, const u
     for (int64_t t = 0; t < n; t++) {
         if (t + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(v + (t + CSD_ATTN_PF_ROWS) * ld, hd);
         row_f16_to_f32(row, v + t * ld, hd);
-        for (int64_t h = 0; h < g; h++) neon_axpy_f32(out + h * hd, att[h * n + t] * inv[h], row, hd);
+        for (int64_t h = 0; h < g; h++)
+            neon_axpy_f32(out + h * hd, att[h * n + t] * inv[h], row, hd);
     }
     return true;
 }

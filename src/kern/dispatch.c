@@ -1,7 +1,7 @@
 /* dispatch: detects CPU features once, picks the best kernel table (CSD_KERN=ref|avx2|avxvnni|
- * avx512|neon forces one), fills the table's gaps (from the table it extends, then ref) and logs the
- * choice. Also the public entry points of the vector helpers. The chosen table is one of the two
- * allowed globals, set once. */
+ * avx512|neon forces one), fills the table's gaps (from the table it extends, then ref) and logs
+ * the choice. Also the public entry points of the vector helpers. The chosen table is one of the
+ * two allowed globals, set once. */
 #include "kern_internal.h"
 
 #include <pthread.h>
@@ -165,7 +165,9 @@ void csd_axpy_f32(float *y, float a, const float *x, int64_t n) {
     csd_kern_ops_current()->axpy_f32(y, a, x, n);
 }
 
-void csd_silu_mul(float *g, const float *u, int64_t n) { csd_kern_ops_current()->silu_mul(g, u, n); }
+void csd_silu_mul(float *g, const float *u, int64_t n) {
+    csd_kern_ops_current()->silu_mul(g, u, n);
+}
 
 uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
     if (streams < 1) streams = 1;

@@ -50,9 +50,10 @@ void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok
 void csd_matmul_multi(csd_pool *pool, const csd_qmat *const *w, int n_mats, const float *x,
                       int64_t n_tok, float *const *y, void *scratch);
 
-/* Vector helpers for attention over an F32 KV cache (the F16 one goes through csd_attend_f16_group),
- * dispatched like the matmul. Each table sums in its own fixed order (the result depends only on
- * the inputs and n, never on threads or batch); tables differ from each other only by rounding. */
+/* Vector helpers for attention over an F32 KV cache (the F16 one goes through
+ * csd_attend_f16_group), dispatched like the matmul. Each table sums in its own fixed order (the
+ * result depends only on the inputs and n, never on threads or batch); tables differ from each
+ * other only by rounding. */
 /* Returns sum_i a[i] * b[i]. */
 float csd_dot_f32(const float *a, const float *b, int64_t n);
 /* y[i] += a * x[i] (the multiply-add may be fused). */
@@ -63,7 +64,8 @@ void csd_axpy_f32(float *y, float a, const float *x, int64_t n);
 float csd_attn_softmax(float *att, int64_t n, float max);
 /* g[i] = silu(g[i]) * u[i], silu(x) = x / (1 + exp(-x)): the gated FFN's activation. */
 void csd_silu_mul(float *g, const float *u, int64_t n);
-/* out = x * rsqrt(mean(x^2) + eps) * w (LlamaRMSNorm); the sum of squares in double. out may be x. */
+/* out = x * rsqrt(mean(x^2) + eps) * w (LlamaRMSNorm); the sum of squares in double. out may be
+ * x. */
 void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* Most parts csd_read_streams walks side by side. */
 #define CSD_READ_STREAMS_MAX 4

@@ -54,8 +54,10 @@ typedef struct csd_kern_ops {
     void (*f32_to_f16)(uint16_t *out, const float *in, int64_t n);
     float (*softmax)(float *att, int64_t n, float max);          /* csd_attn_softmax */
     void (*silu_mul)(float *g, const float *u, int64_t n);        /* csd_silu_mul */
-    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps); /* csd_rmsnorm */
-    uint64_t (*read_streams)(const uint8_t *p, size_t bytes, int streams, bool nta); /* csd_read_streams */
+    /* csd_rmsnorm */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    /* csd_read_streams */
+    uint64_t (*read_streams)(const uint8_t *p, size_t bytes, int streams, bool nta);
     /* Fused single-head attention (csd_attend_f16_group with g = 1, see kern.h). Returns false for
      * a head size it does not handle; NULL or false: attention.c composes it from dot_f32_f16 and
      * axpy_f16 (with ref's: the spec). */
@@ -108,7 +110,8 @@ static_assert(CSD_READ_STREAMS_MAX == 4, "CSD_DEF_READ_STREAMS's switch covers 1
     }
 
 /* One 16-row block x n tokens of a Q4/Q8 matmul (an ISA file's tile): y[t * ldy + r] for the
- * block's first nrows rows; pf (CSD_PF_*): whether and how to prefetch ahead in the block stream. */
+ * block's first nrows rows; pf (CSD_PF_*): whether and how to prefetch ahead in the block
+ * stream. */
 typedef void (*csd_q_block_fn)(float *y, int64_t ldy, int nrows, const uint8_t *blk,
                                const uint8_t *act, size_t stride, int64_t ng, int pf);
 /* Defines name_T, the csd_q_block_fn for T tokens, from the including ISA file's always-inline
@@ -254,7 +257,8 @@ extern const csd_kern_ops csd_kern_ops_neon;
 const csd_kern_ops *csd_kern_table(const char *name);
 /* The table chosen by csd_kern_init (initialises on first use). */
 const csd_kern_ops *csd_kern_ops_current(void);
-/* One head's attention with an explicit table: the single-head path csd_attend_f16_group matches. */
+/* One head's attention with an explicit table: the single-head path csd_attend_f16_group
+ * matches. */
 void csd_attend_f16_with(const csd_kern_ops *ops, float *out, const float *q, const uint16_t *k,
                          const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                          float *att);

@@ -18,7 +18,8 @@ size_t csd_qmat_bytes(int dtype, int64_t rows, int64_t cols) {
 /* Start of the block holding row, and the row's lane in it. */
 static uint8_t *block_of(int dtype, int64_t cols, const uint8_t *mat, int64_t row, int *lane) {
     *lane = (int)(row % CSD_QUANT_BLOCK_ROWS);
-    return (uint8_t *)mat + (size_t)(row / CSD_QUANT_BLOCK_ROWS) * csd_quant_block_bytes(dtype, cols);
+    return (uint8_t *)mat +
+           (size_t)(row / CSD_QUANT_BLOCK_ROWS) * csd_quant_block_bytes(dtype, cols);
 }
 
 /* Byte offset, inside a block group, of input j (0..127) of lane r; for Q4 the nibble too. */
@@ -110,9 +111,9 @@ static float refit_scale(const float *w, const float *a, float d, float qmin, fl
 }
 
 /* Chooses the group scale by the lowest weighted error over a few candidates, each judged after
- * rounding d to f16: plain absmax d = amax / qmax (the baseline), then d = s * amax / t with s chosen
- * so the largest-magnitude weight lands on qmin's side (-8 for Q4 leaves 8 steps, not 7), then one
- * least-squares refit of d for the best assignment.
+ * rounding d to f16: plain absmax d = amax / qmax (the baseline), then d = s * amax / t with s
+ * chosen so the largest-magnitude weight lands on qmin's side (-8 for Q4 leaves 8 steps, not 7),
+ * then one least-squares refit of d for the best assignment.
  * - Q4: t = 7, 7 1/6, ..., 8, so no candidate clips the extremes, and the error of weight j is
  *   weighted by (w_j / amax)^2 (in the refit too, which keeps the largest weights close). Measured
  *   on stories260K (docs/quality.md): clipping the largest weights, or weighting all errors

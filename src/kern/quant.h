@@ -72,7 +72,8 @@ static inline size_t csd_quant_scale_offset(int dtype, int64_t g) {
 
 /* Bytes of one 16-row block of a Q4/Q8 matrix with ng groups of inputs (a multiple of 64). */
 static inline size_t csd_quant_block_bytes_ng(int dtype, int64_t ng) {
-    return (size_t)ng * csd_quant_block_group_bytes(dtype) + (size_t)(ng + 1) / 2 * CSD_QUANT_BLOCK_ALIGN;
+    return (size_t)ng * csd_quant_block_group_bytes(dtype) +
+           (size_t)(ng + 1) / 2 * CSD_QUANT_BLOCK_ALIGN;
 }
 
 /* Bytes of one 16-row block of a Q4/Q8 matrix with cols inputs (a multiple of 64 bytes). */

@@ -60,7 +60,8 @@ static void ref_matmul_q(float *y, const csd_qmat *w, const uint8_t *act, int64_
     size_t stride = csd_quant_act_stride(w->cols);
     int8_t q[CSD_QUANT_BLOCK_ROWS][CSD_QUANT_GROUP];
     for (int64_t b0 = r0; b0 < r1; b0 += CSD_QUANT_BLOCK_ROWS) {
-        const uint8_t *blk = (const uint8_t *)w->data + (size_t)(b0 / CSD_QUANT_BLOCK_ROWS) * block_bytes;
+        const uint8_t *blk =
+            (const uint8_t *)w->data + (size_t)(b0 / CSD_QUANT_BLOCK_ROWS) * block_bytes;
         int nr = (int)(r1 - b0 < CSD_QUANT_BLOCK_ROWS ? r1 - b0 : CSD_QUANT_BLOCK_ROWS);
         for (int64_t t = 0; t < n_tok; t++)
             for (int r = 0; r < nr; r++) y[t * w->rows + b0 + r] = 0.0f;

@@ -97,7 +97,9 @@ AI __m128i load_u16x8(const uint16_t *p, int64_t left) {
 }
 
 /* F16 weights: 8 columns at a time. */
-AI __m256 load_f16x8(const uint16_t *p, int64_t left) { return _mm256_cvtph_ps(load_u16x8(p, left)); }
+AI __m256 load_f16x8(const uint16_t *p, int64_t left) {
+    return _mm256_cvtph_ps(load_u16x8(p, left));
+}
 
 AI __m256 load_f32x8(const float *p, int64_t left) {
     return left >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, lane_mask(left));
@@ -274,7 +276,8 @@ AI __m256 exp256(__m256 x) {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P1));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CSD_EXP_P0));
     p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+    __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1),
+            n2 = _mm256_sub_epi32(ni, n1);
     const __m256i bias = _mm256_set1_epi32(127);
     __m256 f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
     __m256 f2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
@@ -317,7 +320,8 @@ AI float group_score(const int NC, int pairs, const float *q, const __m256 *kf) 
         acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c + 8), kf[c + 1], acc1);
     }
 #pragma GCC unroll 16
-    for (int c = 2 * pairs; c < NC; c++) acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), kf[c], acc0);
+    for (int c = 2 * pairs; c < NC; c++)
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 8 * c), kf[c], acc0);
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
@@ -349,7 +353,8 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
         int nt = n - t0 < ATTN_V_BLOCK ? (int)(n - t0) : ATTN_V_BLOCK;
         for (int i = 0; i < nt; i++) {
             const uint16_t *row = v + (t0 + i) * ld;
-            if (t0 + i + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
+            if (t0 + i + CSD_ATTN_PF_ROWS < n)
+                csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 16
             for (int c = 0; c < NC; c++) vf[i][c] = load_f16x8(row + 8 * c, hd - 8 * c);
         }
@@ -380,7 +385,8 @@ static bool avx2_attend_f16_group(float *out, const float *q, int64_t g, const u
          * copy calls would push the loop state to the stack); the others through the same code
          * with a loop count */
         if (hd == 64) attend_group_nc(8, out + h * hd, q + h * hd, H, k, v, ld, n, 64, scale, att);
-        else if (hd == 128) attend_group_nc(16, out + h * hd, q + h * hd, H, k, v, ld, n, 128, scale, att);
+        else if (hd == 128)
+            attend_group_nc(16, out + h * hd, q + h * hd, H, k, v, ld, n, 128, scale, att);
         else attend_group_nc(nc, out + h * hd, q + h * hd, H, k, v, ld, n, hd, scale, att);
     }
     return true;
@@ -430,8 +436,9 @@ AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t byt
         for (int s = 0; s < S; s++) {
             const uint8_t *a = p + (size_t)s * part + o;
             CSD_PREFETCH_WEIGHTS(a + PF_AHEAD, pf);
-            __m256i v = _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(const void *)a),
-                                         _mm256_loadu_si256((const __m256i *)(const void *)(a + 32)));
+            __m256i v =
+                _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(const void *)a),
+                                 _mm256_loadu_si256((const __m256i *)(const void *)(a + 32)));
             acc[s] = _mm256_add_epi64(acc[s], v);
         }
     uint64_t lanes[4], sum = 0;

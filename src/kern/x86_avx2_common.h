@@ -217,11 +217,14 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
         __m256 dxv = _mm256_set1_ps(dx[g]);
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
-            const __m128i *dwg = (const __m128i *)(const void *)csd_quant_group_scales(dtype, blk[i], g);
+            const __m128i *dwg =
+                (const __m128i *)(const void *)csd_quant_group_scales(dtype, blk[i], g);
             __m256 dw0 = _mm256_cvtph_ps(_mm_loadu_si128(dwg));
             __m256 dw1 = _mm256_cvtph_ps(_mm_loadu_si128(dwg + 1));
-            acc[i][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][0]), _mm256_mul_ps(dw0, dxv), acc[i][0]);
-            acc[i][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][1]), _mm256_mul_ps(dw1, dxv), acc[i][1]);
+            acc[i][0] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][0]), _mm256_mul_ps(dw0, dxv), acc[i][0]);
+            acc[i][1] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][1]), _mm256_mul_ps(dw1, dxv), acc[i][1]);
         }
     }
 #pragma GCC unroll 4

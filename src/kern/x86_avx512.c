@@ -111,7 +111,8 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
     }
     for (int64_t g = 0; g < ng; g++) {
         const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
-        __m256i dw = _mm256_loadu_si256((const __m256i *)(const void *)csd_quant_group_scales(dtype, blk, g));
+        __m256i dw = _mm256_loadu_si256(
+            (const __m256i *)(const void *)csd_quant_group_scales(dtype, blk, g));
         if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, pf);
         __m512i is[QT_MAX][4], ih[QT_MAX][4]; /* ih: Q4 high nibbles, kept x16 (no shift) */
 #pragma GCC unroll 8
@@ -203,7 +204,8 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
         for (int i = 0; i < S; i++) {
             wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
             /* the scale line came with the stream, just before the pair's weights */
-            dw[i] = _mm256_loadu_si256((const __m256i *)(const void *)csd_quant_group_scales(dtype, blk[i], g));
+            dw[i] = _mm256_loadu_si256(
+                (const __m256i *)(const void *)csd_quant_group_scales(dtype, blk[i], g));
             csd_q_prefetch_pair_gap(wg[i], dtype, g, PF_AHEAD, CSD_PF_ONCE);
             ia[i] = _mm512_set1_epi32(off * sums[g]);
             ib[i] = _mm512_setzero_si512();
@@ -227,7 +229,8 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                     const uint8_t *p = wg[i] + 64 * k;
                     CSD_PREFETCH_WEIGHTS(p + PF_AHEAD, CSD_PF_ONCE);
                     CSD_PREFETCH_WEIGHTS(p + 64 + PF_AHEAD, CSD_PF_ONCE);
-                    ia[i] = dpbusd_x4(ia[i], _mm512_xor_si512(_mm512_loadu_si512(p), flip), xg + 4 * k);
+                    ia[i] =
+                        dpbusd_x4(ia[i], _mm512_xor_si512(_mm512_loadu_si512(p), flip), xg + 4 * k);
                     ib[i] = dpbusd_x4(ib[i], _mm512_xor_si512(_mm512_loadu_si512(p + 64), flip),
                                       xg + 4 * k + 4);
                 }
@@ -413,7 +416,8 @@ static void avx512_rmsnorm(float *out, const float *x, const float *w, int64_t n
     for (int64_t i = 0; i < n; i += 16) {
         __m512 v = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
         __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-        __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+        __m512d hi =
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
         s0 = _mm512_fmadd_pd(lo, lo, s0);
         s1 = _mm512_fmadd_pd(hi, hi, s1);
     }
@@ -433,7 +437,8 @@ static void avx512_silu_mul(float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i += 16) {
         __mmask16 m = tail_mask(n - i);
         __m512 x = _mm512_maskz_loadu_ps(m, g + i);
-        __m512 s = _mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        __m512 s =
+            _mm512_div_ps(x, _mm512_add_ps(one, exp512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
         _mm512_mask_storeu_ps(g + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, u + i)));
     }
 }
@@ -456,8 +461,8 @@ AI void attend_nv(const int NV, float *out, const float *q, const uint16_t *k, c
         __m512 acc = _mm512_mul_ps(qv[0], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[0], kt)));
 #pragma GCC unroll 16
         for (int j = 1; j < NV; j++)
-            acc = _mm512_fmadd_ps(qv[j], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], kt + 16 * j)),
-                                  acc);
+            acc = _mm512_fmadd_ps(
+                qv[j], _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], kt + 16 * j)), acc);
         float s = hsum(acc) * scale;
         att[t] = s;
         max = s > max ? s : max;
@@ -492,7 +497,8 @@ AI __m512 reduce16(const __m512 *a) {
                              _mm512_shuffle_f32x4(x[k], x[k + 4], 0xDD));
 #pragma GCC unroll 2
     for (int k = 0; k < 2; k++)
-        z[k] = _mm512_add_ps(_mm512_shuffle_ps(y[k], y[k + 2], 0x44), _mm512_shuffle_ps(y[k], y[k + 2], 0xEE));
+        z[k] = _mm512_add_ps(_mm512_shuffle_ps(y[k], y[k + 2], 0x44),
+                             _mm512_shuffle_ps(y[k], y[k + 2], 0xEE));
     return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
 }
 
@@ -512,7 +518,8 @@ AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k
         int nt = n - t0 < ATTN_BLOCK ? (int)(n - t0) : ATTN_BLOCK;
         for (int i = 0; i < ATTN_BLOCK; i++) { /* the block's K rows (zeros past the end) */
             const uint16_t *row = k + (t0 + i) * ld;
-            if (i < nt && t0 + i + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
+            if (i < nt && t0 + i + CSD_ATTN_PF_ROWS < n)
+                csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++)
                 blk[i][j] = i < nt ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j))
@@ -536,7 +543,8 @@ AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k
     for (int64_t h = 0; h < g; h++) {
         __m512 mx = _mm512_set1_ps(-INFINITY); /* a maximum is exact in any order */
         for (int64_t t = 0; t < n; t += 16)
-            mx = _mm512_mask_max_ps(mx, tail_mask(n - t), _mm512_maskz_loadu_ps(tail_mask(n - t), att + h * n + t), mx);
+            mx = _mm512_mask_max_ps(mx, tail_mask(n - t),
+                                    _mm512_maskz_loadu_ps(tail_mask(n - t), att + h * n + t), mx);
         inv[h] = avx512_softmax(att + h * n, n, _mm512_reduce_max_ps(mx));
     }
 }
@@ -556,7 +564,8 @@ AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t
     for (int64_t t = 0; t < n; t++) {
         if (t + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(v + (t + CSD_ATTN_PF_ROWS) * ld, hd);
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) vr[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
+        for (int j = 0; j < NV; j++)
+            vr[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
 #pragma GCC unroll 4
         for (int h = 0; h < H; h++) {
             __m512 p = _mm512_set1_ps(att[h * n + t] * inv[h]);
@@ -567,7 +576,8 @@ AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t
 #pragma GCC unroll 4
     for (int h = 0; h < H; h++)
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], o[h * NV + j]);
+        for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], o[h * NV + j]);
 }
 
 /* The outputs of any number of heads: 16 V rows converted per step, then each head's output
@@ -580,14 +590,17 @@ AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, in
     for (int j = 0; j < NV; j++) m[j] = tail_mask(hd - 16 * j);
     for (int64_t h = 0; h < g; h++)
 #pragma GCC unroll 8
-        for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], _mm512_setzero_ps());
+        for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(out + h * hd + 16 * j, m[j], _mm512_setzero_ps());
     for (int64_t t0 = 0; t0 < n; t0 += ATTN_BLOCK) {
         int nt = n - t0 < ATTN_BLOCK ? (int)(n - t0) : ATTN_BLOCK;
         for (int i = 0; i < nt; i++) {
             const uint16_t *row = v + (t0 + i) * ld;
-            if (t0 + i + CSD_ATTN_PF_ROWS < n) csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
+            if (t0 + i + CSD_ATTN_PF_ROWS < n)
+                csd_attn_prefetch_row(row + CSD_ATTN_PF_ROWS * ld, hd);
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; j++) blk[i][j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j));
+            for (int j = 0; j < NV; j++)
+                blk[i][j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], row + 16 * j));
         }
         for (int64_t h = 0; h < g; h++) {
             __m512 o[8];
@@ -616,9 +629,11 @@ AI void attend_group_nv(const int NV, float *out, const float *q, int64_t g, con
     attend_scores(NV, q, g, k, ld, n, hd, scale, att, inv);
     int64_t h = 0;
     if (NV == 4) /* the common shapes: passes with the outputs in registers */
-        for (; h + 4 <= g; h += 4) attend_values_regs(4, 4, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
+        for (; h + 4 <= g; h += 4)
+            attend_values_regs(4, 4, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
     if (NV == 8)
-        for (; h + 2 <= g; h += 2) attend_values_regs(8, 2, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
+        for (; h + 2 <= g; h += 2)
+            attend_values_regs(8, 2, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
     if (h < g) attend_values(NV, out + h * hd, g - h, v, ld, n, hd, att + h * n, inv + h);
 }
 

@@ -68,7 +68,8 @@ static void qk_unit(csd_model *m, const csd_batch *b, int64_t layer, int64_t tok
     int64_t hd = c->head_dim, group = c->n_heads / c->n_kv_heads;
     float *q = m->q + tok * m->q_dim + kvh * group * hd, *k = m->k + tok * m->kv_dim + kvh * hd;
     if (lw->q_norm) {
-        for (int64_t h = 0; h < group; h++) csd_rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->norm_eps);
+        for (int64_t h = 0; h < group; h++)
+            csd_rmsnorm(q + h * hd, q + h * hd, lw->q_norm, hd, c->norm_eps);
         csd_rmsnorm(k, k, lw->k_norm, hd, c->norm_eps);
     }
     const float *cos_t = m->rope_cos + tok * (hd / 2), *sin_t = m->rope_sin + tok * (hd / 2);
@@ -87,7 +88,8 @@ typedef struct qk_job {
 static void qk_tokens(csd_model *m, const void *arg, int64_t t0, int64_t t1) {
     const qk_job *job = arg;
     for (int64_t t = t0; t < t1; t++)
-        for (int64_t kvh = 0; kvh < m->cfg.n_kv_heads; kvh++) qk_unit(m, job->batch, job->layer, t, kvh);
+        for (int64_t kvh = 0; kvh < m->cfg.n_kv_heads; kvh++)
+            qk_unit(m, job->batch, job->layer, t, kvh);
 }
 
 /* The first position a token at pos attends to: 0, or the start of the sliding window. */
@@ -107,7 +109,8 @@ static void axpy_q8(float *y, float a, const int8_t *x, int64_t n) {
 
 /* One (token, head) over an F32 or Q8 cache: softmax(q . K^T / sqrt(hd)) V over the token's own
  * sequence up to its position (causal), from first_position. att: max_ctx floats of scratch. */
-static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int64_t h, float *att) {
+static void attend_one(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int64_t h,
+                       float *att) {
     const csd_model_config *c = &m->cfg;
     int64_t hd = c->head_dim, pos = m->pos[tok];
     int64_t kvh = h / (c->n_heads / c->n_kv_heads);
@@ -160,7 +163,8 @@ static void prefetch_unit_rows(const csd_model *m, const csd_kv *kv, int64_t lay
                                int64_t kvh) {
     int64_t pos = m->pos[tok], first = first_position(&m->cfg, pos);
     int64_t last = pos - first > ATTN_PREFETCH_ROWS ? first + ATTN_PREFETCH_ROWS : pos;
-    size_t elem = csd_kv_elem_bytes(kv->dtype), off = (size_t)csd_kv_row(kv, layer, kvh, first) * elem;
+    size_t elem = csd_kv_elem_bytes(kv->dtype),
+           off = (size_t)csd_kv_row(kv, layer, kvh, first) * elem;
     size_t bytes = (size_t)((last - first) * kv->head_dim) * elem;
     const char *k = (const char *)kv->k + off, *v = (const char *)kv->v + off;
     for (size_t b = 0; b < bytes; b += 64) {

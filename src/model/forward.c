@@ -16,7 +16,8 @@ static void add_bias(float *y, const float *b, int64_t n_tok, int64_t dim) {
 }
 
 /* Per-token work (norms, activation, residual; RoPE and cache writes of a prompt) runs on the pool
- * when a batch has enough tokens to pay for the fork-join; one token stays on the calling thread. */
+ * when a batch has enough tokens to pay for the fork-join; one token stays on the calling
+ * thread. */
 #define PARALLEL_MIN_TOKENS 4
 
 typedef struct token_job {
@@ -95,7 +96,8 @@ static int plan_positions(csd_model *m, const csd_batch *b, csd_err *err) {
     m->batch_distinct = true;
     for (int64_t i = 0; i < b->n; i++) {
         csd_kv *kv = b->kv[i];
-        if (!kv) return csd_err_set(err, CSD_EINVAL, "batch token %lld has no sequence", (long long)i);
+        if (!kv)
+            return csd_err_set(err, CSD_EINVAL, "batch token %lld has no sequence", (long long)i);
         int64_t rank = 0;
         for (int64_t j = 0; j < i; j++) rank += b->kv[j] == kv;
         m->batch_distinct = m->batch_distinct && rank == 0;
@@ -161,7 +163,8 @@ int csd_model_forward(csd_model *m, const csd_batch *b, float *out, csd_err *err
         attention_block(m, b, li);
         ffn_block(m, b->n, li);
     }
-    for (int64_t i = 0; i < b->n; i++) b->kv[i]->len = m->pos[i] + 1 > b->kv[i]->len ? m->pos[i] + 1 : b->kv[i]->len;
+    for (int64_t i = 0; i < b->n; i++)
+        b->kv[i]->len = m->pos[i] + 1 > b->kv[i]->len ? m->pos[i] + 1 : b->kv[i]->len;
     write_output(m, b, out);
     return 0;
 }

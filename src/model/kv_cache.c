@@ -7,7 +7,9 @@
 #include "core/dtype.h"
 #include "model_internal.h"
 
-size_t csd_kv_elem_bytes(int dtype) { return dtype == CSD_DTYPE_F32 ? 4 : dtype == CSD_DTYPE_F16 ? 2 : 1; }
+size_t csd_kv_elem_bytes(int dtype) {
+    return dtype == CSD_DTYPE_F32 ? 4 : dtype == CSD_DTYPE_F16 ? 2 : 1;
+}
 
 int csd_kv_create(csd_kv **out, const csd_model *m, int64_t max_ctx, csd_err *err) {
     *out = NULL;
@@ -74,7 +76,8 @@ int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err) 
     size_t elem = csd_kv_elem_bytes(src->dtype), bytes = (size_t)(n * src->head_dim) * elem;
     for (int64_t l = 0; l < src->n_layers; l++)
         for (int64_t h = 0; h < src->n_kv_heads; h++) { /* each head's first n positions */
-            size_t so = (size_t)csd_kv_row(src, l, h, 0) * elem, d_o = (size_t)csd_kv_row(dst, l, h, 0) * elem;
+            size_t so = (size_t)csd_kv_row(src, l, h, 0) * elem,
+                   d_o = (size_t)csd_kv_row(dst, l, h, 0) * elem;
             memcpy((uint8_t *)dst->k + d_o, (const uint8_t *)src->k + so, bytes);
             memcpy((uint8_t *)dst->v + d_o, (const uint8_t *)src->v + so, bytes);
             if (src->dtype == CSD_DTYPE_Q8) {

@@ -12,9 +12,10 @@
 static int open_stage0(csd_model_shard **shard, const csd_manifest *m, const csd_model_opts *opts,
                        csd_err *err) {
     if (m->n_stages != 1)
-        return csd_err_set(err, CSD_EINVAL,
-                           "an export in %d stages: serve it as a fleet (one `cascadia worker` per stage)",
-                           m->n_stages);
+        return csd_err_set(
+            err, CSD_EINVAL,
+            "an export in %d stages: serve it as a fleet (one `cascadia worker` per stage)",
+            m->n_stages);
     if (opts->precision >= 0 && opts->precision != m->precision)
         return csd_err_set(err, CSD_EINVAL,
                            "the export is %s; --precision %s needs the Hugging Face directory",
@@ -27,7 +28,8 @@ static int open_stage0(csd_model_shard **shard, const csd_manifest *m, const csd
     return csd_model_shard_open(shard, path, err);
 }
 
-int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err) {
+int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts *opts,
+                          csd_err *err) {
     *out = NULL;
     csd_manifest *m = NULL;
     csd_model_shard *shard = NULL;
@@ -45,7 +47,8 @@ int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts
 
 int csd_model_open(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err) {
     char manifest[4096];
-    if (csd_path_join(manifest, sizeof manifest, dir, "manifest.json") == 0 && csd_file_exists(manifest))
+    if (csd_path_join(manifest, sizeof manifest, dir, "manifest.json") == 0 &&
+        csd_file_exists(manifest))
         return csd_model_load_export(out, dir, opts, err);
     return csd_model_load_hf(out, dir, opts, err);
 }

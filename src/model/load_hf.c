@@ -43,9 +43,11 @@ static int find_tensor(loader *ld, const char *name, int64_t rows, int64_t cols,
     bool ok = cols == 0 ? (t->n_dims == 1 && t->shape[0] == rows)
                         : (t->n_dims == 2 && t->shape[0] == rows && t->shape[1] == cols);
     if (!ok)
-        return csd_err_set(err, CSD_EFORMAT, "tensor '%s' has shape [%lld, %lld] (%d dims), config implies [%lld, %lld]",
-                           name, (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0),
-                           t->n_dims, (long long)rows, (long long)cols);
+        return csd_err_set(
+            err, CSD_EFORMAT,
+            "tensor '%s' has shape [%lld, %lld] (%d dims), config implies [%lld, %lld]", name,
+            (long long)t->shape[0], (long long)(t->n_dims > 1 ? t->shape[1] : 0), t->n_dims,
+            (long long)rows, (long long)cols);
     *out = t;
     return 0;
 }
@@ -134,24 +136,29 @@ static bool known_tensor(const csd_model_config *c, const char *name) {
     if (sscanf(name, "model.layers.%d.%n", &layer, &used) != 1 || used == 0) return false;
     if (layer < 0 || layer >= c->n_layers) return false;
     const char *rest = name + used;
-    static const char *const always[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
-        "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-        "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-        "mlp.down_proj.weight", "self_attn.rotary_emb.inv_freq"};
+    static const char *const always[] = {
+        "input_layernorm.weight",  "post_attention_layernorm.weight",
+        "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+        "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+        "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+        "mlp.down_proj.weight",    "self_attn.rotary_emb.inv_freq"};
     for (size_t i = 0; i < sizeof always / sizeof always[0]; i++)
         if (!strcmp(rest, always[i])) return true;
-    if (c->qkv_bias && (!strcmp(rest, "self_attn.q_proj.bias") || !strcmp(rest, "self_attn.k_proj.bias") ||
-                        !strcmp(rest, "self_attn.v_proj.bias")))
+    if (c->qkv_bias &&
+        (!strcmp(rest, "self_attn.q_proj.bias") || !strcmp(rest, "self_attn.k_proj.bias") ||
+         !strcmp(rest, "self_attn.v_proj.bias")))
         return true;
-    return c->qk_norm && (!strcmp(rest, "self_attn.q_norm.weight") || !strcmp(rest, "self_attn.k_norm.weight"));
+    return c->qk_norm &&
+           (!strcmp(rest, "self_attn.q_norm.weight") || !strcmp(rest, "self_attn.k_norm.weight"));
 }
 
 static int check_no_extra(const csd_model_config *c, const csd_st_set *st, csd_err *err) {
     for (int i = 0; i < csd_st_count(st); i++) {
         const char *name = csd_st_at(st, i)->name;
         if (!known_tensor(c, name))
-            return csd_err_set(err, CSD_EFORMAT, "unexpected tensor '%s' for a %s model with %lld layers",
-                               name, c->model_type, (long long)c->n_layers);
+            return csd_err_set(err, CSD_EFORMAT,
+                               "unexpected tensor '%s' for a %s model with %lld layers", name,
+                               c->model_type, (long long)c->n_layers);
     }
     return 0;
 }
@@ -170,14 +177,16 @@ static int load_weights(loader *ld, const csd_model_opts *opts, csd_err *err) {
     w->layer_begin = opts->layer_begin >= 0 ? opts->layer_begin : 0;
     w->layer_end = opts->layer_end >= 0 ? opts->layer_end : c->n_layers;
     if (w->layer_begin >= w->layer_end || w->layer_end > c->n_layers)
-        return csd_err_set(err, CSD_ERANGE, "layer range [%lld, %lld) outside the model's %lld layers",
-                           (long long)w->layer_begin, (long long)w->layer_end, (long long)c->n_layers);
+        return csd_err_set(
+            err, CSD_ERANGE, "layer range [%lld, %lld) outside the model's %lld layers",
+            (long long)w->layer_begin, (long long)w->layer_end, (long long)c->n_layers);
     w->has_embed = w->layer_begin == 0;
     w->has_head = w->layer_end == c->n_layers;
     /* Embeddings and head: 8 bits under int4 (NNCF keeps them at 8 bits too). */
     int outer = m->precision == CSD_DTYPE_Q4 ? CSD_DTYPE_Q8 : m->precision;
     int rc = 0;
-    if (w->has_embed) rc = load_matrix(ld, CSD_TN_EMBED, c->vocab_size, c->dim, outer, &w->embed, err);
+    if (w->has_embed)
+        rc = load_matrix(ld, CSD_TN_EMBED, c->vocab_size, c->dim, outer, &w->embed, err);
     if (!rc && w->has_head) {
         rc = load_vector(ld, CSD_TN_FINAL_NORM, c->dim, &w->final_norm, err);
         if (!rc && c->tie_embeddings && w->has_embed) w->head = w->embed;
@@ -190,7 +199,8 @@ static int load_weights(loader *ld, const csd_model_opts *opts, csd_err *err) {
     csd_layer_weights *layers = own(m, (size_t)n * sizeof *layers);
     if (!layers) return csd_err_set(err, CSD_ENOMEM, "layer table");
     w->layers = layers;
-    for (int64_t l = 0; l < n && !rc; l++) rc = load_layer(ld, (int)(w->layer_begin + l), &layers[l], err);
+    for (int64_t l = 0; l < n && !rc; l++)
+        rc = load_layer(ld, (int)(w->layer_begin + l), &layers[l], err);
     return rc;
 }
 

@@ -1,4 +1,5 @@
-/* model: creation, scratch sizing and accessors of csd_model (loading from files is in load_hf.c). */
+/* model: creation, scratch sizing and accessors of csd_model (loading from files is in
+ * load_hf.c). */
 #include <string.h>
 
 #include "core/alloc.h"
@@ -29,7 +30,8 @@ int csd_model_init_runtime(csd_model *m, const csd_model_opts *opts, csd_err *er
                  : c->max_seq_len < CSD_MODEL_DEFAULT_MAX_CTX ? c->max_seq_len
                                                               : CSD_MODEL_DEFAULT_MAX_CTX;
     if (m->max_ctx > CSD_MAX_CONTEXT)
-        return csd_err_set(err, CSD_ERANGE, "context %lld exceeds %d", (long long)m->max_ctx, CSD_MAX_CONTEXT);
+        return csd_err_set(err, CSD_ERANGE, "context %lld exceeds %d", (long long)m->max_ctx,
+                           CSD_MAX_CONTEXT);
     if (m->kv_dtype != CSD_DTYPE_F32 && m->kv_dtype != CSD_DTYPE_F16 && m->kv_dtype != CSD_DTYPE_Q8)
         return csd_err_set(err, CSD_EINVAL, "KV cache type must be f32, f16 or q8, not %s",
                            csd_dtype_name(m->kv_dtype));
@@ -45,7 +47,8 @@ int csd_model_init_runtime(csd_model *m, const csd_model_opts *opts, csd_err *er
     m->v = scratch_floats(b * m->kv_dim, &failed);
     m->hb = scratch_floats(b * c->hidden_dim, &failed);
     m->hb2 = scratch_floats(b * c->hidden_dim, &failed);
-    m->att = scratch_floats((int64_t)csd_pool_size(m->pool) * CSD_ATTN_TASK_HEADS * m->max_ctx, &failed);
+    m->att =
+        scratch_floats((int64_t)csd_pool_size(m->pool) * CSD_ATTN_TASK_HEADS * m->max_ctx, &failed);
     m->rope_cos = scratch_floats(b * (c->head_dim / 2), &failed);
     m->rope_sin = scratch_floats(b * (c->head_dim / 2), &failed);
     m->inv_freq = scratch_floats(c->head_dim / 2, &failed);

@@ -3,9 +3,9 @@
  * A single-node run is the range [0, n_layers); a pipeline stage is any other range. The same code
  * computes both, so N-stage output equals 1-stage output exactly.
  *
- * Lifetimes (as in llama2.c): csd_model_config (hyperparameters) and the weights are read-only after
- * load and shared by threads; the model's scratch is per model and used by one forward at a time;
- * csd_kv is per sequence (request). Forward never allocates. */
+ * Lifetimes (as in llama2.c): csd_model_config (hyperparameters) and the weights are read-only
+ * after load and shared by threads; the model's scratch is per model and used by one forward at a
+ * time; csd_kv is per sequence (request). Forward never allocates. */
 #ifndef CSD_MODEL_H
 #define CSD_MODEL_H
 
@@ -55,7 +55,8 @@ typedef struct csd_layer_weights {
     csd_qmat down;           /* (dim, hidden_dim) */
 } csd_layer_weights;
 
-/* Everything a stage holds. Tensor memory is owned by the model (or borrowed from a mapped shard). */
+/* Everything a stage holds. Tensor memory is owned by the model (or borrowed from a mapped
+ * shard). */
 typedef struct csd_weights {
     int64_t layer_begin, layer_end;
     bool has_embed;          /* stage 0 */
@@ -74,7 +75,8 @@ typedef struct csd_kv csd_kv;
 int csd_model_load_hf(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err);
 /* Loads a one-stage export directory (`cascadia export --stages 1`: manifest.json + stage-0.shard):
  * the weights as exported, no conversion; opts->precision, when set, must match the export's. */
-int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err);
+int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts *opts,
+                          csd_err *err);
 /* Either: an export directory (it has manifest.json) or a Hugging Face one. */
 int csd_model_open(csd_model **out, const char *dir, const csd_model_opts *opts, csd_err *err);
 /* Builds a model around weights someone else owns (a mapped shard); the model borrows them. */

@@ -56,7 +56,8 @@ struct csd_kv {
     float *v_scale;      /* q8 only */
 };
 
-/* Index of KV head kvh's scale at pos in layer (q8 caches); times head_dim, of its first element. */
+/* Index of KV head kvh's scale at pos in layer (q8 caches); times head_dim, of its first
+ * element. */
 static inline int64_t csd_kv_slot(const csd_kv *kv, int64_t layer, int64_t kvh, int64_t pos) {
     return (layer * kv->n_kv_heads + kvh) * kv->cap + pos;
 }

@@ -36,8 +36,10 @@ void csd_sampler_params_default(csd_sampler_params *p) {
 int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err) {
     if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))
         return csd_err_set(err, CSD_ERANGE, "temperature must be in [0, 100]");
-    if (!(p->top_p > 0.0f && p->top_p <= 1.0f)) return csd_err_set(err, CSD_ERANGE, "top_p must be in (0, 1]");
-    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f)) return csd_err_set(err, CSD_ERANGE, "min_p must be in [0, 1]");
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return csd_err_set(err, CSD_ERANGE, "top_p must be in (0, 1]");
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return csd_err_set(err, CSD_ERANGE, "min_p must be in [0, 1]");
     if (p->top_k < 0) return csd_err_set(err, CSD_ERANGE, "top_k must be >= 0");
     if (!(p->repetition_penalty > 0.0f && p->repetition_penalty <= 10.0f))
         return csd_err_set(err, CSD_ERANGE, "repetition_penalty must be in (0, 10]");
@@ -71,9 +73,12 @@ static uint64_t next_u64(uint64_t s[4]) {
 }
 
 /* Uniform in [0, 1) with 53 bits. */
-static double next_unit(uint64_t s[4]) { return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+static double next_unit(uint64_t s[4]) {
+    return (double)(next_u64(s) >> 11) * (1.0 / 9007199254740992.0);
+}
 
-int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t vocab, csd_err *err) {
+int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t vocab,
+                       csd_err *err) {
     *out = NULL;
     int rc = csd_sampler_params_check(p, err);
     if (rc) return rc;
@@ -84,7 +89,8 @@ int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t v
     s->vocab = vocab;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
-    s->recent = csd_alloc_array((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1), sizeof(int32_t));
+    s->recent =
+        csd_alloc_array((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1), sizeof(int32_t));
     s->counts = csd_alloc_array((size_t)vocab, sizeof(int32_t));
     s->cands = csd_alloc_array((size_t)vocab, sizeof(cand));
     if (!s->recent || !s->counts || !s->cands) {
@@ -117,13 +123,16 @@ void csd_sampler_accept(csd_sampler *s, int32_t id) {
 
 static void apply_penalties(csd_sampler *s, float *logits) {
     const csd_sampler_params *p = &s->p;
-    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f && p->frequency_penalty == 0.0f) return;
+    if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
+        p->frequency_penalty == 0.0f)
+        return;
     for (int32_t i = 0; i < s->n_recent; i++) {
         int32_t id = s->recent[i];
         int32_t c = s->counts[id];
         if (c <= 0) continue;
         float l = logits[id];
-        if (p->repetition_penalty != 1.0f) l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+        if (p->repetition_penalty != 1.0f)
+            l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
         l -= (float)c * p->frequency_penalty + p->presence_penalty;
         logits[id] = l;
         s->counts[id] = -c; /* mark as done for duplicates in the ring; restored below */

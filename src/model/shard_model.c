@@ -217,7 +217,7 @@ static int load_into_memory(csd_model_shard *ms, csd_err *err) {
     (void)madvise(mem, n, MADV_HUGEPAGE); /* best effort */
 #endif
     memcpy(mem, base, n);
-    csd_file_map_drop_pages(base, n); /* else the file's pages stay resident too: twice the memory */
+    csd_file_map_drop_pages(base, n); /* else the file's pages stay resident: twice the memory */
     csd_weights *w = &ms->weights;
     rebase_mat(&w->embed, base, n, mem);
     rebase_mat(&w->head, base, n, mem);

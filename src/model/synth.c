@@ -17,35 +17,37 @@
 const csd_synth_preset csd_synth_presets[] = {
     {"tiny", -1, "a few-MB model of any family, for tests", TINY(CSD_ARCH_LLAMA), CSD_DTYPE_F32},
     {"tinyllama-1.1b", CSD_ARCH_LLAMA, "TinyLlama-1.1B",
-     {.dim = 2048, .hidden_dim = 5632, .n_layers = 22, .n_heads = 32, .n_kv_heads = 4, .head_dim = 64,
-      .vocab_size = 32000, .max_seq_len = 2048, .norm_eps = 1e-5f, .rope_theta = 10000.0f},
+     {.dim = 2048, .hidden_dim = 5632, .n_layers = 22, .n_heads = 32, .n_kv_heads = 4,
+      .head_dim = 64, .vocab_size = 32000, .max_seq_len = 2048, .norm_eps = 1e-5f,
+      .rope_theta = 10000.0f},
      CSD_DTYPE_BF16},
     {"llama-3.2-1b", CSD_ARCH_LLAMA, "Llama-3.2-1B",
-     {.dim = 2048, .hidden_dim = 8192, .n_layers = 16, .n_heads = 32, .n_kv_heads = 8, .head_dim = 64,
-      .vocab_size = 128256, .max_seq_len = 131072, .norm_eps = 1e-5f, .rope_theta = 500000.0f,
-      .rope_scaling = CSD_ROPE_SCALING_LLAMA3, .rope_factor = 32.0f, .rope_low_freq_factor = 1.0f,
-      .rope_high_freq_factor = 4.0f, .rope_orig_max_pos = 8192, .tie_embeddings = true},
+     {.dim = 2048, .hidden_dim = 8192, .n_layers = 16, .n_heads = 32, .n_kv_heads = 8,
+      .head_dim = 64, .vocab_size = 128256, .max_seq_len = 131072, .norm_eps = 1e-5f,
+      .rope_theta = 500000.0f, .rope_scaling = CSD_ROPE_SCALING_LLAMA3, .rope_factor = 32.0f,
+      .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f, .rope_orig_max_pos = 8192,
+      .tie_embeddings = true},
      CSD_DTYPE_BF16},
     {"llama-3.1-8b", CSD_ARCH_LLAMA, "Llama-3.1-8B",
-     {.dim = 4096, .hidden_dim = 14336, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
-      .vocab_size = 128256, .max_seq_len = 131072, .norm_eps = 1e-5f, .rope_theta = 500000.0f,
-      .rope_scaling = CSD_ROPE_SCALING_LLAMA3, .rope_factor = 8.0f, .rope_low_freq_factor = 1.0f,
-      .rope_high_freq_factor = 4.0f, .rope_orig_max_pos = 8192},
+     {.dim = 4096, .hidden_dim = 14336, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
+      .head_dim = 128, .vocab_size = 128256, .max_seq_len = 131072, .norm_eps = 1e-5f,
+      .rope_theta = 500000.0f, .rope_scaling = CSD_ROPE_SCALING_LLAMA3, .rope_factor = 8.0f,
+      .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f, .rope_orig_max_pos = 8192},
      CSD_DTYPE_BF16},
     {"mistral-7b", CSD_ARCH_MISTRAL, "Mistral-7B-v0.1",
-     {.dim = 4096, .hidden_dim = 14336, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128,
-      .vocab_size = 32000, .max_seq_len = 32768, .norm_eps = 1e-5f, .rope_theta = 10000.0f,
-      .sliding_window = 4096},
+     {.dim = 4096, .hidden_dim = 14336, .n_layers = 32, .n_heads = 32, .n_kv_heads = 8,
+      .head_dim = 128, .vocab_size = 32000, .max_seq_len = 32768, .norm_eps = 1e-5f,
+      .rope_theta = 10000.0f, .sliding_window = 4096},
      CSD_DTYPE_BF16},
     {"qwen2.5-0.5b", CSD_ARCH_QWEN2, "Qwen2.5-0.5B",
-     {.dim = 896, .hidden_dim = 4864, .n_layers = 24, .n_heads = 14, .n_kv_heads = 2, .head_dim = 64,
-      .vocab_size = 151936, .max_seq_len = 32768, .norm_eps = 1e-6f, .rope_theta = 1000000.0f,
-      .tie_embeddings = true},
+     {.dim = 896, .hidden_dim = 4864, .n_layers = 24, .n_heads = 14, .n_kv_heads = 2,
+      .head_dim = 64, .vocab_size = 151936, .max_seq_len = 32768, .norm_eps = 1e-6f,
+      .rope_theta = 1000000.0f, .tie_embeddings = true},
      CSD_DTYPE_BF16},
     {"qwen3-0.6b", CSD_ARCH_QWEN3, "Qwen3-0.6B",
-     {.dim = 1024, .hidden_dim = 3072, .n_layers = 28, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128,
-      .vocab_size = 151936, .max_seq_len = 40960, .norm_eps = 1e-6f, .rope_theta = 1000000.0f,
-      .tie_embeddings = true},
+     {.dim = 1024, .hidden_dim = 3072, .n_layers = 28, .n_heads = 16, .n_kv_heads = 8,
+      .head_dim = 128, .vocab_size = 151936, .max_seq_len = 40960, .norm_eps = 1e-6f,
+      .rope_theta = 1000000.0f, .tie_embeddings = true},
      CSD_DTYPE_BF16},
     {NULL, 0, NULL, {0}, 0},
 };
@@ -91,7 +93,8 @@ int csd_synth_config(csd_model_config *cfg, const csd_synth_preset *preset, int 
     if (preset->arch < 0) tiny_variant(cfg, arch);
     if (cfg->vocab_size == 0) cfg->vocab_size = tokenizer_vocab;
     if (tokenizer_vocab > cfg->vocab_size)
-        return csd_err_set(err, CSD_EINVAL, "tokenizer has %lld tokens but preset %s has a vocabulary of %lld",
+        return csd_err_set(err, CSD_EINVAL,
+                           "tokenizer has %lld tokens but preset %s has a vocabulary of %lld",
                            (long long)tokenizer_vocab, preset->name, (long long)cfg->vocab_size);
     cfg->bos_id = bos_id;
     cfg->n_eos = eos_id >= 0 ? 1 : 0;
@@ -162,7 +165,8 @@ typedef struct synth_plan {
     uint64_t seed;
 } synth_plan;
 
-static void add(synth_plan *p, const char *name, int64_t rows, int64_t cols, double std, int is_norm) {
+static void add(synth_plan *p, const char *name, int64_t rows, int64_t cols, double std,
+                int is_norm) {
     synth_tensor *t = &p->t[p->n++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->rows = rows;
@@ -208,7 +212,8 @@ static int fill_tensor(void *ctx, int index, void *dst, size_t nbytes, csd_err *
     const synth_tensor *t = &p->t[index];
     int64_t n = t->rows * (t->cols ? t->cols : 1);
     size_t elem = p->dtype == CSD_DTYPE_F32 ? 4 : 2;
-    if ((size_t)n * elem != nbytes) return csd_err_set(err, CSD_EINVAL, "synth: size of %s", t->name);
+    if ((size_t)n * elem != nbytes)
+        return csd_err_set(err, CSD_EINVAL, "synth: size of %s", t->name);
     rng r;
     rng_seed(&r, p->seed, t->name);
     for (int64_t i = 0; i < n; i++) {

@@ -488,7 +488,8 @@ static int send_frame_locked(csd_conn *c, const csd_wire_hdr *h, const void *pay
     iov[niov++] = (struct iovec){.iov_base = hb, .iov_len = sizeof hb};
     if (mode == MODE_PLAIN) {
         csd_wire_put_u64(trailer, frame_checksum(hb, payload, len));
-        if (len) iov[niov++] = (struct iovec){.iov_base = (void *)(uintptr_t)payload, .iov_len = len};
+        if (len)
+            iov[niov++] = (struct iovec){.iov_base = (void *)(uintptr_t)payload, .iov_len = len};
         iov[niov++] = (struct iovec){.iov_base = trailer, .iov_len = CHECKSUM_SIZE};
     } else {
         if (c->tx.counter == UINT64_MAX)

@@ -31,7 +31,8 @@ typedef struct csd_netbuf {
 
 /* How a link authenticates. */
 typedef struct csd_link_cfg {
-    const csd_fleet_key *key; /* borrowed for the duration of the handshake; required unless insecure */
+    /* borrowed for the duration of the handshake; required unless insecure */
+    const csd_fleet_key *key;
     bool insecure;            /* no encryption: xxhash64 per frame (both sides must agree) */
     int timeout_ms;           /* handshake and per-frame stall limit; <= 0 means the default */
 } csd_link_cfg;
@@ -48,7 +49,8 @@ void csd_netbuf_fini(csd_netbuf *b);
 
 /* ---- making connections ---- */
 
-/* Connects to "host:port" ("[v6]:port" too) within timeout_ms (<= 0: default). Sets socket options. */
+/* Connects to "host:port" ("[v6]:port" too) within timeout_ms (<= 0: default). Sets socket
+ * options. */
 int csd_conn_connect(csd_conn **out, const char *host_port, int timeout_ms, csd_err *err);
 /* Wraps an already connected stream socket; takes ownership of fd (closed by destroy, also on
  * failure). */
@@ -74,10 +76,10 @@ void csd_listener_destroy(csd_listener *l);
 /* ---- handshake (first thing on every link, before any other frame) ---- */
 
 /* Client side (the coordinator, or a stage connecting to the next one). expect holds our role, caps
- * and what we require of the server: model_hash, stage_index and layer range (CSD_WIRE_ANY to accept
- * any). The nonce and the INSECURE cap bit are filled in here. On success *peer (may be NULL) holds
- * the server's HELLO_OK. A refusal by the server returns its code (CSD_EMISMATCH, CSD_EAUTH...) with
- * its text, which names both sides' values. */
+ * and what we require of the server: model_hash, stage_index and layer range (CSD_WIRE_ANY to
+ * accept any). The nonce and the INSECURE cap bit are filled in here. On success *peer (may be
+ * NULL) holds the server's HELLO_OK. A refusal by the server returns its code (CSD_EMISMATCH,
+ * CSD_EAUTH...) with its text, which names both sides' values. */
 int csd_conn_handshake_client(csd_conn *c, const csd_link_cfg *cfg, const csd_wire_hello *expect,
                               csd_wire_hello *peer, csd_err *err);
 /* Server side (a worker). self is what we serve. A client HELLO that does not match (version, link
@@ -92,11 +94,11 @@ int csd_conn_handshake_server(csd_conn *c, const csd_link_cfg *cfg, const csd_wi
  * concurrent receiver. Blocks at most the link timeout when the peer stops reading. */
 int csd_conn_send(csd_conn *c, const csd_wire_hdr *h, const void *payload, size_t len,
                   csd_err *err);
-/* Receives one frame into buf (grown as needed); *h describes it and buf->data[0..payload_len) holds
- * the verified payload. idle_timeout_ms bounds the wait for the frame to start (< 0: forever);
- * once started it must complete within the link timeout. Returns CSD_ETIMEOUT when idle (the link
- * stays usable), CSD_ECLOSED when the peer closed between frames, CSD_EPROTO/CSD_EAUTH on a bad frame
- * (the link is then closed). Serialized against other receivers. */
+/* Receives one frame into buf (grown as needed); *h describes it and buf->data[0..payload_len)
+ * holds the verified payload. idle_timeout_ms bounds the wait for the frame to start (< 0:
+ * forever); once started it must complete within the link timeout. Returns CSD_ETIMEOUT when idle
+ * (the link stays usable), CSD_ECLOSED when the peer closed between frames, CSD_EPROTO/CSD_EAUTH on
+ * a bad frame (the link is then closed). Serialized against other receivers. */
 int csd_conn_recv(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, int idle_timeout_ms,
                   csd_err *err);
 /* Convenience: encodes and sends ERROR {code, text} for request_id (0 = the link). */

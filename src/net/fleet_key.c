@@ -117,8 +117,8 @@ int csd_fleet_key_load(const char *path, csd_fleet_key *key, csd_err *err) {
     /* Trim surrounding whitespace. */
     size_t b = 0, e = n;
     while (b < e && (text[b] == ' ' || text[b] == '\t' || text[b] == '\n' || text[b] == '\r')) b++;
-    while (e > b &&
-           (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\n' || text[e - 1] == '\r'))
+    while (e > b && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\n' ||
+                     text[e - 1] == '\r'))
         e--;
     size_t got = 0;
     const char *end = NULL;

@@ -19,10 +19,12 @@ typedef struct csd_fleet_key {
 
 /* Fills key with 32 bytes from the OS CSPRNG (libsodium randombytes). */
 int csd_fleet_key_generate(csd_fleet_key *key, csd_err *err);
-/* Writes key as hex to path with mode 0600. Refuses to replace an existing file unless overwrite. */
+/* Writes key as hex to path with mode 0600. Refuses to replace an existing file unless
+ * overwrite. */
 int csd_fleet_key_save(const char *path, const csd_fleet_key *key, bool overwrite, csd_err *err);
 /* Reads a key file (hex or base64, surrounding whitespace ignored). Refuses a non-regular file, a
- * file readable by group/others (CSD_EAUTH) and anything that does not decode to exactly 32 bytes. */
+ * file readable by group/others (CSD_EAUTH) and anything that does not decode to exactly 32
+ * bytes. */
 int csd_fleet_key_load(const char *path, csd_fleet_key *key, csd_err *err);
 /* A short public identifier of a key for logs: 16 hex digits of BLAKE2b("csd fingerprint", key).
  * out must hold 17 bytes. */

@@ -15,7 +15,8 @@ _Static_assert(2 + 1 + 1 + 4 + 4 + 4 + 4 + CSD_WIRE_HASH_SIZE + CSD_WIRE_NONCE_S
                "HELLO layout");
 _Static_assert(4 + 4 + 1 + 3 + 4 + 4 + 4 + 8 == CSD_WIRE_OPEN_SIZE, "OPEN layout");
 _Static_assert(4 + 4 + 8 * 8 == CSD_WIRE_STATS_SIZE, "STATS_REPLY layout");
-_Static_assert(CSD_WIRE_TYPE_COUNT == 16, "message types changed: bump CSD_WIRE_VERSION and the spec");
+_Static_assert(CSD_WIRE_TYPE_COUNT == 16,
+               "message types changed: bump CSD_WIRE_VERSION and the spec");
 _Static_assert((uint64_t)CSD_WIRE_MAX_PAYLOAD < UINT32_MAX, "payload_len is a u32");
 
 /* Per type: allowed flags and payload length bounds, so a header alone can refuse a frame before
@@ -45,7 +46,8 @@ static const type_rule rules[CSD_WIRE_TYPE_COUNT] = {
     [CSD_WIRE_PONG] = {"PONG", 0, CSD_WIRE_PING_SIZE, CSD_WIRE_PING_SIZE},
     [CSD_WIRE_ROUTE] = {"ROUTE", 0, CSD_WIRE_ROUTE_HDR_SIZE + 1,
                         CSD_WIRE_ROUTE_HDR_SIZE + CSD_WIRE_MAX_ROUTE},
-    [CSD_WIRE_COPY_PREFIX] = {"COPY_PREFIX", 0, CSD_WIRE_COPY_PREFIX_SIZE, CSD_WIRE_COPY_PREFIX_SIZE},
+    [CSD_WIRE_COPY_PREFIX] = {"COPY_PREFIX", 0, CSD_WIRE_COPY_PREFIX_SIZE,
+                              CSD_WIRE_COPY_PREFIX_SIZE},
 };
 
 const char *csd_wire_type_name(int type) {
@@ -399,8 +401,8 @@ int csd_wire_encode_copy_prefix(uint8_t *out, size_t cap, uint32_t src_request, 
     int rc = need_cap(cap, CSD_WIRE_COPY_PREFIX_SIZE, "COPY_PREFIX", err);
     if (rc) return rc;
     if (n_tokens > CSD_WIRE_MAX_CONTEXT)
-        return csd_err_set(err, CSD_EINVAL, "COPY_PREFIX: n_tokens %u over limit %u", (unsigned)n_tokens,
-                           CSD_WIRE_MAX_CONTEXT);
+        return csd_err_set(err, CSD_EINVAL, "COPY_PREFIX: n_tokens %u over limit %u",
+                           (unsigned)n_tokens, CSD_WIRE_MAX_CONTEXT);
     csd_wire_put_u32(out, src_request);
     csd_wire_put_u32(out + 4, n_tokens);
     *len = CSD_WIRE_COPY_PREFIX_SIZE;
@@ -479,7 +481,8 @@ int csd_wire_check_act_flags(uint16_t flags, csd_err *err) {
     if (out != CSD_WIRE_FLAG_OUT_LOGITS && out != CSD_WIRE_FLAG_OUT_SAMPLE &&
         out != CSD_WIRE_FLAG_OUT_HIDDEN)
         return csd_err_set(err, CSD_EPROTO,
-                           "activation: flags 0x%04x must select exactly one output", (unsigned)flags);
+                           "activation: flags 0x%04x must select exactly one output",
+                           (unsigned)flags);
     return 0;
 }
 

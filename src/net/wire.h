@@ -1,8 +1,9 @@
 /* wire: the Cascadia frame format as pure encode/decode functions over byte buffers (no sockets).
- * Mirrors docs/protocol.md field for field: a fixed 20-byte little-endian header, then a payload whose
- * layout depends on the type. Every length and count from a peer is checked against a named limit
- * before it is used; decoders never allocate and return CSD_EPROTO with a message on bad input.
- * Link framing (checksum or AEAD trailer, handshake) lives in conn.c; this file knows frames only. */
+ * Mirrors docs/protocol.md field for field: a fixed 20-byte little-endian header, then a payload
+ * whose layout depends on the type. Every length and count from a peer is checked against a named
+ * limit before it is used; decoders never allocate and return CSD_EPROTO with a message on bad
+ * input. Link framing (checksum or AEAD trailer, handshake) lives in conn.c; this file knows frames
+ * only. */
 #ifndef CSD_NET_WIRE_H
 #define CSD_NET_WIRE_H
 
@@ -26,7 +27,7 @@
 #define CSD_WIRE_MAX_ERROR_TEXT 1024u     /* ERROR text bytes (not NUL-terminated on the wire) */
 #define CSD_WIRE_HASH_SIZE 32u            /* model hash bytes */
 #define CSD_WIRE_NONCE_SIZE 32u           /* handshake nonce bytes */
-#define CSD_WIRE_ANY 0xFFFFFFFFu          /* HELLO wildcard for stage_index, layer_begin, layer_end */
+#define CSD_WIRE_ANY 0xFFFFFFFFu /* HELLO wildcard for stage_index, layer_begin, layer_end */
 #define CSD_WIRE_MAX_ROUTE 255u           /* ROUTE address bytes ("host:port") */
 
 /* Fixed payload sizes. */
@@ -44,21 +45,22 @@
 /* Message types: explicit values, append only; a removed value stays as a comment. */
 enum csd_wire_type {
     /* 0: never valid (catches zeroed buffers) */
-    CSD_WIRE_HELLO = 1,       /* client -> server, first frame: who I am, what I expect */
-    CSD_WIRE_HELLO_OK = 2,    /* server -> client: who I am (same layout as HELLO) */
-    CSD_WIRE_ERROR = 3,       /* either way: {code, text}; for a request or the whole link */
-    CSD_WIRE_AUTH = 4,        /* either way, first encrypted frame: proves the fleet key */
-    CSD_WIRE_OPEN = 5,        /* open request_id: max context, dtype, sampling */
-    CSD_WIRE_FORWARD = 6,     /* token ids or hidden states for [position, position+n) */
-    CSD_WIRE_RESULT = 7,      /* hidden states to the next stage, or logits / sampled ids */
-    CSD_WIRE_TRUNCATE = 8,    /* cut request_id's KV to keep_tokens (speculative decoding) */
-    CSD_WIRE_CLOSE = 9,       /* free request_id everywhere */
-    CSD_WIRE_STATS = 10,      /* ask for counters (empty payload) */
-    CSD_WIRE_STATS_REPLY = 11,/* counters */
-    CSD_WIRE_PING = 12,       /* liveness: u64 echoed back in PONG */
+    CSD_WIRE_HELLO = 1,        /* client -> server, first frame: who I am, what I expect */
+    CSD_WIRE_HELLO_OK = 2,     /* server -> client: who I am (same layout as HELLO) */
+    CSD_WIRE_ERROR = 3,        /* either way: {code, text}; for a request or the whole link */
+    CSD_WIRE_AUTH = 4,         /* either way, first encrypted frame: proves the fleet key */
+    CSD_WIRE_OPEN = 5,         /* open request_id: max context, dtype, sampling */
+    CSD_WIRE_FORWARD = 6,      /* token ids or hidden states for [position, position+n) */
+    CSD_WIRE_RESULT = 7,       /* hidden states to the next stage, or logits / sampled ids */
+    CSD_WIRE_TRUNCATE = 8,     /* cut request_id's KV to keep_tokens (speculative decoding) */
+    CSD_WIRE_CLOSE = 9,        /* free request_id everywhere */
+    CSD_WIRE_STATS = 10,       /* ask for counters (empty payload) */
+    CSD_WIRE_STATS_REPLY = 11, /* counters */
+    CSD_WIRE_PING = 12,        /* liveness: u64 echoed back in PONG */
     CSD_WIRE_PONG = 13,
-    CSD_WIRE_ROUTE = 14,      /* coordinator -> stage: send your RESULTs to the stage at "host:port" */
-    CSD_WIRE_COPY_PREFIX = 15,/* request_id gets the first n positions of another request (prefix cache) */
+    CSD_WIRE_ROUTE = 14, /* coordinator -> stage: send your RESULTs to the stage at "host:port" */
+    CSD_WIRE_COPY_PREFIX =
+        15, /* request_id gets the first n positions of another request (prefix cache) */
     CSD_WIRE_TYPE_COUNT = 16
 };
 
@@ -73,7 +75,8 @@ enum csd_wire_type {
 #define CSD_WIRE_FLAG_OUT_MASK 0x0007u
 #define CSD_WIRE_FLAGS_ACT 0x001Fu        /* all flags valid on FORWARD/RESULT */
 
-/* HELLO capability bits. CSD_WIRE_CAP_INSECURE must agree on both sides; others are informational. */
+/* HELLO capability bits. CSD_WIRE_CAP_INSECURE must agree on both sides; others are
+ * informational. */
 #define CSD_WIRE_CAP_INSECURE 0x0001u     /* link has no encryption, xxhash64 per frame only */
 #define CSD_WIRE_CAP_HIDDEN_F32 0x0002u   /* can send/receive f32 hidden states */
 #define CSD_WIRE_CAP_HIDDEN_BF16 0x0004u  /* can send/receive bf16 hidden states */
@@ -226,7 +229,8 @@ int csd_wire_encode_stats(uint8_t *out, size_t cap, const csd_wire_stats *s, siz
 int csd_wire_decode_stats(const uint8_t *in, size_t len, csd_wire_stats *out, csd_err *err);
 
 /* ROUTE: the next stage's address, printable ASCII "host:port", 1..CSD_WIRE_MAX_ROUTE bytes.
- * decode writes it NUL-terminated into addr[addr_cap] (addr_cap > CSD_WIRE_MAX_ROUTE always fits). */
+ * decode writes it NUL-terminated into addr[addr_cap] (addr_cap > CSD_WIRE_MAX_ROUTE always
+ * fits). */
 int csd_wire_encode_route(uint8_t *out, size_t cap, const char *addr, size_t *len, csd_err *err);
 int csd_wire_decode_route(const uint8_t *in, size_t len, char *addr, size_t addr_cap,
                           csd_err *err);

@@ -145,7 +145,8 @@ static bool make_room(csd_stage_server *s, uint64_t need) {
         }
         if (used + need <= s->opts.kv_mem_cap) return true;
         if (!lru) return false;
-        CSD_LOGI("stage=%u evicting req=%u (least recently used) to fit a new request", s->opts.stage_index, lru->id);
+        CSD_LOGI("stage=%u evicting req=%u (least recently used) to fit a new request",
+                 s->opts.stage_index, lru->id);
         close_req(lru);
     }
 }
@@ -163,8 +164,8 @@ static void handle_open(csd_stage_server *s, item *it) {
     uint64_t need = (uint64_t)o.max_context * csd_model_kv_bytes_per_token(s->model);
     if ((int64_t)o.max_context > csd_model_max_ctx(s->model)) {
         char msg[160];
-        snprintf(msg, sizeof msg, "context %u exceeds this stage's limit of %lld tokens", o.max_context,
-                 (long long)csd_model_max_ctx(s->model));
+        snprintf(msg, sizeof msg, "context %u exceeds this stage's limit of %lld tokens",
+                 o.max_context, (long long)csd_model_max_ctx(s->model));
         send_req_error(s, id, CSD_ERANGE, msg);
         return;
     }
@@ -181,7 +182,8 @@ static void handle_open(csd_stage_server *s, item *it) {
         }
         if (!make_room(s, need)) {
             char msg[160];
-            snprintf(msg, sizeof msg, "request needs %.1f MiB of KV cache, the stage's cap is %.1f MiB",
+            snprintf(msg, sizeof msg,
+                     "request needs %.1f MiB of KV cache, the stage's cap is %.1f MiB",
                      (double)need / (1 << 20), (double)s->opts.kv_mem_cap / (1 << 20));
             send_req_error(s, id, CSD_EFULL, msg);
             return;
@@ -207,14 +209,16 @@ static void handle_control(csd_stage_server *s, item *it) {
         if (csd_wire_decode_truncate(it->data, it->hdr.payload_len, &keep, &err))
             send_req_error(s, it->hdr.request_id, CSD_EPROTO, err.msg);
         else if (r && csd_kv_truncate(r->kv, keep))
-            send_req_error(s, it->hdr.request_id, CSD_ERANGE, "truncate beyond the request's length");
+            send_req_error(s, it->hdr.request_id, CSD_ERANGE,
+                           "truncate beyond the request's length");
     } else if (it->hdr.type == CSD_WIRE_COPY_PREFIX) {
         uint32_t src = 0, n = 0;
         csd_err err = {0};
         stage_req *from = NULL;
         int rc = csd_wire_decode_copy_prefix(it->data, it->hdr.payload_len, &src, &n, &err);
         if (!rc && (!r || !(from = find_req(s, src))))
-            rc = csd_err_set(&err, CSD_ENOTFOUND, "copy prefix: request %u is not open on this stage",
+            rc = csd_err_set(&err, CSD_ENOTFOUND,
+                             "copy prefix: request %u is not open on this stage",
                              r ? src : it->hdr.request_id);
         if (!rc) rc = csd_kv_copy_prefix(r->kv, from->kv, n, &err);
         if (rc) {
@@ -240,25 +244,29 @@ static int load_rows(csd_stage_server *s, item *it, stage_req *r, int64_t *fill,
     if (rc) return rc;
     int64_t n = act.n_tokens, dim = cfg_of(s)->dim;
     if (*fill + n > csd_model_max_batch(s->model))
-        return csd_err_set(err, CSD_ERANGE, "frame of %lld tokens exceeds the stage's batch of %lld",
-                           (long long)n, (long long)csd_model_max_batch(s->model));
+        return csd_err_set(err, CSD_ERANGE,
+                           "frame of %lld tokens exceeds the stage's batch of %lld", (long long)n,
+                           (long long)csd_model_max_batch(s->model));
     if (w_of(s)->has_embed) {
-        if (act.kind != CSD_WIRE_ACT_TOKENS) return csd_err_set(err, CSD_EPROTO, "stage 0 expects token ids");
+        if (act.kind != CSD_WIRE_ACT_TOKENS)
+            return csd_err_set(err, CSD_EPROTO, "stage 0 expects token ids");
         rc = csd_wire_act_ids(&act, (uint32_t *)(s->ids + *fill), (uint32_t)n, err);
         for (int64_t i = 0; !rc && i < n; i++)
             if (s->ids[*fill + i] < 0 || s->ids[*fill + i] >= cfg_of(s)->vocab_size)
-                rc = csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary", s->ids[*fill + i]);
+                rc = csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary",
+                                 s->ids[*fill + i]);
     } else {
         if (act.kind != CSD_WIRE_ACT_HIDDEN || act.dim != (uint32_t)dim)
-            return csd_err_set(err, CSD_EPROTO, "expected hidden states of width %lld", (long long)dim);
+            return csd_err_set(err, CSD_EPROTO, "expected hidden states of width %lld",
+                               (long long)dim);
         rc = csd_wire_act_to_f32(&act, s->hidden + *fill * dim, (size_t)(n * dim), err);
     }
     if (rc) return rc;
     /* A position below the request's length rewinds it (a retried or speculative step). */
     if ((int64_t)it->hdr.position < csd_kv_len(r->kv)) csd_kv_truncate(r->kv, it->hdr.position);
     if ((int64_t)it->hdr.position != csd_kv_len(r->kv))
-        return csd_err_set(err, CSD_EPROTO, "position %u but the request holds %lld tokens", it->hdr.position,
-                           (long long)csd_kv_len(r->kv));
+        return csd_err_set(err, CSD_EPROTO, "position %u but the request holds %lld tokens",
+                           it->hdr.position, (long long)csd_kv_len(r->kv));
     bool all = it->hdr.flags & CSD_WIRE_FLAG_ALL_TOKENS;
     for (int64_t i = 0; i < n; i++) {
         s->batch_kv[*fill + i] = r->kv;
@@ -286,33 +294,42 @@ static int32_t argmax_row(const float *x, int64_t n) {
 }
 
 /* Sends the results of item k whose output rows start at row (hidden) or logit row lrow. */
-static int send_output(csd_stage_server *s, item *it, stage_req *r, int64_t row, int64_t n, int64_t lrow,
-                       int64_t n_logit_rows, csd_err *err) {
+static int send_output(csd_stage_server *s, item *it, stage_req *r, int64_t row, int64_t n,
+                       int64_t lrow, int64_t n_logit_rows, csd_err *err) {
     const csd_model_config *c = cfg_of(s);
     size_t len = 0;
     csd_wire_hdr h;
     int rc;
     if (!w_of(s)->has_head) {
-        size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_HIDDEN, r->hidden_dtype, (uint32_t)n, (uint32_t)c->dim);
+        size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_HIDDEN, r->hidden_dtype, (uint32_t)n,
+                                                (uint32_t)c->dim);
         if ((rc = ensure_send(s, need, err))) return rc;
-        rc = csd_wire_encode_rows_f32(s->send_buf, s->send_cap, CSD_WIRE_ACT_HIDDEN, r->hidden_dtype,
-                                      s->out + row * c->dim, (uint32_t)n, (uint32_t)c->dim, &len, err);
-        h = csd_wire_hdr_make(CSD_WIRE_FORWARD, it->hdr.flags, it->hdr.request_id, it->hdr.position, (uint32_t)len);
+        rc = csd_wire_encode_rows_f32(s->send_buf, s->send_cap, CSD_WIRE_ACT_HIDDEN,
+                                      r->hidden_dtype, s->out + row * c->dim, (uint32_t)n,
+                                      (uint32_t)c->dim, &len, err);
+        h = csd_wire_hdr_make(CSD_WIRE_FORWARD, it->hdr.flags, it->hdr.request_id, it->hdr.position,
+                              (uint32_t)len);
     } else if (it->hdr.flags & CSD_WIRE_FLAG_OUT_SAMPLE) {
         uint32_t ids[CSD_WIRE_MAX_TOKENS > 512 ? 512 : CSD_WIRE_MAX_TOKENS];
-        for (int64_t i = 0; i < n_logit_rows; i++) ids[i] = (uint32_t)argmax_row(s->logits + (lrow + i) * c->vocab_size, c->vocab_size);
+        for (int64_t i = 0; i < n_logit_rows; i++)
+            ids[i] = (uint32_t)argmax_row(s->logits + (lrow + i) * c->vocab_size, c->vocab_size);
         if ((rc = ensure_send(s, 64 + (size_t)n_logit_rows * 4, err))) return rc;
-        rc = csd_wire_encode_ids(s->send_buf, s->send_cap, CSD_WIRE_ACT_SAMPLED, ids, (uint32_t)n_logit_rows, &len, err);
-        h = csd_wire_hdr_make(CSD_WIRE_RESULT, it->hdr.flags, it->hdr.request_id, it->hdr.position, (uint32_t)len);
+        rc = csd_wire_encode_ids(s->send_buf, s->send_cap, CSD_WIRE_ACT_SAMPLED, ids,
+                                 (uint32_t)n_logit_rows, &len, err);
+        h = csd_wire_hdr_make(CSD_WIRE_RESULT, it->hdr.flags, it->hdr.request_id, it->hdr.position,
+                              (uint32_t)len);
     } else {
-        size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_LOGITS, CSD_DTYPE_F32, (uint32_t)n_logit_rows,
-                                                (uint32_t)c->vocab_size);
-        if (need == 0) return csd_err_set(err, CSD_ERANGE, "logits of %lld rows exceed a frame", (long long)n_logit_rows);
+        size_t need = csd_wire_act_payload_size(CSD_WIRE_ACT_LOGITS, CSD_DTYPE_F32,
+                                                (uint32_t)n_logit_rows, (uint32_t)c->vocab_size);
+        if (need == 0)
+            return csd_err_set(err, CSD_ERANGE, "logits of %lld rows exceed a frame",
+                               (long long)n_logit_rows);
         if ((rc = ensure_send(s, need, err))) return rc;
         rc = csd_wire_encode_rows_f32(s->send_buf, s->send_cap, CSD_WIRE_ACT_LOGITS, CSD_DTYPE_F32,
                                       s->logits + lrow * c->vocab_size, (uint32_t)n_logit_rows,
                                       (uint32_t)c->vocab_size, &len, err);
-        h = csd_wire_hdr_make(CSD_WIRE_RESULT, it->hdr.flags, it->hdr.request_id, it->hdr.position, (uint32_t)len);
+        h = csd_wire_hdr_make(CSD_WIRE_RESULT, it->hdr.flags, it->hdr.request_id, it->hdr.position,
+                              (uint32_t)len);
     }
     if (rc) return rc;
     return send_out(s, &h, s->send_buf, len, false, err);
@@ -331,7 +348,8 @@ static void run_batch(csd_stage_server *s, item **items, int n) {
         reqs[k] = find_req(s, items[k]->hdr.request_id);
         ok[k] = 0;
         if (!reqs[k]) {
-            send_req_error(s, items[k]->hdr.request_id, CSD_ENOTFOUND, "request is not open on this stage (evicted or never opened)");
+            send_req_error(s, items[k]->hdr.request_id, CSD_ENOTFOUND,
+                           "request is not open on this stage (evicted or never opened)");
             continue;
         }
         if (load_rows(s, items[k], reqs[k], &fill, &err)) {
@@ -361,8 +379,10 @@ static void run_batch(csd_stage_server *s, item **items, int n) {
         int64_t end = ends[k], rows = 0;
         for (int64_t i = starts[k]; i < end; i++) rows += s->want[i];
         if (rc) send_req_error(s, items[k]->hdr.request_id, err.code, err.msg);
-        else if (send_output(s, items[k], reqs[k], starts[k], end - starts[k], rows_before, rows, &err))
-            CSD_LOGW("stage=%u req=%u cannot send: %s", s->opts.stage_index, items[k]->hdr.request_id, err.msg);
+        else if (send_output(s, items[k], reqs[k], starts[k], end - starts[k], rows_before, rows,
+                             &err))
+            CSD_LOGW("stage=%u req=%u cannot send: %s", s->opts.stage_index,
+                     items[k]->hdr.request_id, err.msg);
         rows_before += rows;
     }
 }
@@ -418,7 +438,8 @@ static void *compute_main(void *arg) {
         }
         int n = 0;
         s->batch[n++] = it;
-        while ((s->batch[n - 1]->hdr.flags & CSD_WIRE_FLAG_BATCH_MORE) && n < CSD_STEP_MAX_BATCH_ITEMS) {
+        while ((s->batch[n - 1]->hdr.flags & CSD_WIRE_FLAG_BATCH_MORE) &&
+               n < CSD_STEP_MAX_BATCH_ITEMS) {
             item *more = pop_item(s, BATCH_WAIT_MS);
             if (!more) break;
             if (more->hdr.type != CSD_WIRE_FORWARD) { /* protocol slip: run what we have first */
@@ -434,7 +455,8 @@ static void *compute_main(void *arg) {
         }
         if (n) run_batch(s, s->batch, n);
         for (int k = 0; k < n; k++) recycle(s, s->batch[k]);
-        if (queue_empty(s)) csd_pool_rest(csd_model_pool(s->model)); /* the next step is a round trip away */
+        if (queue_empty(s))
+            csd_pool_rest(csd_model_pool(s->model)); /* the next step is a round trip away */
     }
     return NULL;
 }
@@ -515,7 +537,8 @@ static void reply_stats(csd_stage_server *s, peer *p) {
     for (int i = 0; i < s->n_reqs; i++)
         if (s->reqs[i].kv) {
             st.open_requests++;
-            used += (uint64_t)csd_kv_capacity(s->reqs[i].kv) * csd_model_kv_bytes_per_token(s->model);
+            used +=
+                (uint64_t)csd_kv_capacity(s->reqs[i].kv) * csd_model_kv_bytes_per_token(s->model);
         }
     pthread_mutex_unlock(&s->mu);
     csd_conn_counters cc;
@@ -561,13 +584,16 @@ static void *reader_main(void *arg) {
         s->coord = p;
         pthread_mutex_unlock(&s->mu);
     }
-    CSD_LOGI("stage=%u connected %s role=%s", s->opts.stage_index, csd_conn_peer(p->conn), csd_wire_role_name(p->role));
+    CSD_LOGI("stage=%u connected %s role=%s", s->opts.stage_index, csd_conn_peer(p->conn),
+             csd_wire_role_name(p->role));
     while (!atomic_load(&s->stop)) {
         csd_wire_hdr h;
         int rc = csd_conn_recv(p->conn, &h, &buf, IDLE_POLL_MS, &err);
         if (rc == CSD_ETIMEOUT) continue;
         if (rc) {
-            if (rc != CSD_ECLOSED) CSD_LOGW("stage=%u link %s: %s", s->opts.stage_index, csd_conn_peer(p->conn), err.msg);
+            if (rc != CSD_ECLOSED)
+                CSD_LOGW("stage=%u link %s: %s", s->opts.stage_index, csd_conn_peer(p->conn),
+                         err.msg);
             break;
         }
         if (h.type == CSD_WIRE_PING) {
@@ -576,14 +602,16 @@ static void *reader_main(void *arg) {
         } else if (h.type == CSD_WIRE_STATS) {
             reply_stats(s, p);
         } else if (h.type == CSD_WIRE_ROUTE) {
-            if (handle_route(s, buf.data, h.payload_len, &err)) csd_conn_send_error(p->conn, 0, err.code, err.msg, NULL);
-        } else if (h.type == CSD_WIRE_OPEN || h.type == CSD_WIRE_FORWARD || h.type == CSD_WIRE_TRUNCATE ||
-                   h.type == CSD_WIRE_CLOSE || h.type == CSD_WIRE_COPY_PREFIX ||
+            if (handle_route(s, buf.data, h.payload_len, &err))
+                csd_conn_send_error(p->conn, 0, err.code, err.msg, NULL);
+        } else if (h.type == CSD_WIRE_OPEN || h.type == CSD_WIRE_FORWARD ||
+                   h.type == CSD_WIRE_TRUNCATE || h.type == CSD_WIRE_CLOSE ||
+                   h.type == CSD_WIRE_COPY_PREFIX ||
                    (h.type == CSD_WIRE_ERROR && h.request_id != 0)) {
             enqueue(s, p, &h, buf.data);
         } else {
-            CSD_LOGW("stage=%u unexpected %s from %s", s->opts.stage_index, csd_wire_type_name(h.type),
-                     csd_conn_peer(p->conn));
+            CSD_LOGW("stage=%u unexpected %s from %s", s->opts.stage_index,
+                     csd_wire_type_name(h.type), csd_conn_peer(p->conn));
         }
     }
     pthread_mutex_lock(&s->mu);
@@ -619,7 +647,8 @@ static void reap_peers(csd_stage_server *s, bool all) {
 
 /* ---- lifecycle ---- */
 
-int csd_stage_server_create(csd_stage_server **out, csd_model *model, const csd_stage_opts *opts, csd_err *err) {
+int csd_stage_server_create(csd_stage_server **out, csd_model *model, const csd_stage_opts *opts,
+                            csd_err *err) {
     *out = NULL;
     csd_stage_server *s = csd_alloc(sizeof *s);
     if (!s) return csd_err_set(err, CSD_ENOMEM, "stage server");

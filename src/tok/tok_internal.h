@@ -104,10 +104,18 @@ typedef struct csd_tok_norm_step {
     char *b; /* replacement */
 } csd_tok_norm_step;
 
-enum csd_tok_pre_kind { CSD_TOK_PRE_SPLIT = 0, CSD_TOK_PRE_BYTELEVEL = 1, CSD_TOK_PRE_METASPACE = 2 };
+enum csd_tok_pre_kind {
+    CSD_TOK_PRE_SPLIT = 0,
+    CSD_TOK_PRE_BYTELEVEL = 1,
+    CSD_TOK_PRE_METASPACE = 2
+};
 
 /* Metaspace prepend_scheme: when the replacement is put in front of a text section. */
-enum csd_tok_prepend { CSD_TOK_PREPEND_ALWAYS = 0, CSD_TOK_PREPEND_FIRST = 1, CSD_TOK_PREPEND_NEVER = 2 };
+enum csd_tok_prepend {
+    CSD_TOK_PREPEND_ALWAYS = 0,
+    CSD_TOK_PREPEND_FIRST = 1,
+    CSD_TOK_PREPEND_NEVER = 2
+};
 
 typedef struct csd_tok_pre_step {
     int kind;

@@ -179,7 +179,8 @@ static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) 
         st->prepend = strcmp(sc, "first") == 0   ? CSD_TOK_PREPEND_FIRST
                       : strcmp(sc, "never") == 0 ? CSD_TOK_PREPEND_NEVER
                                                  : CSD_TOK_PREPEND_ALWAYS;
-        if (dup_str(json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81", &st->replacement, err))
+        if (dup_str(json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81", &st->replacement,
+                    err))
             return CSD_ENOMEM;
     } else {
         return csd_err_set(err, CSD_EUNSUPPORTED,

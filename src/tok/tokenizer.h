@@ -1,7 +1,8 @@
 /* tokenizer: Hugging Face tokenizer.json + tokenizer_config.json, encode and decode.
- * Two model families: byte-level BPE with a pre-tokenizer regex (Llama 3, Qwen) and SentencePiece-style
- * BPE with byte fallback and the "▁" normalizer (Llama 2, Mistral, stories260K). Added and special
- * tokens, BOS/EOS rules from the config. Decoding is incremental and never emits broken UTF-8. */
+ * Two model families: byte-level BPE with a pre-tokenizer regex (Llama 3, Qwen) and
+ * SentencePiece-style BPE with byte fallback and the "▁" normalizer (Llama 2, Mistral,
+ * stories260K). Added and special tokens, BOS/EOS rules from the config. Decoding is incremental
+ * and never emits broken UTF-8. */
 #ifndef CSD_TOKENIZER_H
 #define CSD_TOKENIZER_H
 
@@ -39,9 +40,11 @@ int32_t csd_tok_vocab_size(const csd_tok *tok);       /* including added tokens 
 int32_t csd_tok_bos(const csd_tok *tok);              /* -1 when none */
 int32_t csd_tok_eos(const csd_tok *tok);              /* -1 when none */
 bool csd_tok_is_special(const csd_tok *tok, int32_t id);
-/* End of generation: EOS, and end-of-turn tokens such as <|eot_id|>, <|im_end|>, <|end_of_text|>. */
+/* End of generation: EOS, and end-of-turn tokens such as <|eot_id|>, <|im_end|>,
+ * <|end_of_text|>. */
 bool csd_tok_is_eog(const csd_tok *tok, int32_t id);
-/* The vocabulary string of id (as in tokenizer.json, e.g. "▁the" or "Ġthe"); NULL when out of range. */
+/* The vocabulary string of id (as in tokenizer.json, e.g. "▁the" or "Ġthe"); NULL when out of
+ * range. */
 const char *csd_tok_piece(const csd_tok *tok, int32_t id);
 /* Id of an exact vocabulary or added-token string, -1 when absent. */
 int32_t csd_tok_find(const csd_tok *tok, const char *piece);
