@@ -135,9 +135,16 @@ static char *run_node(const char *cases_path) {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     size_t k;
-    while ((k = fread(buf + len, 1, cap - len - 1, p)) > 0) {
+    while (buf && (k = fread(buf + len, 1, cap - len - 1, p)) > 0) {
         len += k;
-        if (cap - len < 1024) buf = realloc(buf, cap *= 2);
+        if (cap - len >= 1024) continue;
+        char *grown = realloc(buf, cap *= 2);
+        if (!grown) free(buf);
+        buf = grown;
+    }
+    if (!buf) {
+        pclose(p);
+        return NULL;
     }
     buf[len] = '\0';
     int st = pclose(p);
