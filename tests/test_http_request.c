@@ -371,6 +371,38 @@ static void test_error_json(void **state) {
     json_decref(j);
 }
 
+/* An error about a request with bad UTF-8 still has a body that says what is wrong: jansson's parse
+ * error quotes the bytes near the problem, and a JSON string must be valid UTF-8 (found by
+ * fuzz_http_request, which then got no error body at all). */
+static void test_error_json_bad_utf8(void **state) {
+    (void)state;
+    static const char body[] = "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
+                               "\"stop\": [\"n\\\xDA\xBA\xD3\xB1]}";
+    csd_http_req r;
+    csd_http_error e;
+    assert_int_not_equal(parse(&r, CHAT, body, &e), 0);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.code, "invalid_json");
+    char *s = csd_http_error_json(&e);
+    assert_non_null(s);
+    json_t *j = json_loads(s, 0, NULL);
+    free(s);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    assert_non_null(msg);
+    assert_non_null(strstr(msg, "not valid JSON"));
+    json_decref(j);
+    /* a field name or message cut inside a character, or carrying stray bytes */
+    csd_http_error_set(&e, 400, NULL, "x\xC3", "invalid_value", "'%s' must be \xFF%s", "a", "\xE2");
+    s = csd_http_error_json(&e);
+    assert_non_null(s);
+    j = json_loads(s, 0, NULL);
+    free(s);
+    json_t *inner = json_object_get(j, "error");
+    assert_string_equal(json_string_value(json_object_get(inner, "message")), "'a' must be ??");
+    assert_string_equal(json_string_value(json_object_get(inner, "param")), "x?");
+    json_decref(j);
+}
+
 /* ---- stop strings ---- */
 
 /* Feeds pieces, returns the concatenated emitted text and whether it stopped. */
@@ -453,6 +485,7 @@ int main(void) {
         cmocka_unit_test(test_completion_prompt_forms),
         cmocka_unit_test(test_completion_errors),
         cmocka_unit_test(test_error_json),
+        cmocka_unit_test(test_error_json_bad_utf8),
         cmocka_unit_test(test_stop_text),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

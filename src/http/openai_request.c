@@ -11,6 +11,7 @@
 
 #include "core/alloc.h"
 #include "core/err.h"
+#include "core/utf8.h"
 
 /* Bytes of text parts joined into one message (the whole body is already bounded by the server). */
 #define TEXT_PART_SEP "\n"
@@ -34,6 +35,12 @@ int csd_http_error_set(csd_http_error *e, int status, const char *type, const ch
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
+    /* The message may quote the request (jansson's parse errors do) or be cut inside a character:
+     * JSON strings must be valid UTF-8, or csd_http_error_json would have no body to send. */
+    csd_utf8_scrub(e->message);
+    csd_utf8_scrub(e->param);
+    csd_utf8_scrub(e->code);
+    csd_utf8_scrub(e->type);
     return CSD_EINVAL;
 }
 
