@@ -193,8 +193,8 @@ static size_t compare_with_ref(json_t *cases, json_t *ours, const char *what, si
         }
     }
     printf(
-        "chat template parity (%s): %zu/%zu identical (%zu templates; %zu rendered, %zu rejected "
-        "by both)\n",
+        "chat template parity (%s): %zu/%zu identical (%zu templates; %zu rendered, "
+        "%zu rejected by both)\n",
         what, same, total, n_templates, rendered, same - rendered);
     json_decref(ref);
     if (same != total)

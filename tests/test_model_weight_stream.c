@@ -82,25 +82,26 @@ static void check_pass(csd_model *m, int expect_mats) {
     csd_weight_stream_destroy(s);
 }
 
-static void test_every_matrix_int4(void **state) {
-    (void)state;
-    csd_model *m = load(CSD_DTYPE_Q4, -1, -1);
+/* The whole model at precision dtype: seven matrices a layer, then the head. */
+static void check_whole_model(int dtype) {
+    csd_model *m = load(dtype, -1, -1);
     check_pass(m, (int)(7 * csd_model_cfg(m)->n_layers) + 1);
     csd_model_destroy(m);
+}
+
+static void test_every_matrix_int4(void **state) {
+    (void)state;
+    check_whole_model(CSD_DTYPE_Q4);
 }
 
 static void test_every_matrix_int8(void **state) {
     (void)state;
-    csd_model *m = load(CSD_DTYPE_Q8, -1, -1);
-    check_pass(m, (int)(7 * csd_model_cfg(m)->n_layers) + 1);
-    csd_model_destroy(m);
+    check_whole_model(CSD_DTYPE_Q8);
 }
 
 static void test_every_matrix_f32(void **state) {
     (void)state;
-    csd_model *m = load(CSD_DTYPE_F32, -1, -1);
-    check_pass(m, (int)(7 * csd_model_cfg(m)->n_layers) + 1);
-    csd_model_destroy(m);
+    check_whole_model(CSD_DTYPE_F32);
 }
 
 /* A first stage of one layer: its seven matrices, no head. */

@@ -180,8 +180,8 @@ static void print_levels(const csd_bench_args *a, const bench_target *t, const l
         printf("[");
         for (int i = 0; i < n; i++)
             printf(
-                "%s\n  {\"pipeline\": \"%s\", \"threads\": %d, \"concurrency\": %d, \"n_gen\": "
-                "%lld, "
+                "%s\n"
+                "  {\"pipeline\": \"%s\", \"threads\": %d, \"concurrency\": %d, \"n_gen\": %lld, "
                 "\"prompt_tokens\": %lld, \"aggregate_tps\": %.3f, \"per_stream_tps\": %.3f, "
                 "\"speedup_vs_1\": %.3f, \"ttft_s\": %.4f, \"step_ms\": %.3f, \"load_avg\": %.2f}",
                 i ? "," : "", where, threads, res[i].concurrency, (long long)a->n_gen,
@@ -192,9 +192,8 @@ static void print_levels(const csd_bench_args *a, const bench_target *t, const l
         return;
     }
     printf(
-        "| pipeline | threads | streams | prompt | gen | aggregate t/s | per-stream t/s | vs first "
-        "level "
-        "| TTFT s | step ms | load |\n");
+        "| pipeline | threads | streams | prompt | gen | aggregate t/s | per-stream t/s | vs "
+        "first level | TTFT s | step ms | load |\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < n; i++)
         printf("| %s | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.2f |\n", where,
@@ -348,11 +347,11 @@ static void print_fleet(const csd_bench_args *a, const bench_target *t, const fl
     if (a->json) {
         printf(
             "{\"mode\": \"fleet\", \"stages\": %d, \"local_stage\": %s, \"local_threads\": %d, "
-            "\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, "
-            "\"tg_tps\": %.3f, \"tg_sd\": %.3f, \"ms_per_token\": %.3f, \"local_compute_ms\": "
-            "%.3f, "
-            "\"remote_compute_ms\": %.3f, \"network_wait_ms\": %.3f, \"coordinator_ms\": %.3f, "
-            "\"coordinator_pct\": %.2f, \"rtt_ms\": %.3f, \"load_avg\": %.2f}\n",
+            "\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": "
+            "%.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, \"ms_per_token\": %.3f, "
+            "\"local_compute_ms\": %.3f, \"remote_compute_ms\": %.3f, \"network_wait_ms\": %.3f, "
+            "\"coordinator_ms\": %.3f, \"coordinator_pct\": %.2f, \"rtt_ms\": %.3f, \"load_avg\": "
+            "%.2f}\n",
             stages, a->fleet.local_stage == 0 ? "true" : "false", threads, (long long)a->n_prompt,
             (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps, r->tg_sd, r->token_ms,
             r->local_ms, r->remote_ms, r->network_ms, r->coord_ms, 100 * r->coord_ms / T, r->rtt_ms,

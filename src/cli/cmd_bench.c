@@ -18,12 +18,11 @@
 #include "model/weight_stream.h"
 
 static const char *const bench_usage =
-    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-d 0] [-t THREADS] "
-    "[-r REPS] [--json]\n"
+    "usage: cascadia bench MODEL_DIR [--precision P] [-p 512] [-n 128] [-d 0] [-t THREADS]\n"
+    "                      [-r REPS] [--json]\n"
     "       cascadia bench MODEL_DIR --concurrency 1,2,4,8,16 [-n 64] [options]\n"
-    "       cascadia bench --fleet H:P,... --manifest DIR [--local-stage 0] "
-    "(--key F | --insecure)\n"
-    "                      [-n 128] [--concurrency LIST]\n"
+    "       cascadia bench --fleet H:P,... --manifest DIR [--local-stage 0]\n"
+    "                      (--key F | --insecure) [-n 128] [--concurrency LIST]\n"
     "  -p N                prompt tokens of the prompt-processing test (default 512, 0 = skip)\n"
     "  -n N                generated tokens (default 128; 64 with --concurrency)\n"
     "  -d, --depth N       tokens already in the cache before each pp/tg test (default 0), as\n"
@@ -33,9 +32,10 @@ static const char *const bench_usage =
     "  --json              one JSON object (a list with --concurrency) instead of the table\n"
     "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
     "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
-    "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it and\n"
-    "                      the paired roofline: tg again, each token followed by a read of "
-    "its bytes)\n"
+    "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it,\n"
+    "                      the paired roofline (tg again, each token followed by a read of its\n"
+    "                      bytes) and the stream ceiling (tg again, each token followed by every\n"
+    "                      matrix times one token))\n"
     "  --seed S            seed of the random token ids (default 42)\n" CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -422,15 +422,12 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
             r->membw_way.nta ? "non-temporal" : "ordinary", roof, 100 * frac, csd_kern_name());
         printf(
             "paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f "
-            "t/s "
-            "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
+            "t/s generated in the same seconds; generation reaches %.1f%% of that roofline\n",
             r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);
         printf(
             "ceiling:  the weight stream alone (every matrix times one token, one job per input "
-            "width, "
-            "nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated with it: "
-            "%.2f "
-            "t/s, %.1f%% of it\n",
+            "width, nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated "
+            "with it: %.2f t/s, %.1f%% of it\n",
             r->ceiling_tps, 100 * ceiling_frac, r->ceiling_tg_tps, 100 * ceiling_tg_frac);
     }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);

@@ -16,8 +16,8 @@
 
 static const char *const run_usage =
     "usage: cascadia run MODEL_DIR -p TEXT [options]\n"
-    "       cascadia run --fleet H:P,... --manifest DIR (--key FILE | --insecure) -p TEXT "
-    "[options]\n"
+    "       cascadia run --fleet H:P,... --manifest DIR (--key FILE | --insecure)\n"
+    "                      -p TEXT [options]\n"
     "  -p, --prompt TEXT   the prompt\n"
     "  -n N                tokens to generate (default 128)\n"
     "  --temp T            temperature, 0 = greedy (default 0.8)\n"

@@ -24,10 +24,10 @@
 
 static const char *const serve_usage =
     "usage: cascadia serve MODEL_DIR [options]\n"
-    "       cascadia serve --manifest DIR --fleet H:P,H:P [--fleet H:P,H:P ...] (--key F | "
-    "--insecure) [options]\n"
-    "       (each --fleet is one pipeline replica, stages in order; requests go to the one with a "
-    "free slot)\n"
+    "       cascadia serve --manifest DIR --fleet H:P,H:P [--fleet H:P,H:P ...]\n"
+    "                      (--key F | --insecure) [options]\n"
+    "       (each --fleet is one pipeline replica, stages in order; requests go to the one with\n"
+    "       a free slot)\n"
     "  --host ADDR          address to listen on (default 127.0.0.1)\n"
     "  --port N             TCP port (default 8080; 0 = any free port)\n"
     "  --parallel N         requests decoded together (default 4)\n"
@@ -36,9 +36,9 @@ static const char *const serve_usage =
     "  --chat-template NAME use a built-in template: chatml|llama3|llama2|mistral|gemma\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
-    "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline (default 4, 0 "
-    "= off)\n" CSD_CLI_MODEL_DIR_HELP
-        CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
+    "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
+    "                       (default 4, 0 = off)\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
+        CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
 

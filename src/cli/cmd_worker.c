@@ -17,10 +17,10 @@ static const char *const worker_usage =
     "usage: cascadia worker --shard FILE --listen HOST:PORT (--key FILE | --insecure) [options]\n"
     "  --shard FILE        a stage-K.shard written by `cascadia export`\n"
     "  --listen HOST:PORT  where the coordinator and the previous stage connect (port 0: any)\n"
-    "  --key FILE          the fleet key (`cascadia keygen`): links are authenticated and "
-    "encrypted\n"
-    "  --insecure          no encryption (a checksum per frame only): benchmarks on a trusted "
-    "network\n"
+    "  --key FILE          the fleet key (`cascadia keygen`): links are authenticated and\n"
+    "                      encrypted\n"
+    "  --insecure          no encryption (a checksum per frame only): benchmarks on a trusted\n"
+    "                      network\n"
     "  --max-requests N    open requests at most (default 64; the least recently used is evicted)\n"
     "  --kv-mem BYTES      KV cache memory cap, e.g. 2G (default 4G)\n"
     "  --threads N, --ctx N   as for `cascadia run`\n";
@@ -122,8 +122,7 @@ int csd_cmd_worker(int argc, char **argv) {
                 stderr,
                 "worker: stage %u of %u, layers [%lld, %lld)%s%s, %s, loaded in %.2f s\n"
                 "worker: memory: weights %.1f MiB, KV %.1f KiB/token (%s) = %.1f MiB per "
-                "%lld-token request, "
-                "cap %.0f MiB\n"
+                "%lld-token request, cap %.0f MiB\n"
                 "worker: listening on port %u (%s)\n",
                 h->stage_index, h->stage_count, (long long)h->layer_begin, (long long)h->layer_end,
                 h->has_embed ? " +embeddings" : "", h->has_head ? " +head" : "",

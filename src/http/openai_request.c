@@ -35,12 +35,11 @@ int csd_http_error_set(csd_http_error *e, int status, const char *type, const ch
     va_start(ap, fmt);
     vsnprintf(e->message, sizeof e->message, fmt, ap);
     va_end(ap);
-    /* The message may quote the request (jansson's parse errors do) or be cut inside a character:
-     * JSON strings must be valid UTF-8, or csd_http_error_json would have no body to send. */
+    /* The message may quote the request (jansson's parse errors do), and it or param may be cut
+     * inside a character: JSON strings must be valid UTF-8, or csd_http_error_json would have no
+     * body to send. type and code are always our own ASCII names. */
     csd_utf8_scrub(e->message);
     csd_utf8_scrub(e->param);
-    csd_utf8_scrub(e->code);
-    csd_utf8_scrub(e->type);
     return CSD_EINVAL;
 }
 

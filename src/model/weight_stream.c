@@ -4,8 +4,6 @@
  * csd_matmul each, as in csd_matmul_multi. */
 #include "weight_stream.h"
 
-#include <string.h>
-
 #include "core/alloc.h"
 
 /* Distinct input widths of a stage: dim, the attention width (q_dim: o_proj's input), hidden. */
@@ -38,15 +36,6 @@ static int find_group(const csd_weight_stream *s, int64_t cols) {
     return -1;
 }
 
-/* The group of width cols, added if new; -1 when the stage has more widths than MAX_WIDTHS. */
-static int group_index(csd_weight_stream *s, int64_t cols) {
-    int g = find_group(s, cols);
-    if (g >= 0) return g;
-    if (s->n_groups == MAX_WIDTHS) return -1;
-    s->groups[s->n_groups].cols = cols;
-    return s->n_groups++;
-}
-
 /* A fixed input in [-1, 1): any values do, the kernels' speed does not depend on them. */
 static void fill_input(float *x, int64_t n, int64_t salt) {
     uint32_t h = 2166136261u ^ (uint32_t)salt;
@@ -70,47 +59,51 @@ static int collect(csd_weight_stream *s, const csd_weights *w, csd_err *err) {
     return 0;
 }
 
-/* Groups the matrices by width and allocates every input, output and the scratch. */
+/* A new group of width cols: room for every matrix of the stage (a few pointers each), and its
+ * input. */
+static int add_group(csd_weight_stream *s, int64_t cols, csd_err *err) {
+    if (s->n_groups == MAX_WIDTHS)
+        return csd_err_set(err, CSD_EINVAL, "weight stream: more than %d input widths", MAX_WIDTHS);
+    width_group *wg = &s->groups[s->n_groups++];
+    wg->cols = cols;
+    wg->w = csd_alloc_array((size_t)s->n_mats, sizeof *wg->w);
+    wg->y = csd_alloc_array((size_t)s->n_mats, sizeof *wg->y);
+    wg->x = csd_alloc_array((size_t)cols, sizeof *wg->x);
+    if (!wg->w || !wg->y || !wg->x) return csd_err_set(err, CSD_ENOMEM, "weight stream group");
+    fill_input(wg->x, cols, cols);
+    return 0;
+}
+
+/* Allocates every output and the scratch, and puts each matrix in the group of its width. */
 static int allocate(csd_weight_stream *s, csd_err *err) {
     s->out = csd_alloc_array((size_t)s->n_mats, sizeof *s->out);
     if (!s->out) return csd_err_set(err, CSD_ENOMEM, "weight stream outputs");
-    memset(s->out, 0, (size_t)s->n_mats * sizeof *s->out);
     size_t scratch = 0;
     for (int i = 0; i < s->n_mats; i++) {
-        int g = group_index(s, s->mats[i]->cols);
-        if (g < 0)
-            return csd_err_set(err, CSD_EINVAL, "weight stream: more than %d input widths",
-                               MAX_WIDTHS);
-        s->groups[g].n++;
-        s->out[i] = csd_alloc_array((size_t)s->mats[i]->rows, sizeof(float));
+        const csd_qmat *w = s->mats[i];
+        int g = find_group(s, w->cols);
+        if (g < 0) {
+            int rc = add_group(s, w->cols, err);
+            if (rc) return rc;
+            g = s->n_groups - 1;
+        }
+        s->out[i] = csd_alloc_array((size_t)w->rows, sizeof(float));
         if (!s->out[i]) return csd_err_set(err, CSD_ENOMEM, "weight stream output");
-        size_t need = csd_matmul_scratch_bytes(s->mats[i]->cols, 1);
+        width_group *wg = &s->groups[g];
+        wg->w[wg->n] = w;
+        wg->y[wg->n++] = s->out[i];
+        size_t need = csd_matmul_scratch_bytes(w->cols, 1);
         scratch = need > scratch ? need : scratch;
     }
     s->scratch = csd_alloc(scratch);
     if (!s->scratch) return csd_err_set(err, CSD_ENOMEM, "weight stream scratch");
-    for (int g = 0; g < s->n_groups; g++) {
-        width_group *wg = &s->groups[g];
-        wg->w = csd_alloc_array((size_t)wg->n, sizeof *wg->w);
-        wg->y = csd_alloc_array((size_t)wg->n, sizeof *wg->y);
-        wg->x = csd_alloc_array((size_t)wg->cols, sizeof *wg->x);
-        if (!wg->w || !wg->y || !wg->x) return csd_err_set(err, CSD_ENOMEM, "weight stream group");
-        fill_input(wg->x, wg->cols, wg->cols);
-        wg->n = 0;
-    }
-    for (int i = 0; i < s->n_mats; i++) {
-        width_group *wg = &s->groups[find_group(s, s->mats[i]->cols)];
-        wg->w[wg->n] = s->mats[i];
-        wg->y[wg->n++] = s->out[i];
-    }
     return 0;
 }
 
 int csd_weight_stream_create(csd_weight_stream **out, csd_model *m, csd_err *err) {
     *out = NULL;
-    csd_weight_stream *s = csd_alloc(sizeof *s);
+    csd_weight_stream *s = csd_alloc(sizeof *s); /* zeroed */
     if (!s) return csd_err_set(err, CSD_ENOMEM, "weight stream");
-    memset(s, 0, sizeof *s);
     s->pool = csd_model_pool(m);
     int rc = collect(s, csd_model_weights(m), err);
     if (!rc) rc = allocate(s, err);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 
 int csd_tok_buf_reserve(csd_tok_buf *b, size_t extra) {
     if (extra > SIZE_MAX / 2 - b->len) return CSD_ENOMEM;
@@ -145,11 +146,12 @@ size_t csd_tok_utf8_sanitize(const char *in, size_t n, char *out) {
 }
 
 bool csd_tok_utf8_valid(const char *s, size_t n) {
-    csd_tok_u8dec d;
-    csd_tok_u8dec_init(&d);
-    char tmp[8];
-    for (size_t i = 0; i < n; i++) csd_tok_u8dec_feed(&d, (uint8_t)s[i], tmp);
-    return d.errors == 0 && d.needed == 0;
+    for (size_t i = 0; i < n;) {
+        size_t len = csd_utf8_seq_len(s + i, n - i);
+        if (!len) return false;
+        i += len;
+    }
+    return true;
 }
 
 size_t csd_tok_utf8_next(const char *s, size_t n, uint32_t *cp) {
