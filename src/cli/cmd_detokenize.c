@@ -7,10 +7,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_stdin.h"
 #include "core/alloc.h"
 #include "tok/tokenizer.h"
 
-#define STDIN_MAX ((size_t)256 << 20) /* refuse more input than this on stdin */
 
 static void usage(FILE *f) {
     fprintf(f, "usage: cascadia detokenize DIR [--skip-special] [--batch]\n"
@@ -21,50 +21,6 @@ static void usage(FILE *f) {
                "  --skip-special  leave special tokens (BOS, EOS, ...) out of the text\n"
                "  --batch         one sequence of ids per line; print base64 of each text on its "
                "own line\n");
-}
-
-static int read_stdin(char **out, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = csd_alloc(cap);
-    if (!buf) return -1;
-    for (;;) {
-        if (n + 1 >= cap) {
-            if (cap >= STDIN_MAX) {
-                csd_free(buf);
-                return -2;
-            }
-            char *nb = csd_alloc(cap * 2);
-            if (!nb) {
-                csd_free(buf);
-                return -1;
-            }
-            memcpy(nb, buf, n);
-            csd_free(buf);
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
-        n += r;
-        if (r == 0) break;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-static void print_b64(const unsigned char *s, size_t n) {
-    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    for (size_t i = 0; i < n; i += 3) {
-        uint32_t v = (uint32_t)s[i] << 16;
-        if (i + 1 < n) v |= (uint32_t)s[i + 1] << 8;
-        if (i + 2 < n) v |= s[i + 2];
-        putchar(tab[(v >> 18) & 63]);
-        putchar(tab[(v >> 12) & 63]);
-        putchar(i + 1 < n ? tab[(v >> 6) & 63] : '=');
-        putchar(i + 2 < n ? tab[v & 63] : '=');
-    }
-    putchar('\n');
 }
 
 /* Parses the ids of s[0..n); returns 0, or -1 with a message naming the bad item. */
@@ -132,9 +88,9 @@ static int decode_stream(const csd_tok *tok, const int32_t *ids, size_t n, bool 
         memcpy(all + len, piece, got);
         len += got;
     }
-    if (batch) print_b64(all, len);
+    bool printed = !batch || csd_cli_print_base64(all, len);
     csd_free(all);
-    return 0;
+    return printed ? 0 : -1;
 }
 
 int csd_cmd_detokenize(int argc, char **argv) {
@@ -169,12 +125,12 @@ int csd_cmd_detokenize(int argc, char **argv) {
     }
     char *in = NULL;
     size_t len = 0;
-    int rs = read_stdin(&in, &len);
+    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &in, &len);
     int32_t *ids =
         rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids); /* ids are >= 2 bytes apart */
     if (rs || !ids) {
         fprintf(stderr, "detokenize: %s\n",
-                rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
+                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
         csd_free(in);
         csd_tok_destroy(tok);
         return 1;

@@ -7,12 +7,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/cli_stdin.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "tok/tokenizer.h"
 
-#define STDIN_MAX ((size_t)256 << 20) /* refuse more text than this on stdin */
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -25,64 +25,6 @@ static void usage(FILE *f) {
             "  --split-special  read special-token strings such as <|eot_id|> as plain text\n"
             "  --batch          each stdin line is base64 of one text; print one line of ids per "
             "line\n");
-}
-
-static int read_stdin(char **out, size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = csd_alloc(cap);
-    if (!buf) return -1;
-    for (;;) {
-        if (n + 1 >= cap) {
-            if (cap >= STDIN_MAX) {
-                csd_free(buf);
-                return -2;
-            }
-            char *nb = csd_alloc(cap * 2);
-            if (!nb) {
-                csd_free(buf);
-                return -1;
-            }
-            memcpy(nb, buf, n);
-            csd_free(buf);
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
-        n += r;
-        if (r == 0) break;
-    }
-    buf[n] = '\0';
-    *out = buf;
-    *len = n;
-    return 0;
-}
-
-static int b64_val(char c) {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-}
-
-/* Decodes base64 in place; returns the byte count or -1 for bad input. */
-static long b64_decode(char *s, size_t n) {
-    size_t o = 0;
-    uint32_t acc = 0;
-    int bits = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (s[i] == '=') break;
-        int v = b64_val(s[i]);
-        if (v < 0) return -1;
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            s[o++] = (char)((acc >> bits) & 0xFF);
-        }
-    }
-    return (long)o;
 }
 
 static void print_piece(const char *p) {
@@ -131,10 +73,10 @@ int csd_cmd_tokenize(int argc, char **argv) {
     }
     char *text = NULL;
     size_t len = 0;
-    int rs = read_stdin(&text, &len);
+    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &text, &len);
     if (rs) {
         fprintf(stderr, "tokenize: %s\n",
-                rs == -2 ? "stdin is larger than 256 MiB" : "out of memory");
+                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
         csd_tok_destroy(tok);
         return 1;
     }
@@ -151,7 +93,7 @@ int csd_cmd_tokenize(int argc, char **argv) {
             pos += n + 1;
             line_no++;
             if (n && s[n - 1] == '\r') n--;
-            long d = b64_decode(s, n);
+            long d = csd_cli_base64_decode(s, n);
             if (d < 0) {
                 fprintf(stderr, "tokenize: line %zu is not base64\n", line_no);
                 status = 1;
