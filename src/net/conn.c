@@ -2,7 +2,8 @@
  * On the wire a frame is header(20, cleartext) | body(payload_len) | trailer, where the trailer is
  * xxhash64 (8 bytes) in plain mode, or the Poly1305 tag (16 bytes) with the body encrypted and the
  * header as associated data in secure mode. Nonces are implicit per-direction counters, so a
- * replayed, dropped or reordered frame fails authentication. */
+ * replayed, dropped or reordered frame fails authentication. The handshake that sets the keys is
+ * conn_handshake.c. */
 #include "conn.h"
 
 #include <errno.h>
@@ -25,41 +26,9 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "conn_internal.h"
 
 #define CHECKSUM_SIZE 8u
-#define TAG_SIZE crypto_aead_xchacha20poly1305_ietf_ABYTES
-#define KEY_SIZE crypto_aead_xchacha20poly1305_ietf_KEYBYTES
-#define NONCE_SIZE crypto_aead_xchacha20poly1305_ietf_NPUBBYTES
-#define TRANSCRIPT_SIZE 32u
-
-_Static_assert(TAG_SIZE == 16, "tag size is part of the wire format");
-_Static_assert(KEY_SIZE == 32 && NONCE_SIZE == 24, "xchacha20poly1305 sizes");
-_Static_assert(TRANSCRIPT_SIZE == CSD_WIRE_AUTH_SIZE, "AUTH carries the transcript hash");
-
-/* Label of the session-key derivation; changing it is a protocol version bump. */
-static const char kdf_label[] = "cascadia link v1 session keys";
-
-enum link_mode { MODE_PLAIN = 0, MODE_SECURE = 1 };
-
-/* One direction of a link: its key and the counter that forms the next nonce. */
-typedef struct link_dir {
-    uint8_t key[KEY_SIZE];
-    uint64_t counter;
-} link_dir;
-
-struct csd_conn {
-    int fd;
-    int timeout_ms;       /* stall limit for a started frame, and for sends */
-    atomic_int mode;      /* enum link_mode; switches once, during the handshake */
-    atomic_bool closed;
-    pthread_mutex_t send_lock; /* guards tx, sendbuf */
-    pthread_mutex_t recv_lock; /* guards rx */
-    link_dir tx, rx;
-    uint8_t *sendbuf; /* ciphertext staging, grown once to the largest frame sent */
-    size_t sendcap;
-    atomic_uint_least64_t frames_in, frames_out, bytes_in, bytes_out;
-    char peer[CSD_CONN_PEER_MAX];
-};
 
 struct csd_listener {
     int fd;
@@ -231,7 +200,7 @@ void csd_conn_get_counters(const csd_conn *c, csd_conn_counters *out) {
     out->bytes_out = atomic_load(&c->bytes_out);
 }
 
-static int remaining_ms(uint64_t deadline_ns) {
+int csd_conn_remaining_ms(uint64_t deadline_ns) {
     uint64_t now = csd_now_ns();
     if (now >= deadline_ns) return 0;
     uint64_t ms = (deadline_ns - now + 999999) / 1000000;
@@ -268,7 +237,7 @@ int csd_conn_connect(csd_conn **out, const char *host_port, int timeout_ms, csd_
             struct pollfd pfd = {.fd = fd, .events = POLLOUT};
             int pr;
             do {
-                pr = poll(&pfd, 1, remaining_ms(deadline));
+                pr = poll(&pfd, 1, csd_conn_remaining_ms(deadline));
             } while (pr < 0 && errno == EINTR);
             if (pr == 0) {
                 close(fd);
@@ -359,7 +328,7 @@ int csd_listener_accept(csd_listener *l, csd_conn **out, int timeout_ms, csd_err
         if (errno != EAGAIN && errno != EWOULDBLOCK)
             return csd_err_set(err, CSD_EIO, "accept: %s", strerror(errno));
         struct pollfd pfd = {.fd = l->fd, .events = POLLIN};
-        int wait = timeout_ms >= 0 ? remaining_ms(deadline) : -1;
+        int wait = timeout_ms >= 0 ? csd_conn_remaining_ms(deadline) : -1;
         if (timeout_ms >= 0 && wait == 0)
             return csd_err_set(err, CSD_ETIMEOUT, "accept: no connection within %d ms",
                                timeout_ms);
@@ -406,7 +375,7 @@ static int read_exact(csd_conn *c, uint8_t *p, size_t n, int first_wait_ms, uint
             return csd_err_set(err, CSD_EPROTO, "peer %s: %s mid-frame", c->peer,
                                strerror(errno));
         }
-        int wait = *deadline_ns ? remaining_ms(*deadline_ns) : first_wait_ms;
+        int wait = *deadline_ns ? csd_conn_remaining_ms(*deadline_ns) : first_wait_ms;
         if (*deadline_ns && wait == 0)
             return csd_err_set(err, CSD_EPROTO, "peer %s: frame stalled for %d ms", c->peer,
                                c->timeout_ms);
@@ -437,7 +406,7 @@ static int write_all(csd_conn *c, struct iovec *iov, int niov, csd_err *err) {
             if (errno != EAGAIN && errno != EWOULDBLOCK)
                 return csd_err_set(err, CSD_ECLOSED, "peer %s: send: %s", c->peer,
                                    strerror(errno));
-            int wait = remaining_ms(deadline);
+            int wait = csd_conn_remaining_ms(deadline);
             if (wait == 0)
                 return csd_err_set(err, CSD_ETIMEOUT, "peer %s: send stalled for %d ms", c->peer,
                                    c->timeout_ms);
@@ -522,8 +491,8 @@ static int send_frame_locked(csd_conn *c, const csd_wire_hdr *h, const void *pay
     return 0;
 }
 
-static int send_frame(csd_conn *c, const csd_wire_hdr *h, const void *payload, size_t len,
-                      int mode, csd_err *err) {
+int csd_conn_send_frame(csd_conn *c, const csd_wire_hdr *h, const void *payload, size_t len,
+                        int mode, csd_err *err) {
     pthread_mutex_lock(&c->send_lock);
     int rc = send_frame_locked(c, h, payload, len, mode, err);
     pthread_mutex_unlock(&c->send_lock);
@@ -541,11 +510,8 @@ static void hex_dump(const uint8_t *p, size_t n, char *out, size_t cap) {
     out[o] = '\0';
 }
 
-/* Receives one frame. In secure mode with allow_plain_error, an ERROR frame is accepted in plain
- * framing (a peer that failed to authenticate us cannot encrypt to us). Caller holds recv_lock.
- * Does not close the link: the callers decide (and log). */
-static int recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, int idle_timeout_ms,
-                             bool allow_plain_error, csd_err *err) {
+int csd_conn_recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, int idle_timeout_ms,
+                               bool allow_plain_error, csd_err *err) {
     uint8_t hb[CSD_WIRE_HDR_SIZE];
     uint64_t deadline = 0;
     size_t got = 0;
@@ -602,8 +568,7 @@ static int recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, int 
     return 0;
 }
 
-/* Marks the link failed and wakes the peer (it sees EOF). */
-static void fail_link(csd_conn *c) {
+void csd_conn_fail_link(csd_conn *c) {
     atomic_store(&c->closed, true);
     shutdown(c->fd, SHUT_RDWR);
 }
@@ -616,7 +581,7 @@ int csd_conn_send(csd_conn *c, const csd_wire_hdr *h, const void *payload, size_
     int rc = send_frame_locked(c, h, payload, len, atomic_load(&c->mode), err);
     pthread_mutex_unlock(&c->send_lock);
     /* A partly written frame desynchronizes the stream: the link cannot be used again. */
-    if (rc && rc != CSD_EINVAL) fail_link(c);
+    if (rc && rc != CSD_EINVAL) csd_conn_fail_link(c);
     return rc;
 }
 
@@ -625,13 +590,13 @@ int csd_conn_recv(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, int idle_timeou
     if (atomic_load(&c->closed))
         return csd_err_set(err, CSD_ECLOSED, "peer %s: link closed", c->peer);
     pthread_mutex_lock(&c->recv_lock);
-    int rc = recv_frame_locked(c, h, buf, idle_timeout_ms, false, err);
+    int rc = csd_conn_recv_frame_locked(c, h, buf, idle_timeout_ms, false, err);
     pthread_mutex_unlock(&c->recv_lock);
     if (rc && rc != CSD_ETIMEOUT) {
         if (rc != CSD_ECLOSED)
             CSD_LOGW("net: closing link peer=%s code=%s: %s", c->peer, csd_err_name(rc),
                      err ? err->msg : "");
-        fail_link(c);
+        csd_conn_fail_link(c);
     }
     return rc;
 }
@@ -644,326 +609,4 @@ int csd_conn_send_error(csd_conn *c, uint32_t request_id, int code, const char *
     if (rc) return rc;
     csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_ERROR, 0, request_id, 0, (uint32_t)len);
     return csd_conn_send(c, &h, p, len, err);
-}
-
-/* ---- handshake ---- */
-
-/* Closes after a refusal so the peer can still read our ERROR: half-close, then drain what it had
- * already sent (bounded), because closing with unread input makes TCP send RST, which can destroy
- * the ERROR in the peer's receive queue. */
-static void linger_close(csd_conn *c) {
-    enum { LINGER_MS = 200, DRAIN_MAX = 1 << 20 };
-    shutdown(c->fd, SHUT_WR);
-    uint64_t deadline = csd_now_ns() + (uint64_t)LINGER_MS * 1000000ull;
-    uint8_t sink[4096];
-    size_t drained = 0;
-    while (drained < DRAIN_MAX) {
-        int wait = remaining_ms(deadline);
-        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        if (wait == 0 || poll(&pfd, 1, wait) <= 0) break;
-        ssize_t r = recv(c->fd, sink, sizeof sink, 0);
-        if (r <= 0) break;
-        drained += (size_t)r;
-    }
-    fail_link(c);
-}
-
-/* Refuses the handshake: best-effort ERROR frame in plain framing, log, close. Returns code. */
-static int refuse(csd_conn *c, int code, const char *text, const char *side) {
-    uint8_t p[CSD_WIRE_ERROR_HDR_SIZE + CSD_WIRE_MAX_ERROR_TEXT];
-    size_t len = 0;
-    if (csd_wire_encode_error(p, sizeof p, code, text, &len, NULL) == 0) {
-        csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_ERROR, 0, 0, 0, (uint32_t)len);
-        (void)send_frame(c, &h, p, len, MODE_PLAIN, NULL);
-    }
-    CSD_LOGW("net: handshake refused side=%s peer=%s code=%s: %s", side, c->peer,
-             csd_err_name(code), text);
-    linger_close(c);
-    return code;
-}
-
-/* The peer refused us: turn its ERROR payload into our error. */
-static int peer_refused(csd_conn *c, const csd_netbuf *buf, const csd_wire_hdr *h, csd_err *err) {
-    csd_wire_error e;
-    int rc = csd_wire_decode_error(buf->data, h->payload_len, &e, err);
-    fail_link(c);
-    if (rc) return rc;
-    int code = e.code;
-    /* Only our own negative codes are meaningful; anything else is a protocol error. */
-    if (code >= 0 || strcmp(csd_err_name(code), "CSD_E?") == 0) code = CSD_EPROTO;
-    CSD_LOGW("net: handshake refused by peer=%s code=%s: %s", c->peer, csd_err_name(code), e.text);
-    return csd_err_set(err, code, "peer %s refused the handshake: %s", c->peer, e.text);
-}
-
-static void hash_short(const uint8_t h[CSD_WIRE_HASH_SIZE], char out[17]) {
-    sodium_bin2hex(out, 17, h, 8);
-}
-
-/* A HELLO number for messages: "*" for CSD_WIRE_ANY. */
-static void num_text(uint32_t v, char *out, size_t cap) {
-    if (v == CSD_WIRE_ANY)
-        snprintf(out, cap, "*");
-    else
-        snprintf(out, cap, "%u", (unsigned)v);
-}
-
-static void range_text(const csd_wire_hello *h, char *out, size_t cap) {
-    char b[12], e[12];
-    num_text(h->layer_begin, b, sizeof b);
-    num_text(h->layer_end, e, sizeof e);
-    snprintf(out, cap, "[%s,%s)", b, e);
-}
-
-/* Compares a HELLO the client sent (want) with what the server serves (have). want may use
- * CSD_WIRE_ANY for stage and layers. Writes a message naming both sides on mismatch. */
-static int compare_hello(const csd_wire_hello *want, const csd_wire_hello *have,
-                         const char *want_name, const char *have_name, char *msg, size_t cap) {
-    if (want->proto_version != have->proto_version) {
-        snprintf(msg, cap, "protocol version mismatch: %s %u, %s %u", want_name,
-                 (unsigned)want->proto_version, have_name, (unsigned)have->proto_version);
-        return CSD_EMISMATCH;
-    }
-    bool wi = want->caps & CSD_WIRE_CAP_INSECURE, hi = have->caps & CSD_WIRE_CAP_INSECURE;
-    if (wi != hi) {
-        snprintf(msg, cap, "link mode mismatch: %s %s, %s %s", want_name,
-                 wi ? "insecure" : "encrypted", have_name, hi ? "insecure" : "encrypted");
-        return CSD_EMISMATCH;
-    }
-    if (memcmp(want->model_hash, have->model_hash, CSD_WIRE_HASH_SIZE) != 0) {
-        char a[17], b[17];
-        hash_short(want->model_hash, a);
-        hash_short(have->model_hash, b);
-        snprintf(msg, cap, "model hash mismatch: %s %s..., %s %s...", want_name, a, have_name, b);
-        return CSD_EMISMATCH;
-    }
-    char wr[32], hr[32], ws[12], hs[12];
-    range_text(want, wr, sizeof wr);
-    range_text(have, hr, sizeof hr);
-    num_text(want->stage_index, ws, sizeof ws);
-    num_text(have->stage_index, hs, sizeof hs);
-    if (want->stage_index != CSD_WIRE_ANY && want->stage_index != have->stage_index) {
-        snprintf(msg, cap, "stage mismatch: %s stage %s layers %s, %s stage %s layers %s",
-                 want_name, ws, wr, have_name, hs, hr);
-        return CSD_EMISMATCH;
-    }
-    if ((want->layer_begin != CSD_WIRE_ANY && want->layer_begin != have->layer_begin) ||
-        (want->layer_end != CSD_WIRE_ANY && want->layer_end != have->layer_end)) {
-        snprintf(msg, cap, "layer range mismatch: %s %s, %s %s", want_name, wr, have_name, hr);
-        return CSD_EMISMATCH;
-    }
-    return 0;
-}
-
-/* th = BLAKE2b-256(HELLO payload | HELLO_OK payload); (k_c2s | k_s2c) = BLAKE2b-512 keyed with the
- * fleet key over label | th. Both nonces are in the transcript, so every link gets fresh keys. */
-static void derive_keys(const csd_fleet_key *key, const uint8_t *hello, const uint8_t *hello_ok,
-                        uint8_t th[TRANSCRIPT_SIZE], uint8_t k_c2s[KEY_SIZE],
-                        uint8_t k_s2c[KEY_SIZE]) {
-    crypto_generichash_state st;
-    crypto_generichash_init(&st, NULL, 0, TRANSCRIPT_SIZE);
-    crypto_generichash_update(&st, hello, CSD_WIRE_HELLO_SIZE);
-    crypto_generichash_update(&st, hello_ok, CSD_WIRE_HELLO_SIZE);
-    crypto_generichash_final(&st, th, TRANSCRIPT_SIZE);
-    uint8_t okm[2 * KEY_SIZE];
-    crypto_generichash_init(&st, key->bytes, CSD_FLEET_KEY_SIZE, sizeof okm);
-    crypto_generichash_update(&st, (const uint8_t *)kdf_label, sizeof kdf_label - 1);
-    crypto_generichash_update(&st, th, TRANSCRIPT_SIZE);
-    crypto_generichash_final(&st, okm, sizeof okm);
-    memcpy(k_c2s, okm, KEY_SIZE);
-    memcpy(k_s2c, okm + KEY_SIZE, KEY_SIZE);
-    sodium_memzero(okm, sizeof okm);
-    sodium_memzero(&st, sizeof st);
-}
-
-static int check_cfg(const csd_link_cfg *cfg, csd_err *err) {
-    if (!cfg) return csd_err_set(err, CSD_EINVAL, "handshake: no link configuration");
-    if (!cfg->insecure && !cfg->key)
-        return csd_err_set(err, CSD_EINVAL, "handshake: a fleet key is required (or --insecure)");
-    if (sodium_init() < 0) return csd_err_set(err, CSD_EIO, "libsodium initialisation failed");
-    return 0;
-}
-
-static int send_auth(csd_conn *c, const uint8_t th[TRANSCRIPT_SIZE], csd_err *err) {
-    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_AUTH, 0, 0, 0, TRANSCRIPT_SIZE);
-    return send_frame(c, &h, th, TRANSCRIPT_SIZE, MODE_SECURE, err);
-}
-
-int csd_conn_handshake_client(csd_conn *c, const csd_link_cfg *cfg, const csd_wire_hello *expect,
-                              csd_wire_hello *peer, csd_err *err) {
-    int rc = check_cfg(cfg, err);
-    if (rc) return rc;
-    if (atomic_load(&c->closed))
-        return csd_err_set(err, CSD_ECLOSED, "peer %s: link closed", c->peer);
-    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : CSD_CONN_DEFAULT_TIMEOUT_MS;
-    csd_wire_hello mine = *expect;
-    mine.proto_version = CSD_WIRE_VERSION;
-    mine.caps = cfg->insecure ? (mine.caps | CSD_WIRE_CAP_INSECURE)
-                              : (mine.caps & ~(uint32_t)CSD_WIRE_CAP_INSECURE);
-    randombytes_buf(mine.nonce, sizeof mine.nonce);
-    uint8_t hello[CSD_WIRE_HELLO_SIZE], hello_ok[CSD_WIRE_HELLO_SIZE];
-    size_t len = 0;
-    if ((rc = csd_wire_encode_hello(hello, sizeof hello, &mine, &len, err))) return rc;
-    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_HELLO, 0, 0, 0, (uint32_t)len);
-    csd_netbuf buf = {0};
-    uint8_t th[TRANSCRIPT_SIZE], k_c2s[KEY_SIZE], k_s2c[KEY_SIZE];
-    pthread_mutex_lock(&c->recv_lock);
-    if ((rc = send_frame(c, &h, hello, len, MODE_PLAIN, err))) goto fail;
-    if ((rc = recv_frame_locked(c, &h, &buf, c->timeout_ms, true, err))) goto fail;
-    if (h.type == CSD_WIRE_ERROR) {
-        rc = peer_refused(c, &buf, &h, err);
-        goto done;
-    }
-    if (h.type != CSD_WIRE_HELLO_OK) {
-        rc = csd_err_set(err, CSD_EPROTO, "peer %s: expected HELLO_OK, got %s", c->peer,
-                         csd_wire_type_name(h.type));
-        goto fail;
-    }
-    csd_wire_hello theirs;
-    if ((rc = csd_wire_decode_hello(buf.data, h.payload_len, &theirs, err))) goto fail;
-    memcpy(hello_ok, buf.data, CSD_WIRE_HELLO_SIZE);
-    char msg[CSD_ERR_MSG_MAX];
-    if ((rc = compare_hello(&mine, &theirs, "local expects", "peer serves", msg, sizeof msg))) {
-        /* The server accepted what it should not have, or answered with other values. */
-        char text[CSD_ERR_MSG_MAX + 32];
-        snprintf(text, sizeof text, "client refuses: %s", msg);
-        refuse(c, rc, text, "client");
-        rc = csd_err_set(err, rc, "peer %s: %s", c->peer, msg);
-        goto done;
-    }
-    if (peer) *peer = theirs;
-    if (cfg->insecure) {
-        rc = 0;
-        goto done;
-    }
-    derive_keys(cfg->key, hello, hello_ok, th, k_c2s, k_s2c);
-    pthread_mutex_lock(&c->send_lock);
-    memcpy(c->tx.key, k_c2s, KEY_SIZE);
-    memcpy(c->rx.key, k_s2c, KEY_SIZE);
-    c->tx.counter = c->rx.counter = 0;
-    atomic_store(&c->mode, MODE_SECURE);
-    pthread_mutex_unlock(&c->send_lock);
-    if ((rc = send_auth(c, th, err))) goto fail;
-    if ((rc = recv_frame_locked(c, &h, &buf, c->timeout_ms, true, err))) goto fail;
-    if (h.type == CSD_WIRE_ERROR) {
-        rc = peer_refused(c, &buf, &h, err);
-        goto done;
-    }
-    if (h.type != CSD_WIRE_AUTH || sodium_memcmp(buf.data, th, TRANSCRIPT_SIZE) != 0) {
-        rc = csd_err_set(err, CSD_EAUTH, "peer %s: bad AUTH from server", c->peer);
-        goto fail;
-    }
-    CSD_LOGD("net: link up side=client peer=%s stage=%u layers=[%u,%u) mode=encrypted", c->peer,
-             (unsigned)theirs.stage_index, (unsigned)theirs.layer_begin,
-             (unsigned)theirs.layer_end);
-    rc = 0;
-    goto done;
-fail:
-    CSD_LOGW("net: handshake failed side=client peer=%s code=%s: %s", c->peer, csd_err_name(rc),
-             err ? err->msg : "");
-    fail_link(c);
-done:
-    pthread_mutex_unlock(&c->recv_lock);
-    sodium_memzero(k_c2s, sizeof k_c2s);
-    sodium_memzero(k_s2c, sizeof k_s2c);
-    csd_netbuf_fini(&buf);
-    return rc;
-}
-
-int csd_conn_handshake_server(csd_conn *c, const csd_link_cfg *cfg, const csd_wire_hello *self,
-                              csd_wire_hello *peer, csd_err *err) {
-    int rc = check_cfg(cfg, err);
-    if (rc) return rc;
-    if (atomic_load(&c->closed))
-        return csd_err_set(err, CSD_ECLOSED, "peer %s: link closed", c->peer);
-    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : CSD_CONN_DEFAULT_TIMEOUT_MS;
-    csd_wire_hello mine = *self;
-    mine.proto_version = CSD_WIRE_VERSION;
-    mine.caps = cfg->insecure ? (mine.caps | CSD_WIRE_CAP_INSECURE)
-                              : (mine.caps & ~(uint32_t)CSD_WIRE_CAP_INSECURE);
-    randombytes_buf(mine.nonce, sizeof mine.nonce);
-    uint8_t hello[CSD_WIRE_HELLO_SIZE], hello_ok[CSD_WIRE_HELLO_SIZE];
-    size_t len = 0;
-    if ((rc = csd_wire_encode_hello(hello_ok, sizeof hello_ok, &mine, &len, err))) return rc;
-    csd_netbuf buf = {0};
-    csd_wire_hdr h;
-    uint8_t th[TRANSCRIPT_SIZE], k_c2s[KEY_SIZE], k_s2c[KEY_SIZE];
-    char msg[CSD_ERR_MSG_MAX];
-    pthread_mutex_lock(&c->recv_lock);
-    rc = recv_frame_locked(c, &h, &buf, c->timeout_ms, true, err);
-    if (rc) {
-        if (rc == CSD_EPROTO) { /* e.g. another protocol version: tell the peer why */
-            refuse(c, rc, err ? err->msg : "bad HELLO frame", "server");
-            goto done;
-        }
-        goto fail;
-    }
-    if (h.type == CSD_WIRE_ERROR) {
-        rc = peer_refused(c, &buf, &h, err);
-        goto done;
-    }
-    if (h.type != CSD_WIRE_HELLO) {
-        snprintf(msg, sizeof msg, "expected HELLO as the first frame, got %s",
-                 csd_wire_type_name(h.type));
-        rc = refuse(c, CSD_EPROTO, msg, "server");
-        csd_err_set(err, rc, "peer %s: %s", c->peer, msg);
-        goto done;
-    }
-    csd_wire_hello theirs;
-    if ((rc = csd_wire_decode_hello(buf.data, h.payload_len, &theirs, err))) {
-        refuse(c, rc, err ? err->msg : "bad HELLO", "server");
-        goto done;
-    }
-    memcpy(hello, buf.data, CSD_WIRE_HELLO_SIZE);
-    if ((rc = compare_hello(&theirs, &mine, "peer expects", "local serves", msg, sizeof msg))) {
-        refuse(c, rc, msg, "server");
-        csd_err_set(err, rc, "peer %s: %s", c->peer, msg);
-        goto done;
-    }
-    h = csd_wire_hdr_make(CSD_WIRE_HELLO_OK, 0, 0, 0, (uint32_t)len);
-    if ((rc = send_frame(c, &h, hello_ok, len, MODE_PLAIN, err))) goto fail;
-    if (peer) *peer = theirs;
-    if (cfg->insecure) {
-        rc = 0;
-        goto done;
-    }
-    derive_keys(cfg->key, hello, hello_ok, th, k_c2s, k_s2c);
-    pthread_mutex_lock(&c->send_lock);
-    memcpy(c->tx.key, k_s2c, KEY_SIZE);
-    memcpy(c->rx.key, k_c2s, KEY_SIZE);
-    c->tx.counter = c->rx.counter = 0;
-    atomic_store(&c->mode, MODE_SECURE);
-    pthread_mutex_unlock(&c->send_lock);
-    rc = recv_frame_locked(c, &h, &buf, c->timeout_ms, true, err);
-    if (rc == CSD_EAUTH) {
-        refuse(c, CSD_EAUTH,
-               "fleet key mismatch: the client's AUTH frame failed authentication", "server");
-        csd_err_set(err, CSD_EAUTH, "peer %s: fleet key mismatch (AUTH failed authentication)",
-                    c->peer);
-        goto done;
-    }
-    if (rc) goto fail;
-    if (h.type == CSD_WIRE_ERROR) {
-        rc = peer_refused(c, &buf, &h, err);
-        goto done;
-    }
-    if (h.type != CSD_WIRE_AUTH || sodium_memcmp(buf.data, th, TRANSCRIPT_SIZE) != 0) {
-        rc = refuse(c, CSD_EAUTH, "expected AUTH with the transcript hash", "server");
-        csd_err_set(err, rc, "peer %s: bad AUTH frame", c->peer);
-        goto done;
-    }
-    if ((rc = send_auth(c, th, err))) goto fail;
-    CSD_LOGD("net: link up side=server peer=%s role=%s mode=encrypted", c->peer,
-             csd_wire_role_name(theirs.role));
-    rc = 0;
-    goto done;
-fail:
-    CSD_LOGW("net: handshake failed side=server peer=%s code=%s: %s", c->peer, csd_err_name(rc),
-             err ? err->msg : "");
-    fail_link(c);
-done:
-    pthread_mutex_unlock(&c->recv_lock);
-    sodium_memzero(k_c2s, sizeof k_c2s);
-    sodium_memzero(k_s2c, sizeof k_s2c);
-    csd_netbuf_fini(&buf);
-    return rc;
 }

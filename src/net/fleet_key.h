@@ -1,7 +1,8 @@
 /* fleet_key: the shared secret every process of one fleet holds (32 random bytes).
  * Stored as 64 hex digits plus a newline in a file of mode 0600; load refuses files that group or
  * others can read, and also accepts standard base64. Session keys are derived from it per link
- * (conn.c); the fleet key itself never crosses the wire. See docs/protocol.md "Fleet key". */
+ * (conn_handshake.c); the fleet key itself never crosses the wire. See docs/protocol.md, "Fleet
+ * key". */
 #ifndef CSD_NET_FLEET_KEY_H
 #define CSD_NET_FLEET_KEY_H
 

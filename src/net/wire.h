@@ -2,8 +2,8 @@
  * Mirrors docs/protocol.md field for field: a fixed 20-byte little-endian header, then a payload
  * whose layout depends on the type. Every length and count from a peer is checked against a named
  * limit before it is used; decoders never allocate and return CSD_EPROTO with a message on bad
- * input. Link framing (checksum or AEAD trailer, handshake) lives in conn.c; this file knows frames
- * only. */
+ * input. Link framing (checksum or AEAD trailer) lives in conn.c and the handshake in
+ * conn_handshake.c; this file knows frames only. */
 #ifndef CSD_NET_WIRE_H
 #define CSD_NET_WIRE_H
 
