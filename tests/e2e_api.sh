@@ -56,13 +56,15 @@ grep -q "cannot listen" "$WORK/dup.log" || fail "no clear error for a port in us
 doc_curl=$(sed -n '/^curl -s http:\/\/127.0.0.1:8080\/v1\/chat\/completions/p' "$CSD_SOURCE_DIR/docs/api.md")
 [ -n "$doc_curl" ] || fail "no curl example in docs/api.md"
 doc_out=$(bash -c "${doc_curl//127.0.0.1:8080/127.0.0.1:$PORT_main}")
+doc_out2=$(bash -c "${doc_curl//127.0.0.1:8080/127.0.0.1:$PORT_main}")
 echo "$doc_out" | /usr/bin/python3 -c '
-import json, sys
+import json, re, sys
 r = json.load(sys.stdin)
-assert r["object"] == "chat.completion" and r["id"].startswith("chatcmpl-"), r
+assert r["object"] == "chat.completion" and re.fullmatch("chatcmpl-[0-9a-f]{24}", r["id"]), r
+assert json.loads(sys.argv[1])["id"] != r["id"], "two responses share an id"
 assert r["choices"][0]["message"]["role"] == "assistant", r
 assert r["usage"]["completion_tokens"] == 16 or r["choices"][0]["finish_reason"] == "stop", r
-' || fail "the docs/api.md curl example did not work: $doc_out"
+' "$doc_out2" || fail "the docs/api.md curl example did not work: $doc_out"
 echo "ok   docs/api.md curl example"
 
 # --- a second server with one slot and no queue, for 429 and disconnects: the same weights with an

@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <ctype.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -312,6 +313,12 @@ static void test_model_hash_sensitivity(void **state) {
     assert_true(csd_shard_hash_parse(hex, back));
     assert_memory_equal(back, base, 32);
     assert_false(csd_shard_hash_parse("12", back));
+    for (int i = 0; i < 64; i++) hex[i] = (char)toupper((unsigned char)hex[i]); /* either case */
+    memset(back, 0, sizeof back);
+    assert_true(csd_shard_hash_parse(hex, back));
+    assert_memory_equal(back, base, 32);
+    hex[10] = ':'; /* no separators, not even ones a looser parser would skip */
+    assert_false(csd_shard_hash_parse(hex, back));
     hex[10] = 'g';
     assert_false(csd_shard_hash_parse(hex, back));
 }

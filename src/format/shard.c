@@ -650,27 +650,12 @@ void csd_shard_model_hash(uint8_t out[CSD_SHARD_HASH_BYTES], const char *config_
 }
 
 void csd_shard_hash_hex(const uint8_t hash[CSD_SHARD_HASH_BYTES], char *out) {
-    static const char digits[] = "0123456789abcdef";
-    for (int i = 0; i < CSD_SHARD_HASH_BYTES; i++) {
-        out[2 * i] = digits[hash[i] >> 4];
-        out[2 * i + 1] = digits[hash[i] & 15];
-    }
-    out[2 * CSD_SHARD_HASH_BYTES] = '\0';
-}
-
-static int hex_digit(char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
+    sodium_bin2hex(out, 2 * CSD_SHARD_HASH_BYTES + 1, hash, CSD_SHARD_HASH_BYTES);
 }
 
 bool csd_shard_hash_parse(const char *hex, uint8_t out[CSD_SHARD_HASH_BYTES]) {
-    if (!hex || strlen(hex) != 2 * CSD_SHARD_HASH_BYTES) return false;
-    for (int i = 0; i < CSD_SHARD_HASH_BYTES; i++) {
-        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
-        if (hi < 0 || lo < 0) return false;
-        out[i] = (uint8_t)(hi << 4 | lo);
-    }
-    return true;
+    size_t got = 0;
+    return hex && strlen(hex) == 2 * CSD_SHARD_HASH_BYTES &&
+           sodium_hex2bin(out, CSD_SHARD_HASH_BYTES, hex, strlen(hex), NULL, &got, NULL) == 0 &&
+           got == CSD_SHARD_HASH_BYTES;
 }

@@ -4,8 +4,8 @@
  * hangs up cancels the request (and frees its KV cache) within a poll interval. */
 #include <poll.h>
 #include <stdio.h>
+#include <sodium.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -43,22 +43,13 @@ void csd_http_buf_fini(csd_http_buf *b) {
 
 /* ---- lifecycle ---- */
 
-static void random_hex(char *out, size_t n_chars) {
-    uint8_t raw[32] = {0};
-    size_t need = (n_chars + 1) / 2;
-    if (need > sizeof raw) need = sizeof raw;
-    if (getrandom(raw, need, 0) !=
-        (ssize_t)need) { /* fall back to the clock: ids need not be secret */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        uint64_t x = (uint64_t)ts.tv_nsec * 0x9e3779b97f4a7c15ull ^ (uint64_t)ts.tv_sec;
-        for (size_t i = 0; i < need; i++, x = x * 6364136223846793005ull + 1442695040888963407ull)
-            raw[i] = (uint8_t)(x >> 56);
-    }
-    static const char hex[] = "0123456789abcdef";
-    for (size_t i = 0; i < n_chars && i / 2 < need; i++)
-        out[i] = hex[(raw[i / 2] >> (i % 2 ? 0 : 4)) & 15];
-    out[n_chars] = 0;
+/* An id's random part: 24 hex digits (96 bits) from libsodium's system generator (the server
+ * initialises libsodium; its generator would also set itself up on first use). */
+#define JOB_ID_RANDOM_BYTES 12
+static void random_hex(char out[2 * JOB_ID_RANDOM_BYTES + 1]) {
+    uint8_t raw[JOB_ID_RANDOM_BYTES];
+    randombytes_buf(raw, sizeof raw);
+    sodium_bin2hex(out, 2 * JOB_ID_RANDOM_BYTES + 1, raw, sizeof raw);
 }
 
 int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_tok *tok,
@@ -75,8 +66,8 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->logprobs = req->logprobs;
     j->top_logprobs = req->top_logprobs;
     bool chat = req->kind == CSD_HTTP_KIND_CHAT;
-    char hex[25];
-    random_hex(hex, 24);
+    char hex[2 * JOB_ID_RANDOM_BYTES + 1];
+    random_hex(hex);
     snprintf(j->id, sizeof j->id, "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
     j->created = (long long)time(NULL);
     snprintf(j->model, sizeof j->model, "%s", model_name);

@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sodium.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -648,6 +649,8 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
         return csd_err_set(err, CSD_EINVAL, "server needs a model name");
     if (o.port < 0 || o.port > 65535)
         return csd_err_set(err, CSD_ERANGE, "port %d out of range", o.port);
+    if (sodium_init() < 0) /* response ids come from its random generator */
+        return csd_err_set(err, CSD_EIO, "libsodium initialisation failed");
     struct sockaddr_storage addr;
     socklen_t addr_len = 0;
     int rc = resolve(o.host, o.port, &addr, &addr_len, err);

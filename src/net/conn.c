@@ -499,17 +499,6 @@ int csd_conn_send_frame(csd_conn *c, const csd_wire_hdr *h, const void *payload,
     return rc;
 }
 
-/* Hex dump of at most n bytes for a protocol-error log line (sanitized: hex only). */
-static void hex_dump(const uint8_t *p, size_t n, char *out, size_t cap) {
-    static const char hx[] = "0123456789abcdef";
-    size_t o = 0;
-    for (size_t i = 0; i < n && o + 3 < cap; i++) {
-        out[o++] = hx[p[i] >> 4];
-        out[o++] = hx[p[i] & 15];
-    }
-    out[o] = '\0';
-}
-
 int csd_conn_recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, int idle_timeout_ms,
                                bool allow_plain_error, csd_err *err) {
     uint8_t hb[CSD_WIRE_HDR_SIZE];
@@ -520,7 +509,7 @@ int csd_conn_recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, in
     rc = csd_wire_decode_hdr(hb, sizeof hb, h, err);
     if (rc) {
         char dump[2 * CSD_WIRE_HDR_SIZE + 1];
-        hex_dump(hb, sizeof hb, dump, sizeof dump);
+        sodium_bin2hex(dump, sizeof dump, hb, sizeof hb);
         CSD_LOGW("net: bad frame header peer=%s bytes=%s: %s", c->peer, dump,
                  err ? err->msg : "");
         return rc;
@@ -537,7 +526,7 @@ int csd_conn_recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, in
         uint64_t want = frame_checksum(hb, buf->data, len), have = csd_wire_get_u64(trailer);
         if (want != have) {
             char dump[2 * CSD_WIRE_HDR_SIZE + 1];
-            hex_dump(hb, sizeof hb, dump, sizeof dump);
+            sodium_bin2hex(dump, sizeof dump, hb, sizeof hb);
             CSD_LOGW("net: checksum mismatch peer=%s type=%s len=%zu hdr=%s", c->peer,
                      csd_wire_type_name(h->type), len, dump);
             return csd_err_set(err, CSD_EPROTO,
