@@ -50,4 +50,22 @@ trained=$(/usr/bin/python3 -c "import json;print(json.load(open('$M/config.json'
 "$CASCADIA" bench "$M" -p 4 -n 4 -r 1 --membw-mib 0 -d "$trained" >/dev/null 2>"$WORK/err" \
     || fail "-d past the context failed: $(cat "$WORK/err")"
 grep -q "past the model's trained context of $trained" "$WORK/err" || fail "no warning: $(cat "$WORK/err")"
-echo "5 passed, 0 failed"
+# --json stays valid JSON whatever the directory is called
+odd="$WORK/we\"ird\\name"
+cp -r "$M" "$odd"
+"$CASCADIA" bench "$odd" -p 4 -n 2 -r 1 --membw-mib 0 --json > "$WORK/odd.json" 2>"$WORK/err" ||
+    fail "bench on $odd: $(cat "$WORK/err")"
+/usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); assert d["model"] == sys.argv[2], d' \
+    "$WORK/odd.json" "$(basename "$odd")" || fail "bench --json for $odd: $(cat "$WORK/odd.json")"
+# --concurrency --json: one object per level, the first the baseline of the speedups
+"$CASCADIA" bench "$M" --concurrency 1,2 -n 4 --json > "$WORK/levels.json" 2>"$WORK/err" ||
+    fail "bench --concurrency --json: $(cat "$WORK/err")"
+/usr/bin/python3 - "$WORK/levels.json" <<'PY' || fail "bench --concurrency --json: $(cat "$WORK/levels.json")"
+import json, sys
+levels = json.load(open(sys.argv[1]))
+assert [l["concurrency"] for l in levels] == [1, 2], levels
+assert levels[0]["speedup_vs_1"] == 1 and all(l["aggregate_tps"] > 0 for l in levels), levels
+assert abs(levels[1]["speedup_vs_1"] - levels[1]["aggregate_tps"] / levels[0]["aggregate_tps"]) < 1e-6
+assert all(l["per_stream_tps"] > 0 and l["ttft_s"] > 0 and l["step_ms"] > 0 for l in levels), levels
+PY
+echo "7 passed, 0 failed"

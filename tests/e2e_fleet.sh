@@ -65,6 +65,18 @@ for prec in f32 int8 int4; do
             grep -q "3 stage(s) on 1 machine(s): 1 micro-batch(es) in flight" "$WORK/run.err" ||
                 fail "localhost fleet: no default of one micro-batch: $(grep micro "$WORK/run.err")"
             echo "ok: a localhost fleet keeps one micro-batch in flight by default"; passed=$((passed + 1))
+            # bench --fleet --json: one JSON object whose parts add up to the token time
+            "$CASCADIA" bench --fleet "$FLEET" --manifest "$d" --insecure -p 4 -n 4 -r 1 --json \
+                > "$WORK/fleet.json" 2>"$WORK/bench.err" || fail "bench --fleet: $(cat "$WORK/bench.err")"
+            /usr/bin/python3 - "$WORK/fleet.json" <<'PY' || fail "bench --fleet --json: $(cat "$WORK/fleet.json")"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["mode"] == "fleet" and d["stages"] == 3 and d["local_stage"] is False, d
+assert d["n_gen"] == 4 and d["pp_tps"] > 0 and d["tg_tps"] > 0, d
+parts = d["remote_compute_ms"] + d["network_wait_ms"] + d["coordinator_ms"] + d["local_compute_ms"]
+assert abs(parts - d["ms_per_token"]) <= 0.05 * d["ms_per_token"] + 0.01, (parts, d)
+PY
+            echo "ok: bench --fleet --json"; passed=$((passed + 1))
         fi
         fleet_down
     done

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bench_internal.h"
+#include "cli_json.h"
 #include "cli_util.h"
 #include "coord/engine.h"
 #include "coord/pipeline.h"
@@ -172,23 +173,34 @@ static int run_level(csd_engine *e, const csd_bench_args *a, int c, int64_t n_ge
     return 0;
 }
 
+/* The levels' table as a JSON array, one object per concurrency level. */
+static void print_levels_json(const csd_bench_args *a, const char *where, int threads,
+                              const level_result *res, int n) {
+    json_t *all = json_array();
+    for (int i = 0; all && i < n; i++) {
+        json_t *o = json_pack("{s:s, s:i, s:i, s:I, s:I}", "pipeline", where, "threads", threads,
+                              "concurrency", res[i].concurrency, "n_gen", (json_int_t)a->n_gen,
+                              "prompt_tokens", (json_int_t)a->stream_prompt);
+        if (!o) break;
+        csd_cli_json_set_real(o, "aggregate_tps", res[i].aggregate_tps);
+        csd_cli_json_set_real(o, "per_stream_tps", res[i].per_stream_tps);
+        csd_cli_json_set_real(o, "speedup_vs_1", res[0].aggregate_tps > 0
+                                                    ? res[i].aggregate_tps / res[0].aggregate_tps
+                                                    : 0);
+        csd_cli_json_set_real(o, "ttft_s", res[i].ttft_s);
+        csd_cli_json_set_real(o, "step_ms", res[i].step_ms);
+        csd_cli_json_set_real(o, "load_avg", res[i].load_avg);
+        json_array_append_new(all, o);
+    }
+    if (!csd_cli_json_print(all)) fprintf(stderr, "cascadia bench: cannot write the JSON result\n");
+}
+
 static void print_levels(const csd_bench_args *a, const bench_target *t, const level_result *res,
                          int n) {
     const char *where = a->fleet.fleet ? "fleet" : "local";
     int threads = local_threads(a, t);
     if (a->json) {
-        printf("[");
-        for (int i = 0; i < n; i++)
-            printf(
-                "%s\n"
-                "  {\"pipeline\": \"%s\", \"threads\": %d, \"concurrency\": %d, \"n_gen\": %lld, "
-                "\"prompt_tokens\": %lld, \"aggregate_tps\": %.3f, \"per_stream_tps\": %.3f, "
-                "\"speedup_vs_1\": %.3f, \"ttft_s\": %.4f, \"step_ms\": %.3f, \"load_avg\": %.2f}",
-                i ? "," : "", where, threads, res[i].concurrency, (long long)a->n_gen,
-                (long long)a->stream_prompt, res[i].aggregate_tps, res[i].per_stream_tps,
-                res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
-                res[i].ttft_s, res[i].step_ms, res[i].load_avg);
-        printf("\n]\n");
+        print_levels_json(a, where, threads, res, n);
         return;
     }
     printf(
@@ -341,21 +353,36 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
     return rc;
 }
 
+/* The fleet's figures as one JSON object. */
+static void print_fleet_json(const csd_bench_args *a, int stages, int threads,
+                             const fleet_result *r) {
+    double T = r->token_ms > 0 ? r->token_ms : 1;
+    json_t *o = json_pack("{s:s, s:i, s:b, s:i, s:I, s:I, s:i}", "mode", "fleet", "stages",
+                          stages, "local_stage", a->fleet.local_stage == 0, "local_threads",
+                          threads, "n_prompt", (json_int_t)a->n_prompt, "n_gen",
+                          (json_int_t)a->n_gen, "reps", a->reps);
+    if (o) {
+        csd_cli_json_set_real(o, "pp_tps", r->pp_tps);
+        csd_cli_json_set_real(o, "pp_sd", r->pp_sd);
+        csd_cli_json_set_real(o, "tg_tps", r->tg_tps);
+        csd_cli_json_set_real(o, "tg_sd", r->tg_sd);
+        csd_cli_json_set_real(o, "ms_per_token", r->token_ms);
+        csd_cli_json_set_real(o, "local_compute_ms", r->local_ms);
+        csd_cli_json_set_real(o, "remote_compute_ms", r->remote_ms);
+        csd_cli_json_set_real(o, "network_wait_ms", r->network_ms);
+        csd_cli_json_set_real(o, "coordinator_ms", r->coord_ms);
+        csd_cli_json_set_real(o, "coordinator_pct", 100 * r->coord_ms / T);
+        csd_cli_json_set_real(o, "rtt_ms", r->rtt_ms);
+        csd_cli_json_set_real(o, "load_avg", r->load_avg);
+    }
+    if (!csd_cli_json_print(o)) fprintf(stderr, "cascadia bench: cannot write the JSON result\n");
+}
+
 static void print_fleet(const csd_bench_args *a, const bench_target *t, const fleet_result *r) {
     int stages = count_stages(a), threads = local_threads(a, t);
     double T = r->token_ms > 0 ? r->token_ms : 1;
     if (a->json) {
-        printf(
-            "{\"mode\": \"fleet\", \"stages\": %d, \"local_stage\": %s, \"local_threads\": %d, "
-            "\"n_prompt\": %lld, \"n_gen\": %lld, \"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": "
-            "%.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, \"ms_per_token\": %.3f, "
-            "\"local_compute_ms\": %.3f, \"remote_compute_ms\": %.3f, \"network_wait_ms\": %.3f, "
-            "\"coordinator_ms\": %.3f, \"coordinator_pct\": %.2f, \"rtt_ms\": %.3f, \"load_avg\": "
-            "%.2f}\n",
-            stages, a->fleet.local_stage == 0 ? "true" : "false", threads, (long long)a->n_prompt,
-            (long long)a->n_gen, a->reps, r->pp_tps, r->pp_sd, r->tg_tps, r->tg_sd, r->token_ms,
-            r->local_ms, r->remote_ms, r->network_ms, r->coord_ms, 100 * r->coord_ms / T, r->rtt_ms,
-            r->load_avg);
+        print_fleet_json(a, stages, threads, r);
         return;
     }
     printf("| fleet | stages | test | t/s |\n| --- | ---: | ---: | ---: |\n");

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "bench_internal.h"
+#include "cli_json.h"
 #include "cli_util.h"
 #include "commands.h"
 #include "core/alloc.h"
@@ -369,34 +370,71 @@ static const char *base_name(const char *dir) {
     return s;
 }
 
+/* What a result means against the bandwidth: the peak roofline (t/s) and the fractions reached. */
+typedef struct bench_fractions {
+    double roof;       /* peak bandwidth / bytes read per token */
+    double peak;       /* tg / roof */
+    double paired;     /* tg against reads of the same bytes in the same seconds */
+    double ceiling;    /* the weight stream alone / roof */
+    double ceiling_tg; /* the tokens alternated with the stream / the stream */
+} bench_fractions;
+
+static bench_fractions fractions_of(const bench_result *r) {
+    size_t read = r->weight_bytes + r->kv_bytes;
+    bench_fractions f = {0};
+    f.roof = r->membw_gbs > 0 && read ? r->membw_gbs * 1e9 / (double)read : 0;
+    f.peak = f.roof > 0 ? r->tg_tps / f.roof : 0;
+    f.paired = r->paired_gbs > 0 ? r->paired_tg_tps * (double)read / (r->paired_gbs * 1e9) : 0;
+    f.ceiling = f.roof > 0 ? r->ceiling_tps / f.roof : 0;
+    f.ceiling_tg = r->ceiling_tps > 0 ? r->ceiling_tg_tps / r->ceiling_tps : 0;
+    return f;
+}
+
+/* The figures of the table below as one JSON object. */
+static void print_result_json(const csd_bench_args *a, const csd_model *m, const bench_result *r,
+                              const bench_fractions *f) {
+    json_t *o = json_pack("{s:s, s:s, s:i, s:s, s:I, s:I, s:I, s:i}", "model_type",
+                          csd_model_cfg(m)->model_type, "precision",
+                          csd_dtype_name(csd_model_precision(m)), "threads",
+                          csd_pool_size(csd_model_pool((csd_model *)m)), "kernels",
+                          csd_kern_name(), "n_prompt", (json_int_t)a->n_prompt, "n_gen",
+                          (json_int_t)a->n_gen, "depth", (json_int_t)a->depth, "reps", a->reps);
+    if (!o) {
+        fprintf(stderr, "cascadia bench: out of memory\n");
+        return;
+    }
+    csd_cli_json_set_text(o, "model", base_name(a->model_dir));
+    csd_cli_json_set_real(o, "pp_tps", r->pp_tps);
+    csd_cli_json_set_real(o, "pp_sd", r->pp_sd);
+    csd_cli_json_set_real(o, "tg_tps", r->tg_tps);
+    csd_cli_json_set_real(o, "tg_sd", r->tg_sd);
+    json_object_set_new(o, "weight_bytes", json_integer((json_int_t)r->weight_bytes));
+    json_object_set_new(o, "kv_bytes", json_integer((json_int_t)r->kv_bytes));
+    csd_cli_json_set_real(o, "membw_gbs", r->membw_gbs);
+    csd_cli_json_set_real(o, "roofline_tps", f->roof);
+    csd_cli_json_set_real(o, "roofline_fraction", f->peak);
+    csd_cli_json_set_real(o, "paired_membw_gbs", r->paired_gbs);
+    csd_cli_json_set_real(o, "paired_tg_tps", r->paired_tg_tps);
+    csd_cli_json_set_real(o, "paired_roofline_fraction", f->paired);
+    csd_cli_json_set_real(o, "ceiling_tps", r->ceiling_tps);
+    csd_cli_json_set_real(o, "ceiling_fraction", f->ceiling);
+    csd_cli_json_set_real(o, "ceiling_tg_tps", r->ceiling_tg_tps);
+    csd_cli_json_set_real(o, "ceiling_tg_fraction", f->ceiling_tg);
+    json_object_set_new(o, "membw_streams", json_integer(r->membw_way.streams));
+    json_object_set_new(o, "membw_nta", json_boolean(r->membw_way.nta));
+    json_t *load = json_array();
+    json_array_append_new(load, json_real(r->load_before));
+    json_array_append_new(load, json_real(r->load_after));
+    json_object_set_new(o, "load_avg", load);
+    if (!csd_cli_json_print(o)) fprintf(stderr, "cascadia bench: cannot write the JSON result\n");
+}
+
 static void print_result(const csd_bench_args *a, const csd_model *m, const bench_result *r) {
     const char *prec = csd_dtype_name(csd_model_precision(m));
     int threads = csd_pool_size(csd_model_pool((csd_model *)m));
-    size_t read = r->weight_bytes + r->kv_bytes;
-    double roof = r->membw_gbs > 0 && read ? r->membw_gbs * 1e9 / (double)read : 0;
-    double frac = roof > 0 ? r->tg_tps / roof : 0;
-    double paired_frac =
-        r->paired_gbs > 0 ? r->paired_tg_tps * (double)read / (r->paired_gbs * 1e9) : 0;
-    double ceiling_frac = roof > 0 ? r->ceiling_tps / roof : 0;
-    double ceiling_tg_frac = r->ceiling_tps > 0 ? r->ceiling_tg_tps / r->ceiling_tps : 0;
+    bench_fractions f = fractions_of(r);
     if (a->json) {
-        printf(
-            "{\"model\": \"%s\", \"model_type\": \"%s\", \"precision\": \"%s\", \"threads\": %d, "
-            "\"kernels\": \"%s\", \"n_prompt\": %lld, \"n_gen\": %lld, \"depth\": %lld, "
-            "\"reps\": %d, \"pp_tps\": %.3f, \"pp_sd\": %.3f, \"tg_tps\": %.3f, \"tg_sd\": %.3f, "
-            "\"weight_bytes\": %zu, \"kv_bytes\": %zu, \"membw_gbs\": %.3f, "
-            "\"roofline_tps\": %.3f, \"roofline_fraction\": %.6f, "
-            "\"paired_membw_gbs\": %.3f, \"paired_tg_tps\": %.3f, "
-            "\"paired_roofline_fraction\": %.6f, \"ceiling_tps\": %.3f, "
-            "\"ceiling_fraction\": %.6f, \"ceiling_tg_tps\": %.3f, \"ceiling_tg_fraction\": %.6f, "
-            "\"membw_streams\": %d, \"membw_nta\": %s, "
-            "\"load_avg\": [%.2f, %.2f]}\n",
-            base_name(a->model_dir), csd_model_cfg(m)->model_type, prec, threads, csd_kern_name(),
-            (long long)a->n_prompt, (long long)a->n_gen, (long long)a->depth, a->reps, r->pp_tps,
-            r->pp_sd, r->tg_tps, r->tg_sd, r->weight_bytes, r->kv_bytes, r->membw_gbs, roof, frac,
-            r->paired_gbs, r->paired_tg_tps, paired_frac, r->ceiling_tps, ceiling_frac,
-            r->ceiling_tg_tps, ceiling_tg_frac, r->membw_way.streams,
-            r->membw_way.nta ? "true" : "false", r->load_before, r->load_after);
+        print_result_json(a, m, r, &f);
         return;
     }
     printf("| model | precision | size | threads | test | t/s |\n");
@@ -419,16 +457,16 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
             "%d streams each, %s prefetch) = %.2f t/s; generation reaches %.1f%% of it (kernels "
             "%s)\n",
             (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, threads, r->membw_way.streams,
-            r->membw_way.nta ? "non-temporal" : "ordinary", roof, 100 * frac, csd_kern_name());
+            r->membw_way.nta ? "non-temporal" : "ordinary", f.roof, 100 * f.peak, csd_kern_name());
         printf(
             "paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f "
             "t/s generated in the same seconds; generation reaches %.1f%% of that roofline\n",
-            r->paired_gbs, r->paired_tg_tps, 100 * paired_frac);
+            r->paired_gbs, r->paired_tg_tps, 100 * f.paired);
         printf(
             "ceiling:  the weight stream alone (every matrix times one token, one job per input "
             "width, nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated "
             "with it: %.2f t/s, %.1f%% of it\n",
-            r->ceiling_tps, 100 * ceiling_frac, r->ceiling_tg_tps, 100 * ceiling_tg_frac);
+            r->ceiling_tps, 100 * f.ceiling, r->ceiling_tg_tps, 100 * f.ceiling_tg);
     }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }
