@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "tok/tokenizer.h"
+#include "fuzz_tok_load.h"
 
 static csd_tok *tok;
 
@@ -17,12 +17,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    const char *dir = getenv("CSD_FUZZ_TOK_DIR");
-    csd_err err = {0};
-    if (csd_tok_load(&tok, dir ? dir : "../shared/models/stories260K", &err) != 0) {
-        fprintf(stderr, "fuzz_tok_encode: %s (set CSD_FUZZ_TOK_DIR)\n", err.msg);
-        exit(1);
-    }
+    tok = fuzz_tok_load("fuzz_tok_encode");
     return 0;
 }
 

@@ -143,6 +143,55 @@ else
     echo "note: $CSD_SHARED_DIR/tokenizers/qwen3 absent, real chat template not exercised"
 fi
 
+# --- /tokenize and /detokenize (llama-server's and vLLM's helper endpoints) ---
+/usr/bin/python3 - "$BASE" <<'PY' || fail "/tokenize, /detokenize"
+import json, sys, urllib.error, urllib.request
+base = sys.argv[1]
+def post(path, body, key="secret", method="POST"):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body is not None else None,
+                                 method=method, headers={"Content-Type": "application/json",
+                                                         "Authorization": "Bearer " + key})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+text = "Once upon a time"
+st, tok = post("/tokenize", {"prompt": text})
+assert st == 200 and tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] > 0, tok
+# the ids /v1/completions uses for the same prompt
+st, cmpl = post("/v1/completions", {"prompt": text, "max_tokens": 1})
+assert st == 200 and cmpl["usage"]["prompt_tokens"] == tok["count"], (cmpl["usage"], tok)
+st, ids = post("/v1/completions", {"prompt": tok["tokens"], "max_tokens": 1, "temperature": 0})
+assert st == 200, ids
+# llama-server's convention: no BOS unless asked; the same ids otherwise
+st, plain = post("/tokenize", {"content": text})
+assert st == 200 and tok["tokens"][len(tok["tokens"]) - len(plain["tokens"]):] == plain["tokens"], (tok, plain)
+st, asked = post("/tokenize", {"content": text, "add_special": True})
+assert asked["tokens"] == tok["tokens"], (asked, tok)
+st, pieces = post("/tokenize", {"content": text, "with_pieces": True})
+assert "".join(p["piece"] for p in pieces["tokens"]) == text, pieces
+assert [p["id"] for p in pieces["tokens"]] == plain["tokens"], pieces
+# special-token strings: read as their ids with "content", literally with parse_special false
+st, special = post("/tokenize", {"content": "a</s>"})
+st, literal = post("/tokenize", {"content": "a</s>", "parse_special": False})
+assert special["count"] < literal["count"], (special, literal)
+st, back = post("/detokenize", {"tokens": special["tokens"]})
+assert back["content"].endswith("</s>"), back
+st, back = post("/v1/detokenize", {"tokens": plain["tokens"]})
+assert st == 200 and back["prompt"] == text and back["content"] == text, back
+# errors: 400 naming the field, 401 without the key, 405 for GET
+st, err = post("/tokenize", {"prompt": 5})
+assert st == 400 and err["error"]["param"] == "prompt", err
+st, err = post("/detokenize", {"tokens": [0, 10**9]})
+assert st == 400 and err["error"]["param"] == "tokens" and "tokens[1]" in err["error"]["message"], err
+st, err = post("/tokenize", {"prompt": text}, key="wrong")
+assert st == 401, err
+st, err = post("/tokenize", None, method="GET")
+assert st == 405, err
+PY
+echo "ok   /tokenize and /detokenize"
+
 # --- SIGTERM shuts down cleanly ---
 kill -TERM "$PID_main"
 for _ in $(seq 1 100); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; done

@@ -22,6 +22,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "http_internal.h"
+#include "tokenize_api.h"
 #include "openai_request.h"
 
 /* Bytes of SSE handed to MHD per content-reader call. */
@@ -38,6 +39,8 @@ enum route {
     ROUTE_MODEL_ONE, /* GET /v1/models/{id} */
     ROUTE_HEALTH,
     ROUTE_METRICS,
+    ROUTE_TOKENIZE,   /* POST /tokenize (llama-server, vLLM) */
+    ROUTE_DETOKENIZE, /* POST /detokenize */
     ROUTE_COUNT
 };
 
@@ -134,10 +137,15 @@ static int route_of(const char *url) {
     if (!strncmp(url, "/models/", 8) && url[8]) return ROUTE_MODEL_ONE;
     if (!strcmp(url, "/health")) return ROUTE_HEALTH;
     if (!strcmp(url, "/metrics")) return ROUTE_METRICS;
+    if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
     return ROUTE_NONE;
 }
 
-static bool route_is_post(int route) { return route == ROUTE_CHAT || route == ROUTE_COMPLETIONS; }
+static bool route_is_post(int route) {
+    return route == ROUTE_CHAT || route == ROUTE_COMPLETIONS || route == ROUTE_TOKENIZE ||
+           route == ROUTE_DETOKENIZE;
+}
 
 /* Constant-time comparison so the key cannot be guessed byte by byte from response times. */
 static bool same_secret(const char *a, const char *b) {
@@ -402,6 +410,22 @@ static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c
     return ret;
 }
 
+/* POST /tokenize, /detokenize: the tokenizer only, so they answer while the model loads too. */
+static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connection *c, int route,
+                                        const conn_state *cs) {
+    csd_engine *engine = atomic_load(&s->engine);
+    csd_http_error e;
+    memset(&e, 0, sizeof e);
+    char *body = route == ROUTE_TOKENIZE
+                     ? csd_http_tokenize(s->tok, cs->body.data, cs->body.len,
+                                         engine ? csd_engine_max_ctx(engine) : 0, &e)
+                     : csd_http_detokenize(s->tok, cs->body.data, cs->body.len, &e);
+    enum MHD_Result ret =
+        body ? send_json(s, c, 200, body, NULL, NULL) : send_error(s, c, &e, NULL, NULL);
+    free(body);
+    return ret;
+}
+
 static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection *c, int route,
                                        const conn_state *cs) {
     csd_engine *engine = atomic_load(&s->engine);
@@ -530,7 +554,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             cs->replied = true;
             return send_error_msg(s, c, 404, "invalid_request_error", NULL, "not_found",
                                   "Unknown request URL; see /v1/models, /v1/chat/completions, "
-                                  "/v1/completions, /health, /metrics",
+                                  "/v1/completions, /tokenize, /detokenize, /health, /metrics",
                                   NULL, NULL);
         }
         bool post = route_is_post(cs->route);
@@ -586,6 +610,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case ROUTE_MODEL_ONE: return handle_models(s, c, url, cs->route);
     case ROUTE_HEALTH: return handle_health(s, c);
     case ROUTE_METRICS: return handle_metrics(s, c);
+    case ROUTE_TOKENIZE:
+    case ROUTE_DETOKENIZE: return handle_tokenizer(s, c, cs->route, cs);
     default: return MHD_NO;
     }
 }

@@ -1,0 +1,185 @@
+/* tokenize_api: POST /tokenize and /detokenize (see tokenize_api.h). */
+#include "tokenize_api.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/utf8.h"
+
+/* The longest list /detokenize takes, as /v1/completions' prompt ids. */
+#define TOKENIZE_MAX_IDS (1 << 20)
+
+static int bad_request(csd_http_error *e, const char *param, const char *what) {
+    return csd_http_error_set(e, 400, NULL, param, "invalid_value", "'%s' must be %s", param, what);
+}
+
+/* The body as a JSON object, or NULL with e set. */
+static json_t *parse_body(const char *body, size_t len, csd_http_error *e) {
+    if (!body || len == 0) {
+        csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the request body is empty");
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    if (!root) {
+        csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
+                           "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                           jerr.line, jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+/* *out = root[key] when present (not null) and a boolean; keeps *out otherwise. */
+static int read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e) {
+    const json_t *v = json_object_get(root, key);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return bad_request(e, key, "true or false");
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* Text as a JSON string: the decoder's output is valid UTF-8, but a string is never refused. */
+static json_t *text_json(const char *text) {
+    json_t *s = json_string(text);
+    if (s) return s;
+    char *copy = csd_strdup(text);
+    if (!copy) return NULL;
+    csd_utf8_scrub(copy);
+    s = json_string(copy);
+    csd_free(copy);
+    return s;
+}
+
+/* The text of one token as the streaming detokenizer gives it (llama-server's with_pieces), so
+ * the pieces concatenate to the decoded text: leading-space rules applied once, and the bytes of a
+ * character split over several tokens (byte fallback) in the piece of the token that completes
+ * it. */
+#define TOKENIZE_PIECE_MAX (64 << 10)
+
+static json_t *pieces_list(const csd_tok *tok, const int32_t *ids, size_t n) {
+    char *piece = csd_alloc(TOKENIZE_PIECE_MAX);
+    json_t *list = piece ? json_array() : NULL;
+    csd_detok d;
+    csd_detok_init(&d, tok, false);
+    for (size_t i = 0; list && i < n; i++) {
+        size_t got = 0, more = 0;
+        bool ok = csd_detok_push(&d, ids[i], piece, TOKENIZE_PIECE_MAX, &got) == 0 &&
+                  (i + 1 < n ||
+                   csd_detok_flush(&d, piece + got, TOKENIZE_PIECE_MAX - got, &more) == 0);
+        json_t *t = ok ? json_pack("{s:i, s:s#}", "id", (int)ids[i], "piece", piece, got + more)
+                       : NULL;
+        if (!t || json_array_append_new(list, t)) {
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    csd_free(piece);
+    return list;
+}
+
+static char *tokens_response(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
+                             int64_t max_ctx) {
+    json_t *list = with_pieces ? pieces_list(tok, ids, n) : json_array();
+    for (size_t i = 0; list && !with_pieces && i < n; i++) {
+        if (json_array_append_new(list, json_integer(ids[i]))) {
+            json_decref(list);
+            return NULL;
+        }
+    }
+    if (!list) return NULL;
+    json_t *root = json_pack("{s:o, s:I}", "tokens", list, "count", (json_int_t)n);
+    if (root && max_ctx > 0) /* unknown while the model loads */
+        json_object_set_new(root, "max_model_len", json_integer(max_ctx));
+    char *out = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return out;
+}
+
+char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_t max_ctx,
+                        csd_http_error *e) {
+    json_t *root = parse_body(body, len, e);
+    if (!root) return NULL;
+    const json_t *prompt = json_object_get(root, "prompt"),
+                 *content = json_object_get(root, "content");
+    bool llama_style = !prompt && content;
+    const char *field = llama_style ? "content" : "prompt";
+    const json_t *text = llama_style ? content : prompt;
+    /* the defaults of each convention: see tokenize_api.h */
+    bool add_special = !llama_style, parse_special = llama_style, with_pieces = false;
+    char *out = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (!text || !json_is_string(text)) {
+        bad_request(e, field, "a string (the text to tokenize)");
+    } else if (!read_bool(root, "add_special_tokens", &add_special, e) &&
+               !read_bool(root, "add_special", &add_special, e) &&
+               !read_bool(root, "parse_special", &parse_special, e) &&
+               !read_bool(root, "with_pieces", &with_pieces, e)) {
+        csd_err err = {0};
+        if (csd_tok_encode(tok, json_string_value(text), json_string_length(text), add_special,
+                           parse_special, &ids, &n, &err)) {
+            csd_http_error_set(e, 400, NULL, field, "invalid_value", "could not tokenize: %s",
+                               err.msg);
+        } else if (!(out = tokens_response(tok, ids, n, with_pieces, max_ctx))) {
+            csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    }
+    csd_free(ids);
+    json_decref(root);
+    return out;
+}
+
+/* root["tokens"] as ids inside the vocabulary (csd_free *ids), or e set. */
+static int read_token_list(const json_t *root, int32_t vocab, int32_t **ids, size_t *n,
+                           csd_http_error *e) {
+    const json_t *list = json_object_get(root, "tokens");
+    if (!json_is_array(list)) return bad_request(e, "tokens", "a list of token ids");
+    *n = json_array_size(list);
+    if (*n > TOKENIZE_MAX_IDS) return bad_request(e, "tokens", "at most 1048576 token ids");
+    *ids = csd_alloc_array(*n ? *n : 1, sizeof **ids);
+    if (!*ids) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(list, i, v) {
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (!json_is_integer(v) || id < 0 || id >= vocab)
+            return csd_http_error_set(e, 400, NULL, "tokens", "invalid_value",
+                                      "tokens[%zu] is not a token id in [0, %d)", i, (int)vocab);
+        (*ids)[i] = (int32_t)id;
+    }
+    return 0;
+}
+
+char *csd_http_detokenize(const csd_tok *tok, const char *body, size_t len, csd_http_error *e) {
+    json_t *root = parse_body(body, len, e);
+    if (!root) return NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char *text = NULL, *out = NULL;
+    csd_err err = {0};
+    if (read_token_list(root, csd_tok_vocab_size(tok), &ids, &n, e) == 0) {
+        if (csd_tok_decode(tok, ids, n, false, &text, &err)) {
+            csd_http_error_set(e, 400, NULL, "tokens", "invalid_value", "could not decode: %s",
+                               err.msg);
+        } else {
+            json_t *t = text_json(text);
+            json_t *res = t ? json_pack("{s:O, s:o}", "prompt", t, "content", t) : NULL;
+            out = res ? json_dumps(res, JSON_COMPACT) : NULL;
+            json_decref(res);
+            if (!out) csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        }
+    }
+    csd_free(text);
+    csd_free(ids);
+    json_decref(root);
+    return out;
+}
