@@ -180,6 +180,15 @@ st, back = post("/detokenize", {"tokens": special["tokens"]})
 assert back["content"].endswith("</s>"), back
 st, back = post("/v1/detokenize", {"tokens": plain["tokens"]})
 assert st == 200 and back["prompt"] == text and back["content"] == text, back
+# vLLM's chat form: the ids a chat completion with the same messages starts from
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]
+st, chat_tok = post("/tokenize", {"messages": msgs})
+st, chat = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 1})
+assert st == 200 and chat_tok["count"] == chat["usage"]["prompt_tokens"], (chat_tok, chat["usage"])
+st, rendered = post("/detokenize", {"tokens": chat_tok["tokens"]})
+assert "<|im_start|>user" in rendered["content"] and rendered["content"].endswith("<|im_start|>assistant\n"), rendered
+st, err = post("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]})
+assert st == 400 and err["error"]["param"].startswith("messages[0]"), err
 # errors: 400 naming the field, 401 without the key, 405 for GET
 st, err = post("/tokenize", {"prompt": 5})
 assert st == 400 and err["error"]["param"] == "prompt", err

@@ -410,16 +410,40 @@ static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c
     return ret;
 }
 
-/* POST /tokenize, /detokenize: the tokenizer only, so they answer while the model loads too. */
+/* vLLM's chat form of /tokenize: the ids a chat completion with these messages would start
+ * from (the template rendered with the generation prompt). NULL with e set. */
+static char *tokenize_chat(const csd_http_server *s, const conn_state *cs, int64_t max_ctx,
+                           csd_http_error *e) {
+    csd_http_req req;
+    if (csd_http_req_parse(&req, CSD_HTTP_KIND_CHAT, cs->body.data, cs->body.len,
+                           csd_tok_vocab_size(s->tok), e))
+        return NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    char *out = NULL;
+    if (chat_prompt(s, &req, &ids, &n, e) == 0 &&
+        !(out = csd_http_tokens_json(s->tok, ids, n, false, max_ctx)))
+        csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    csd_free(ids);
+    csd_http_req_fini(&req);
+    return out;
+}
+
+/* POST /tokenize, /detokenize: the tokenizer (and template) only, so they answer while the model
+ * loads too. */
 static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connection *c, int route,
                                         const conn_state *cs) {
     csd_engine *engine = atomic_load(&s->engine);
+    int64_t max_ctx = engine ? csd_engine_max_ctx(engine) : 0;
     csd_http_error e;
     memset(&e, 0, sizeof e);
-    char *body = route == ROUTE_TOKENIZE
-                     ? csd_http_tokenize(s->tok, cs->body.data, cs->body.len,
-                                         engine ? csd_engine_max_ctx(engine) : 0, &e)
-                     : csd_http_detokenize(s->tok, cs->body.data, cs->body.len, &e);
+    char *body;
+    if (route == ROUTE_DETOKENIZE)
+        body = csd_http_detokenize(s->tok, cs->body.data, cs->body.len, &e);
+    else if (csd_http_tokenize_is_chat(cs->body.data, cs->body.len))
+        body = tokenize_chat(s, cs, max_ctx, &e);
+    else
+        body = csd_http_tokenize(s->tok, cs->body.data, cs->body.len, max_ctx, &e);
     enum MHD_Result ret =
         body ? send_json(s, c, 200, body, NULL, NULL) : send_error(s, c, &e, NULL, NULL);
     free(body);

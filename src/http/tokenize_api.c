@@ -86,8 +86,15 @@ static json_t *pieces_list(const csd_tok *tok, const int32_t *ids, size_t n) {
     return list;
 }
 
-static char *tokens_response(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
-                             int64_t max_ctx) {
+bool csd_http_tokenize_is_chat(const char *body, size_t len) {
+    json_t *root = body && len ? json_loadb(body, len, JSON_ALLOW_NUL, NULL) : NULL;
+    bool chat = json_is_object(root) && json_object_get(root, "messages");
+    json_decref(root);
+    return chat;
+}
+
+char *csd_http_tokens_json(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
+                           int64_t max_ctx) {
     json_t *list = with_pieces ? pieces_list(tok, ids, n) : json_array();
     for (size_t i = 0; list && !with_pieces && i < n; i++) {
         if (json_array_append_new(list, json_integer(ids[i]))) {
@@ -129,7 +136,7 @@ char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_
                            parse_special, &ids, &n, &err)) {
             csd_http_error_set(e, 400, NULL, field, "invalid_value", "could not tokenize: %s",
                                err.msg);
-        } else if (!(out = tokens_response(tok, ids, n, with_pieces, max_ctx))) {
+        } else if (!(out = csd_http_tokens_json(tok, ids, n, with_pieces, max_ctx))) {
             csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         }
     }
