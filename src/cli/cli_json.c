@@ -3,7 +3,6 @@
 
 #include <math.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "core/alloc.h"
 #include "core/utf8.h"
@@ -16,10 +15,8 @@ void csd_cli_json_set_real(json_t *o, const char *key, double x) {
 }
 
 void csd_cli_json_set_text(json_t *o, const char *key, const char *text) {
-    size_t n = strlen(text);
-    char *copy = csd_alloc(n + 1);
+    char *copy = csd_strdup(text);
     if (!copy) return; /* the key stays absent; csd_cli_json_print still prints the rest */
-    memcpy(copy, text, n + 1);
     csd_utf8_scrub(copy);
     json_object_set_new(o, key, json_string(copy));
     csd_free(copy);

@@ -11,7 +11,6 @@
 #include "core/alloc.h"
 #include "tok/tokenizer.h"
 
-
 static void usage(FILE *f) {
     fprintf(f, "usage: cascadia detokenize DIR [--skip-special] [--batch]\n"
                "  Reads token ids (separated by spaces, commas or newlines) on stdin and prints "

@@ -13,7 +13,6 @@
 #include "core/log.h"
 #include "tok/tokenizer.h"
 
-
 static void usage(FILE *f) {
     fprintf(f,
             "usage: cascadia tokenize DIR [--tokens] [--no-special] [--split-special] [--batch]\n"

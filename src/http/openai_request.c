@@ -58,13 +58,34 @@ char *csd_http_error_json(const csd_http_error *e) {
 
 /* ---- field readers: each returns 0, or CSD_EINVAL with the error naming the field ---- */
 
-static int bad_type(csd_http_error *e, const char *field, const char *want) {
+int csd_http_bad_type(csd_http_error *e, const char *field, const char *want) {
     return csd_http_error_set(e, 400, NULL, field, "invalid_type", "'%s' must be %s", field, want);
 }
 
-static int bad_value(csd_http_error *e, const char *field, const char *fmt_range) {
+int csd_http_bad_value(csd_http_error *e, const char *field, const char *want) {
     return csd_http_error_set(e, 400, NULL, field, "invalid_value", "'%s' must be %s", field,
-                              fmt_range);
+                              want);
+}
+
+json_t *csd_http_body_object(const char *body, size_t len, csd_http_error *e) {
+    if (!body || len == 0) {
+        csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the request body is empty");
+        return NULL;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
+    if (!root) {
+        csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
+                           "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
+                           jerr.line, jerr.column);
+        return NULL;
+    }
+    if (!json_is_object(root)) {
+        json_decref(root);
+        csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the body must be a JSON object");
+        return NULL;
+    }
+    return root;
 }
 
 /* A present, non-null member (NULL when absent or null). */
@@ -73,10 +94,10 @@ static json_t *member(const json_t *root, const char *key) {
     return v && !json_is_null(v) ? v : NULL;
 }
 
-static int read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e) {
+int csd_http_read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e) {
     json_t *v = member(root, key);
     if (!v) return 0;
-    if (!json_is_boolean(v)) return bad_type(e, key, "a boolean");
+    if (!json_is_boolean(v)) return csd_http_bad_type(e, key, "a boolean");
     *out = json_is_true(v);
     return 0;
 }
@@ -86,9 +107,10 @@ static int read_num(const json_t *root, const char *key, double lo, bool lo_open
                     const char *range, float *out, csd_http_error *e) {
     json_t *v = member(root, key);
     if (!v) return 0;
-    if (!json_is_number(v)) return bad_type(e, key, "a number");
+    if (!json_is_number(v)) return csd_http_bad_type(e, key, "a number");
     double d = json_number_value(v);
-    if (!isfinite(d) || d < lo || (lo_open && d == lo) || d > hi) return bad_value(e, key, range);
+    if (!isfinite(d) || d < lo || (lo_open && d == lo) || d > hi)
+        return csd_http_bad_value(e, key, range);
     *out = (float)d;
     return 0;
 }
@@ -98,9 +120,9 @@ static int read_int(const json_t *root, const char *key, int64_t lo, int64_t hi,
     json_t *v = member(root, key);
     if (present) *present = false;
     if (!v) return 0;
-    if (!json_is_integer(v)) return bad_type(e, key, "an integer");
+    if (!json_is_integer(v)) return csd_http_bad_type(e, key, "an integer");
     json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi) return bad_value(e, key, range);
+    if (x < lo || x > hi) return csd_http_bad_value(e, key, range);
     *out = (int64_t)x;
     if (present) *present = true;
     return 0;
@@ -109,9 +131,9 @@ static int read_int(const json_t *root, const char *key, int64_t lo, int64_t hi,
 static int read_string(const json_t *root, const char *key, char **out, csd_http_error *e) {
     json_t *v = member(root, key);
     if (!v) return 0;
-    if (!json_is_string(v)) return bad_type(e, key, "a string");
+    if (!json_is_string(v)) return csd_http_bad_type(e, key, "a string");
     if (strlen(json_string_value(v)) != json_string_length(v))
-        return bad_value(e, key, "free of NUL characters");
+        return csd_http_bad_value(e, key, "free of NUL characters");
     *out = csd_strdup(json_string_value(v));
     if (!*out) return csd_http_error_set(e, 500, "server_error", key, NULL, "out of memory");
     return 0;
@@ -184,16 +206,18 @@ static int parse_sampling(const json_t *root, csd_http_req *r, csd_http_error *e
                                   (long long)v);
     if ((rc = read_int(root, "best_of", 1, 1, "1 (best_of > 1 is not supported)", NULL, &v, e)))
         return rc;
-    return read_bool(root, "ignore_eos", &r->ignore_eos, e);
+    return csd_http_read_bool(root, "ignore_eos", &r->ignore_eos, e);
 }
 
 static int add_stop(csd_http_req *r, const json_t *s, const char *field, csd_http_error *e) {
-    if (!json_is_string(s)) return bad_type(e, field, "a string or an array of strings");
+    if (!json_is_string(s)) return csd_http_bad_type(e, field, "a string or an array of strings");
     size_t len = json_string_length(s);
-    if (len == 0) return bad_value(e, field, "a non-empty string");
-    if (len > CSD_HTTP_MAX_STOP_LEN) return bad_value(e, field, "at most 256 bytes long");
-    if (memchr(json_string_value(s), 0, len)) return bad_value(e, field, "free of NUL characters");
-    if (r->n_stop >= CSD_HTTP_MAX_STOP) return bad_value(e, field, "a list of at most 16 strings");
+    if (len == 0) return csd_http_bad_value(e, field, "a non-empty string");
+    if (len > CSD_HTTP_MAX_STOP_LEN) return csd_http_bad_value(e, field, "at most 256 bytes long");
+    if (memchr(json_string_value(s), 0, len))
+        return csd_http_bad_value(e, field, "free of NUL characters");
+    if (r->n_stop >= CSD_HTTP_MAX_STOP)
+        return csd_http_bad_value(e, field, "a list of at most 16 strings");
     r->stop[r->n_stop] = csd_strdup(json_string_value(s));
     if (!r->stop[r->n_stop])
         return csd_http_error_set(e, 500, "server_error", field, NULL, "out of memory");
@@ -205,9 +229,9 @@ static int parse_stop(const json_t *root, csd_http_req *r, csd_http_error *e) {
     json_t *v = member(root, "stop");
     if (!v) return 0;
     if (json_is_string(v)) return add_stop(r, v, "stop", e);
-    if (!json_is_array(v)) return bad_type(e, "stop", "a string or an array of strings");
+    if (!json_is_array(v)) return csd_http_bad_type(e, "stop", "a string or an array of strings");
     if (json_array_size(v) > CSD_HTTP_MAX_STOP)
-        return bad_value(e, "stop", "a list of at most 16 strings");
+        return csd_http_bad_value(e, "stop", "a list of at most 16 strings");
     size_t i;
     json_t *s;
     json_array_foreach(v, i, s) {
@@ -218,14 +242,15 @@ static int parse_stop(const json_t *root, csd_http_req *r, csd_http_error *e) {
 }
 
 static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) {
-    int rc = read_bool(root, "stream", &r->stream, e);
+    int rc = csd_http_read_bool(root, "stream", &r->stream, e);
     if (rc) return rc;
     json_t *so = member(root, "stream_options");
     if (!so) return 0;
-    if (!json_is_object(so)) return bad_type(e, "stream_options", "an object");
+    if (!json_is_object(so)) return csd_http_bad_type(e, "stream_options", "an object");
     json_t *iu = member(so, "include_usage");
     if (iu) {
-        if (!json_is_boolean(iu)) return bad_type(e, "stream_options.include_usage", "a boolean");
+        if (!json_is_boolean(iu))
+            return csd_http_bad_type(e, "stream_options.include_usage", "a boolean");
         r->include_usage = json_is_true(iu);
     }
     return 0;
@@ -235,9 +260,9 @@ static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) 
 static int parse_response_format(const json_t *root, csd_http_error *e) {
     json_t *v = member(root, "response_format");
     if (!v) return 0;
-    if (!json_is_object(v)) return bad_type(e, "response_format", "an object");
+    if (!json_is_object(v)) return csd_http_bad_type(e, "response_format", "an object");
     json_t *t = json_object_get(v, "type");
-    if (!json_is_string(t)) return bad_type(e, "response_format.type", "a string");
+    if (!json_is_string(t)) return csd_http_bad_type(e, "response_format.type", "a string");
     if (strcmp(json_string_value(t), "text") != 0)
         return csd_http_error_set(e, 400, NULL, "response_format", "unsupported_value",
                                   "response_format '%s' is not supported (only 'text')",
@@ -254,22 +279,23 @@ static int message_content(const json_t *c, const char *field, json_t **out, csd
         *out = json_incref((json_t *)c);
         return 0;
     }
-    if (!json_is_array(c)) return bad_type(e, field, "a string or an array of content parts");
+    if (!json_is_array(c))
+        return csd_http_bad_type(e, field, "a string or an array of content parts");
     size_t total = 0, i;
     json_t *part;
     json_array_foreach(c, i, part) {
         snprintf(name, sizeof name, "%s[%zu]", field, i);
-        if (!json_is_object(part)) return bad_type(e, name, "an object");
+        if (!json_is_object(part)) return csd_http_bad_type(e, name, "an object");
         json_t *type = json_object_get(part, "type");
         snprintf(name, sizeof name, "%s[%zu].type", field, i);
-        if (!json_is_string(type)) return bad_type(e, name, "a string");
+        if (!json_is_string(type)) return csd_http_bad_type(e, name, "a string");
         if (strcmp(json_string_value(type), "text") != 0)
             return csd_http_error_set(e, 400, NULL, name, "unsupported_value",
                                       "content part type '%s' is not supported (only 'text')",
                                       json_string_value(type));
         json_t *text = json_object_get(part, "text");
         snprintf(name, sizeof name, "%s[%zu].text", field, i);
-        if (!json_is_string(text)) return bad_type(e, name, "a string");
+        if (!json_is_string(text)) return csd_http_bad_type(e, name, "a string");
         total += json_string_length(text) + 1;
     }
     char *buf = csd_alloc(total + 1);
@@ -292,10 +318,10 @@ static int message_content(const json_t *c, const char *field, json_t **out, csd
 static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_error *e) {
     char field[96];
     snprintf(field, sizeof field, "messages[%zu]", idx);
-    if (!json_is_object(m)) return bad_type(e, field, "an object");
+    if (!json_is_object(m)) return csd_http_bad_type(e, field, "an object");
     json_t *role = json_object_get(m, "role");
     snprintf(field, sizeof field, "messages[%zu].role", idx);
-    if (!json_is_string(role)) return bad_type(e, field, "a string");
+    if (!json_is_string(role)) return csd_http_bad_type(e, field, "a string");
     const char *rs = json_string_value(role);
     /* "developer" is OpenAI's newer name for system */
     static const char *const roles[] = {"system", "user", "assistant", "tool", "developer"};
@@ -328,9 +354,9 @@ static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_
     }
     if (tool_calls) {
         snprintf(field, sizeof field, "messages[%zu].tool_calls", idx);
-        if (!json_is_array(tool_calls)) return bad_type(e, field, "an array");
+        if (!json_is_array(tool_calls)) return csd_http_bad_type(e, field, "an array");
         if (json_depth(tool_calls, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
-            return bad_value(e, field, "nested less deeply");
+            return csd_http_bad_value(e, field, "nested less deeply");
         json_object_set(nm, "tool_calls", tool_calls);
     }
     static const char *const strs[] = {"name", "tool_call_id"};
@@ -338,7 +364,7 @@ static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_
         json_t *v = member(m, strs[i]);
         if (!v) continue;
         snprintf(field, sizeof field, "messages[%zu].%s", idx, strs[i]);
-        if (!json_is_string(v)) return bad_type(e, field, "a string");
+        if (!json_is_string(v)) return csd_http_bad_type(e, field, "a string");
         json_object_set(nm, strs[i], v);
     }
     return 0;
@@ -349,10 +375,10 @@ static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
     if (!msgs || json_is_null(msgs))
         return csd_http_error_set(e, 400, NULL, "messages", "missing_required_parameter",
                                   "'messages' is required");
-    if (!json_is_array(msgs)) return bad_type(e, "messages", "an array");
-    if (json_array_size(msgs) == 0) return bad_value(e, "messages", "a non-empty array");
+    if (!json_is_array(msgs)) return csd_http_bad_type(e, "messages", "an array");
+    if (json_array_size(msgs) == 0) return csd_http_bad_value(e, "messages", "a non-empty array");
     if (json_array_size(msgs) > CSD_HTTP_MAX_MESSAGES)
-        return bad_value(e, "messages", "at most 4096 messages");
+        return csd_http_bad_value(e, "messages", "at most 4096 messages");
     r->messages = json_array();
     if (!r->messages)
         return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -362,7 +388,7 @@ static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
         int rc = parse_message(m, i, r->messages, e);
         if (rc) return rc;
     }
-    int rc = read_bool(root, "logprobs", &r->logprobs, e);
+    int rc = csd_http_read_bool(root, "logprobs", &r->logprobs, e);
     if (rc) return rc;
     int64_t v = 0;
     bool present = false;
@@ -377,24 +403,24 @@ static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
     }
     json_t *tools = member(root, "tools");
     if (tools) {
-        if (!json_is_array(tools)) return bad_type(e, "tools", "an array");
+        if (!json_is_array(tools)) return csd_http_bad_type(e, "tools", "an array");
         if (json_depth(tools, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
-            return bad_value(e, "tools", "nested less deeply");
+            return csd_http_bad_value(e, "tools", "nested less deeply");
         size_t k;
         json_t *t;
         json_array_foreach(tools, k, t) {
             char field[64];
             snprintf(field, sizeof field, "tools[%zu]", k);
-            if (!json_is_object(t)) return bad_type(e, field, "an object");
+            if (!json_is_object(t)) return csd_http_bad_type(e, field, "an object");
         }
         if (json_array_size(tools) > 0) r->tools = json_incref(tools);
     }
     json_t *tc = member(root, "tool_choice");
     if (tc) {
         if (!json_is_string(tc) && !json_is_object(tc))
-            return bad_type(e, "tool_choice", "a string or an object");
+            return csd_http_bad_type(e, "tool_choice", "a string or an object");
         if (json_depth(tc, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
-            return bad_value(e, "tool_choice", "nested less deeply");
+            return csd_http_bad_value(e, "tool_choice", "nested less deeply");
         r->tool_choice = json_incref(tc);
     }
     return 0;
@@ -405,8 +431,9 @@ static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
 static int read_ids(const json_t *arr, const char *field, int32_t vocab, csd_http_req *r,
                     csd_http_error *e) {
     size_t n = json_array_size(arr);
-    if (n == 0) return bad_value(e, field, "a non-empty list of token ids");
-    if (n > CSD_HTTP_MAX_PROMPT_IDS) return bad_value(e, field, "at most 1048576 token ids");
+    if (n == 0) return csd_http_bad_value(e, field, "a non-empty list of token ids");
+    if (n > CSD_HTTP_MAX_PROMPT_IDS)
+        return csd_http_bad_value(e, field, "at most 1048576 token ids");
     r->prompt_ids = csd_alloc_array(n, sizeof *r->prompt_ids);
     if (!r->prompt_ids)
         return csd_http_error_set(e, 500, "server_error", field, NULL, "out of memory");
@@ -414,7 +441,8 @@ static int read_ids(const json_t *arr, const char *field, int32_t vocab, csd_htt
     json_t *v;
     json_array_foreach(arr, i, v) {
         if (!json_is_integer(v))
-            return bad_type(e, field, "a string, a list of one string, or a list of token ids");
+            return csd_http_bad_type(e, field,
+                                     "a string, a list of one string, or a list of token ids");
         json_int_t id = json_integer_value(v);
         int64_t hi = vocab > 0 ? vocab : INT32_MAX;
         if (id < 0 || id >= hi)
@@ -447,7 +475,7 @@ static int parse_completion(const json_t *root, int32_t vocab, csd_http_req *r, 
         rc = set_prompt_text(r, p, e);
     } else if (json_is_array(p)) {
         json_t *first = json_array_get(p, 0);
-        if (!first) return bad_value(e, "prompt", "a non-empty string or list");
+        if (!first) return csd_http_bad_value(e, "prompt", "a non-empty string or list");
         if (json_is_string(first) || json_is_array(first)) {
             if (json_array_size(p) != 1)
                 return csd_http_error_set(e, 400, NULL, "prompt", "unsupported_value",
@@ -461,10 +489,10 @@ static int parse_completion(const json_t *root, int32_t vocab, csd_http_req *r, 
             rc = read_ids(p, "prompt", vocab, r, e);
         }
     } else {
-        return bad_type(e, "prompt", want);
+        return csd_http_bad_type(e, "prompt", want);
     }
     if (rc) return rc;
-    if ((rc = read_bool(root, "echo", &r->echo, e))) return rc;
+    if ((rc = csd_http_read_bool(root, "echo", &r->echo, e))) return rc;
     json_t *lp = member(root, "logprobs");
     if (lp) {
         if (json_is_boolean(lp)) { /* lenient: some clients send the chat form */
@@ -472,11 +500,11 @@ static int parse_completion(const json_t *root, int32_t vocab, csd_http_req *r, 
         } else if (json_is_integer(lp)) {
             json_int_t n = json_integer_value(lp);
             if (n < 0 || n > CSD_HTTP_MAX_TOP_LOGPROBS)
-                return bad_value(e, "logprobs", "an integer in [0, 20]");
+                return csd_http_bad_value(e, "logprobs", "an integer in [0, 20]");
             r->logprobs = true;
             r->top_logprobs = (int)n;
         } else {
-            return bad_type(e, "logprobs", "an integer");
+            return csd_http_bad_type(e, "logprobs", "an integer");
         }
     }
     json_t *suffix = member(root, "suffix");
@@ -508,20 +536,9 @@ int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len
     req_reset(req, kind);
     if (kind != CSD_HTTP_KIND_CHAT && kind != CSD_HTTP_KIND_COMPLETION)
         return csd_http_error_set(e, 400, NULL, NULL, NULL, "unknown endpoint kind");
-    if (!body || len == 0)
-        return csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the request body is empty");
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
-    if (!root)
-        return csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
-                                  "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                                  jerr.line, jerr.column);
+    json_t *root = csd_http_body_object(body, len, e);
+    if (!root) return CSD_EINVAL;
     int rc;
-    if (!json_is_object(root)) {
-        rc = csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
-                                "the body must be a JSON object");
-        goto fail;
-    }
     if ((rc = read_string(root, "model", &req->model, e))) goto fail;
     if ((rc = read_string(root, "user", &req->user, e))) goto fail;
     if ((rc = parse_stream(root, req, e))) goto fail;

@@ -46,6 +46,15 @@ typedef struct csd_http_error {
 int csd_http_error_set(csd_http_error *e, int status, const char *type, const char *param,
                        const char *code, const char *fmt, ...)
     __attribute__((format(printf, 6, 7)));
+/* 400 naming field, "'field' must be WANT", with code invalid_type or invalid_value. Return
+ * CSD_EINVAL, as csd_http_error_set. */
+int csd_http_bad_type(csd_http_error *e, const char *field, const char *want);
+int csd_http_bad_value(csd_http_error *e, const char *field, const char *want);
+/* The request body as a JSON object (json_decref it), or NULL with e set (400, invalid_json): an
+ * empty body, text that is not JSON, or JSON that is not an object. */
+json_t *csd_http_body_object(const char *body, size_t len, csd_http_error *e);
+/* *out = root[key] when present and not null; a 400 when it is not a boolean. */
+int csd_http_read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e);
 /* The OpenAI error body as a NUL-terminated string (free with free(): jansson's json_dumps). */
 char *csd_http_error_json(const csd_http_error *e);
 

@@ -7,57 +7,6 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "core/utf8.h"
-
-/* The longest list /detokenize takes, as /v1/completions' prompt ids. */
-#define TOKENIZE_MAX_IDS (1 << 20)
-
-static int bad_request(csd_http_error *e, const char *param, const char *what) {
-    return csd_http_error_set(e, 400, NULL, param, "invalid_value", "'%s' must be %s", param, what);
-}
-
-/* The body as a JSON object, or NULL with e set. */
-static json_t *parse_body(const char *body, size_t len, csd_http_error *e) {
-    if (!body || len == 0) {
-        csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the request body is empty");
-        return NULL;
-    }
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
-    if (!root) {
-        csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
-                           "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
-                           jerr.line, jerr.column);
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        json_decref(root);
-        csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the body must be a JSON object");
-        return NULL;
-    }
-    return root;
-}
-
-/* *out = root[key] when present (not null) and a boolean; keeps *out otherwise. */
-static int read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e) {
-    const json_t *v = json_object_get(root, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v)) return bad_request(e, key, "true or false");
-    *out = json_is_true(v);
-    return 0;
-}
-
-/* Text as a JSON string: the decoder's output is valid UTF-8, but a string is never refused. */
-static json_t *text_json(const char *text) {
-    json_t *s = json_string(text);
-    if (s) return s;
-    char *copy = csd_strdup(text);
-    if (!copy) return NULL;
-    csd_utf8_scrub(copy);
-    s = json_string(copy);
-    csd_free(copy);
-    return s;
-}
 
 /* The text of one token as the streaming detokenizer gives it (llama-server's with_pieces), so
  * the pieces concatenate to the decoded text: leading-space rules applied once, and the bytes of a
@@ -86,6 +35,17 @@ static json_t *pieces_list(const csd_tok *tok, const int32_t *ids, size_t n) {
     return list;
 }
 
+static json_t *ids_list(const int32_t *ids, size_t n) {
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < n; i++) {
+        if (json_array_append_new(list, json_integer(ids[i]))) {
+            json_decref(list);
+            list = NULL;
+        }
+    }
+    return list;
+}
+
 bool csd_http_tokenize_is_chat(const char *body, size_t len) {
     json_t *root = body && len ? json_loadb(body, len, JSON_ALLOW_NUL, NULL) : NULL;
     bool chat = json_is_object(root) && json_object_get(root, "messages");
@@ -95,13 +55,7 @@ bool csd_http_tokenize_is_chat(const char *body, size_t len) {
 
 char *csd_http_tokens_json(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
                            int64_t max_ctx) {
-    json_t *list = with_pieces ? pieces_list(tok, ids, n) : json_array();
-    for (size_t i = 0; list && !with_pieces && i < n; i++) {
-        if (json_array_append_new(list, json_integer(ids[i]))) {
-            json_decref(list);
-            return NULL;
-        }
-    }
+    json_t *list = with_pieces ? pieces_list(tok, ids, n) : ids_list(ids, n);
     if (!list) return NULL;
     json_t *root = json_pack("{s:o, s:I}", "tokens", list, "count", (json_int_t)n);
     if (root && max_ctx > 0) /* unknown while the model loads */
@@ -113,7 +67,7 @@ char *csd_http_tokens_json(const csd_tok *tok, const int32_t *ids, size_t n, boo
 
 char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_t max_ctx,
                         csd_http_error *e) {
-    json_t *root = parse_body(body, len, e);
+    json_t *root = csd_http_body_object(body, len, e);
     if (!root) return NULL;
     const json_t *prompt = json_object_get(root, "prompt"),
                  *content = json_object_get(root, "content");
@@ -126,11 +80,11 @@ char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_
     int32_t *ids = NULL;
     size_t n = 0;
     if (!text || !json_is_string(text)) {
-        bad_request(e, field, "a string (the text to tokenize)");
-    } else if (!read_bool(root, "add_special_tokens", &add_special, e) &&
-               !read_bool(root, "add_special", &add_special, e) &&
-               !read_bool(root, "parse_special", &parse_special, e) &&
-               !read_bool(root, "with_pieces", &with_pieces, e)) {
+        csd_http_bad_type(e, field, "a string (the text to tokenize)");
+    } else if (!csd_http_read_bool(root, "add_special_tokens", &add_special, e) &&
+               !csd_http_read_bool(root, "add_special", &add_special, e) &&
+               !csd_http_read_bool(root, "parse_special", &parse_special, e) &&
+               !csd_http_read_bool(root, "with_pieces", &with_pieces, e)) {
         csd_err err = {0};
         if (csd_tok_encode(tok, json_string_value(text), json_string_length(text), add_special,
                            parse_special, &ids, &n, &err)) {
@@ -149,9 +103,10 @@ char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_
 static int read_token_list(const json_t *root, int32_t vocab, int32_t **ids, size_t *n,
                            csd_http_error *e) {
     const json_t *list = json_object_get(root, "tokens");
-    if (!json_is_array(list)) return bad_request(e, "tokens", "a list of token ids");
+    if (!json_is_array(list)) return csd_http_bad_type(e, "tokens", "a list of token ids");
     *n = json_array_size(list);
-    if (*n > TOKENIZE_MAX_IDS) return bad_request(e, "tokens", "at most 1048576 token ids");
+    if (*n > CSD_HTTP_MAX_PROMPT_IDS)
+        return csd_http_bad_value(e, "tokens", "at most 1048576 token ids");
     *ids = csd_alloc_array(*n ? *n : 1, sizeof **ids);
     if (!*ids) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
     size_t i;
@@ -167,7 +122,7 @@ static int read_token_list(const json_t *root, int32_t vocab, int32_t **ids, siz
 }
 
 char *csd_http_detokenize(const csd_tok *tok, const char *body, size_t len, csd_http_error *e) {
-    json_t *root = parse_body(body, len, e);
+    json_t *root = csd_http_body_object(body, len, e);
     if (!root) return NULL;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -178,8 +133,8 @@ char *csd_http_detokenize(const csd_tok *tok, const char *body, size_t len, csd_
             csd_http_error_set(e, 400, NULL, "tokens", "invalid_value", "could not decode: %s",
                                err.msg);
         } else {
-            json_t *t = text_json(text);
-            json_t *res = t ? json_pack("{s:O, s:o}", "prompt", t, "content", t) : NULL;
+            /* decoded text is whole UTF-8: bytes that form no character came out as U+FFFD */
+            json_t *res = json_pack("{s:s, s:s}", "prompt", text, "content", text);
             out = res ? json_dumps(res, JSON_COMPACT) : NULL;
             json_decref(res);
             if (!out) csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
