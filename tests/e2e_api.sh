@@ -66,6 +66,15 @@ assert r["choices"][0]["message"]["role"] == "assistant", r
 assert r["usage"]["completion_tokens"] == 16 or r["choices"][0]["finish_reason"] == "stop", r
 ' "$doc_out2" || fail "the docs/api.md curl example did not work: $doc_out"
 echo "ok   docs/api.md curl example"
+tok_curl=$(sed -n '/^curl -s http:\/\/127.0.0.1:8080\/tokenize/p' "$CSD_SOURCE_DIR/docs/api.md")
+[ -n "$tok_curl" ] || fail "no /tokenize curl example in docs/api.md"
+tok_out=$(bash -c "${tok_curl//127.0.0.1:8080/127.0.0.1:$PORT_main}")
+echo "$tok_out" | /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+assert r["count"] == len(r["tokens"]) > 0 and all(isinstance(t, int) for t in r["tokens"]), r
+' || fail "the docs/api.md /tokenize example did not work: $tok_out"
+echo "ok   docs/api.md /tokenize example"
 
 # --- a second server with one slot and no queue, for 429 and disconnects: the same weights with an
 # 8192-token context, so that a request with ignore_eos runs for seconds, not milliseconds ---
