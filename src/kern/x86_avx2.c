@@ -325,6 +325,17 @@ AI float group_score(const int NC, int pairs, const float *q, const __m256 *kf) 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
+/* att[t] *= inv over n positions: each head's probabilities, the same float product the
+ * composed path forms per position (p = att * inv), formed once so that the value pass takes
+ * them straight from memory. */
+static inline void scale_probs(float *att, int64_t n, float inv) {
+    const __m256 iv = _mm256_set1_ps(inv);
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8)
+        _mm256_storeu_ps(att + t, _mm256_mul_ps(_mm256_loadu_ps(att + t), iv));
+    for (; t < n; t++) att[t] *= inv;
+}
+
 AI void attend_group_nc(const int NC, float *out, const float *q, int H, const uint16_t *k,
                         const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                         float *att) {
@@ -348,7 +359,10 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
             if (s > max[h]) max[h] = s;
         }
     }
-    for (int h = 0; h < H; h++) inv[h] = avx2_softmax(att + h * n, n, max[h]);
+    for (int h = 0; h < H; h++) {
+        inv[h] = avx2_softmax(att + h * n, n, max[h]);
+        scale_probs(att + h * n, n, inv[h]);
+    }
     for (int64_t t0 = 0; t0 < n; t0 += ATTN_V_BLOCK) {
         int nt = n - t0 < ATTN_V_BLOCK ? (int)(n - t0) : ATTN_V_BLOCK;
         for (int i = 0; i < nt; i++) {
@@ -363,7 +377,7 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
 #pragma GCC unroll 16
             for (int c = 0; c < NC; c++) o[c] = _mm256_loadu_ps(op[h] + 8 * c);
             for (int i = 0; i < nt; i++) {
-                __m256 p = _mm256_set1_ps(att[h * n + t0 + i] * inv[h]);
+                __m256 p = _mm256_set1_ps(att[h * n + t0 + i]);
 #pragma GCC unroll 16
                 for (int c = 0; c < NC; c++) o[c] = _mm256_fmadd_ps(p, vf[i][c], o[c]);
             }

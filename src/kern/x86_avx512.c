@@ -549,12 +549,23 @@ AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k
     }
 }
 
+/* att[t] *= inv over n positions: each head's probabilities, the same float product attend_nv
+ * forms per position (p = att * inv), formed once here so that the value passes below take them
+ * straight from memory as broadcasts. */
+static inline void scale_probs(float *att, int64_t n, float inv) {
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int64_t t = 0; t < n; t += 16) {
+        __mmask16 m = tail_mask(n - t);
+        _mm512_mask_storeu_ps(att + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, att + t), iv));
+    }
+}
+
 /* The outputs of exactly H heads (H * NV <= 16), held in registers over all positions; each V
  * row is converted once and used for the H heads from registers. The fast path for the common
- * shapes (4 heads of 64, 2 of 128). Per head: o = fma(att * inv, v, o) in position order, as
- * attend_nv. */
+ * shapes (4 heads of 64, 2 of 128). Per head: o = fma(p, v, o) in position order, as attend_nv,
+ * with p = att * inv already formed (scale_probs). */
 AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t *v, int64_t ld,
-                           int64_t n, int64_t hd, const float *att, const float *inv) {
+                           int64_t n, int64_t hd, const float *p) {
     __m512 o[16], vr[8];
     __mmask16 m[8];
 #pragma GCC unroll 8
@@ -568,9 +579,9 @@ AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t
             vr[j] = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m[j], v + t * ld + 16 * j));
 #pragma GCC unroll 4
         for (int h = 0; h < H; h++) {
-            __m512 p = _mm512_set1_ps(att[h * n + t] * inv[h]);
+            __m512 ph = _mm512_set1_ps(p[h * n + t]);
 #pragma GCC unroll 8
-            for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_fmadd_ps(p, vr[j], o[h * NV + j]);
+            for (int j = 0; j < NV; j++) o[h * NV + j] = _mm512_fmadd_ps(ph, vr[j], o[h * NV + j]);
         }
     }
 #pragma GCC unroll 4
@@ -582,8 +593,8 @@ AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t
 
 /* The outputs of any number of heads: 16 V rows converted per step, then each head's output
  * loaded, advanced over them and stored back. Same per-head operations as attend_values_regs. */
-AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, int64_t ld,
-                      int64_t n, int64_t hd, const float *att, const float *inv) {
+AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, int64_t ld, int64_t n,
+                      int64_t hd, const float *p) {
     __m512 blk[ATTN_BLOCK][8];
     __mmask16 m[8];
 #pragma GCC unroll 8
@@ -608,9 +619,9 @@ AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, in
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++) o[j] = _mm512_maskz_loadu_ps(m[j], oh + 16 * j);
             for (int i = 0; i < nt; i++) {
-                __m512 p = _mm512_set1_ps(att[h * n + t0 + i] * inv[h]);
+                __m512 ph = _mm512_set1_ps(p[h * n + t0 + i]);
 #pragma GCC unroll 8
-                for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(p, blk[i][j], o[j]);
+                for (int j = 0; j < NV; j++) o[j] = _mm512_fmadd_ps(ph, blk[i][j], o[j]);
             }
 #pragma GCC unroll 8
             for (int j = 0; j < NV; j++) _mm512_mask_storeu_ps(oh + 16 * j, m[j], o[j]);
@@ -627,14 +638,15 @@ AI void attend_group_nv(const int NV, float *out, const float *q, int64_t g, con
                         float *att) {
     float inv[CSD_ATTN_GROUP_MAX];
     attend_scores(NV, q, g, k, ld, n, hd, scale, att, inv);
+    for (int64_t h = 0; h < g; h++) scale_probs(att + h * n, n, inv[h]);
     int64_t h = 0;
     if (NV == 4) /* the common shapes: passes with the outputs in registers */
         for (; h + 4 <= g; h += 4)
-            attend_values_regs(4, 4, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
+            attend_values_regs(4, 4, out + h * hd, v, ld, n, hd, att + h * n);
     if (NV == 8)
         for (; h + 2 <= g; h += 2)
-            attend_values_regs(8, 2, out + h * hd, v, ld, n, hd, att + h * n, inv + h);
-    if (h < g) attend_values(NV, out + h * hd, g - h, v, ld, n, hd, att + h * n, inv + h);
+            attend_values_regs(8, 2, out + h * hd, v, ld, n, hd, att + h * n);
+    if (h < g) attend_values(NV, out + h * hd, g - h, v, ld, n, hd, att + h * n);
 }
 
 /* Head sizes up to 128 (8 vectors); wider heads go one at a time through attend_nv. */
