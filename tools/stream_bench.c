@@ -39,7 +39,7 @@ typedef struct bench {
     uint8_t *region; /* Q4 blocks of DIM columns: table 1's streams, table 2's matrices */
     size_t region_bytes;
     uint8_t *act[2]; /* quantized activations of DIM and HIDDEN inputs */
-    float *out;      /* table 1's outputs: a row per 16-row block row */
+    float *out;      /* table 1's outputs: 16 floats per block */
     csd_qmat mats[LAYERS][LAYER_MATS];
     float *mat_out[LAYERS][LAYER_MATS];
     size_t model_bytes;

@@ -112,8 +112,8 @@ static int read_token_list(const json_t *root, int32_t vocab, int32_t **ids, siz
     size_t i;
     const json_t *v;
     json_array_foreach(list, i, v) {
-        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-        if (!json_is_integer(v) || id < 0 || id >= vocab)
+        json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1; /* -1: not an id */
+        if (id < 0 || id >= vocab)
             return csd_http_error_set(e, 400, NULL, "tokens", "invalid_value",
                                       "tokens[%zu] is not a token id in [0, %d)", i, (int)vocab);
         (*ids)[i] = (int32_t)id;

@@ -325,9 +325,9 @@ AI float group_score(const int NC, int pairs, const float *q, const __m256 *kf) 
     return hsum8(_mm256_add_ps(acc0, acc1));
 }
 
-/* att[t] *= inv over n positions: each head's probabilities, the same float product the
- * composed path forms per position (p = att * inv), formed once so that the value pass takes
- * them straight from memory. */
+/* att[t] *= inv over n positions: a head's probabilities, the same float product the composed
+ * path forms per position (p = att * inv), formed once so that the value pass takes them straight
+ * from memory. */
 static inline void scale_probs(float *att, int64_t n, float inv) {
     const __m256 iv = _mm256_set1_ps(inv);
     int64_t t = 0;
@@ -340,7 +340,7 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
                         const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                         float *att) {
     float qp[ATTN_PASS_HEADS][ATTN_MAX_CHUNKS * 8], op[ATTN_PASS_HEADS][ATTN_MAX_CHUNKS * 8];
-    float max[ATTN_PASS_HEADS], inv[ATTN_PASS_HEADS];
+    float max[ATTN_PASS_HEADS];
     __m256 kf[ATTN_MAX_CHUNKS], vf[ATTN_V_BLOCK][ATTN_MAX_CHUNKS];
     for (int h = 0; h < H; h++) { /* zero-padded copies: the masked tail loads of dot_any */
         memset(qp[h], 0, sizeof qp[h]);
@@ -359,10 +359,7 @@ AI void attend_group_nc(const int NC, float *out, const float *q, int H, const u
             if (s > max[h]) max[h] = s;
         }
     }
-    for (int h = 0; h < H; h++) {
-        inv[h] = avx2_softmax(att + h * n, n, max[h]);
-        scale_probs(att + h * n, n, inv[h]);
-    }
+    for (int h = 0; h < H; h++) scale_probs(att + h * n, n, avx2_softmax(att + h * n, n, max[h]));
     for (int64_t t0 = 0; t0 < n; t0 += ATTN_V_BLOCK) {
         int nt = n - t0 < ATTN_V_BLOCK ? (int)(n - t0) : ATTN_V_BLOCK;
         for (int i = 0; i < nt; i++) {

@@ -502,13 +502,24 @@ AI __m512 reduce16(const __m512 *a) {
     return _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88), _mm512_shuffle_ps(z[0], z[1], 0xDD));
 }
 
+/* att[t] *= inv over n positions: a head's probabilities, the same float product attend_nv forms
+ * per position (p = att * inv), formed once so that the value passes take them straight from
+ * memory as broadcasts. */
+static inline void scale_probs(float *att, int64_t n, float inv) {
+    const __m512 iv = _mm512_set1_ps(inv);
+    for (int64_t t = 0; t < n; t += 16) {
+        __mmask16 m = tail_mask(n - t);
+        _mm512_mask_storeu_ps(att + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, att + t), iv));
+    }
+}
+
 /* The scores of g heads sharing one K/V head, 16 positions per step: each block of K rows is
  * converted to floats once for all g heads. Per head and position the operations are attend_nv's
  * (q . k by one multiply and NV - 1 FMAs, hsum's tree through reduce16, times scale), then the same
- * softmax: att[h * n + t] = exp(score - max), inv[h] = 1 / sum. */
+ * softmax, then the probabilities: att[h * n + t] = exp(score - max) * (1 / sum). */
 #define ATTN_BLOCK 16
 AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k, int64_t ld,
-                      int64_t n, int64_t hd, float scale, float *att, float *inv) {
+                      int64_t n, int64_t hd, float scale, float *att) {
     __m512 blk[ATTN_BLOCK][8];
     __mmask16 m[8];
     const __m512 scalev = _mm512_set1_ps(scale);
@@ -545,25 +556,14 @@ AI void attend_scores(const int NV, const float *q, int64_t g, const uint16_t *k
         for (int64_t t = 0; t < n; t += 16)
             mx = _mm512_mask_max_ps(mx, tail_mask(n - t),
                                     _mm512_maskz_loadu_ps(tail_mask(n - t), att + h * n + t), mx);
-        inv[h] = avx512_softmax(att + h * n, n, _mm512_reduce_max_ps(mx));
-    }
-}
-
-/* att[t] *= inv over n positions: each head's probabilities, the same float product attend_nv
- * forms per position (p = att * inv), formed once here so that the value passes below take them
- * straight from memory as broadcasts. */
-static inline void scale_probs(float *att, int64_t n, float inv) {
-    const __m512 iv = _mm512_set1_ps(inv);
-    for (int64_t t = 0; t < n; t += 16) {
-        __mmask16 m = tail_mask(n - t);
-        _mm512_mask_storeu_ps(att + t, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, att + t), iv));
+        scale_probs(att + h * n, n, avx512_softmax(att + h * n, n, _mm512_reduce_max_ps(mx)));
     }
 }
 
 /* The outputs of exactly H heads (H * NV <= 16), held in registers over all positions; each V
  * row is converted once and used for the H heads from registers. The fast path for the common
  * shapes (4 heads of 64, 2 of 128). Per head: o = fma(p, v, o) in position order, as attend_nv,
- * with p = att * inv already formed (scale_probs). */
+ * with p = att * inv already formed (attend_scores). */
 AI void attend_values_regs(const int NV, const int H, float *out, const uint16_t *v, int64_t ld,
                            int64_t n, int64_t hd, const float *p) {
     __m512 o[16], vr[8];
@@ -636,9 +636,7 @@ AI void attend_values(const int NV, float *out, int64_t g, const uint16_t *v, in
 AI void attend_group_nv(const int NV, float *out, const float *q, int64_t g, const uint16_t *k,
                         const uint16_t *v, int64_t ld, int64_t n, int64_t hd, float scale,
                         float *att) {
-    float inv[CSD_ATTN_GROUP_MAX];
-    attend_scores(NV, q, g, k, ld, n, hd, scale, att, inv);
-    for (int64_t h = 0; h < g; h++) scale_probs(att + h * n, n, inv[h]);
+    attend_scores(NV, q, g, k, ld, n, hd, scale, att);
     int64_t h = 0;
     if (NV == 4) /* the common shapes: passes with the outputs in registers */
         for (; h + 4 <= g; h += 4)
