@@ -29,6 +29,7 @@ typedef struct csd_bench_args {
     bool json;                    /* one JSON object (or list) on stdout instead of a table */
     uint64_t seed;                /* token ids are drawn from it */
     int64_t membw_mib;            /* size of the bandwidth test's buffer (0: skip the test) */
+    int64_t peak_min_mib;         /* passes this long or longer may raise the peak (set_peak) */
     int levels[CSD_BENCH_MAX_LEVELS]; /* --concurrency */
     int n_levels;
     int64_t stream_prompt;        /* prompt tokens of each concurrent stream */
@@ -65,6 +66,19 @@ typedef struct csd_bench_read_way {
  * written first by the same threads (first touch), so it is backed by real pages. */
 int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs,
                         csd_bench_read_way *best, csd_err *err);
+
+/* A bandwidth a benchmark run sustained (GB/s), over passes of pass_bytes each. */
+typedef struct csd_bench_rate {
+    const char *source; /* e.g. "paired reads" */
+    double gbs;
+    size_t pass_bytes;
+} csd_bench_rate;
+
+/* The peak bandwidth of the roofline: the read test's best pass (test_gbs), raised to the highest
+ * of the n rates whose passes read at least min_bytes (shorter ones run from cache, and the
+ * roofline is a memory one). *source gets the winner's name, "read test" when none beats it. */
+double csd_cli_bench_peak(double test_gbs, const csd_bench_rate *rates, int n, size_t min_bytes,
+                          const char **source);
 
 /* A buffer read by the pool threads on demand: the paired roofline reads one of exactly a token's
  * bytes after every generated token. */
