@@ -487,15 +487,18 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
         char kv[64] = "";
         if (r->kv_bytes > 0)
             snprintf(kv, sizeof kv, " + %.2f MiB KV cache", (double)r->kv_bytes / (1 << 20));
-        char test[160]; /* the read test's pass, and what raised the peak above it if anything */
-        int n = snprintf(test, sizeof test, "%d threads, %d streams each, %s prefetch", threads,
-                         r->membw_way.streams, r->membw_way.nta ? "non-temporal" : "ordinary");
-        if (r->peak_source && strcmp(r->peak_source, "read test") && n > 0)
-            snprintf(test + n, sizeof test - (size_t)n,
-                     "; the %s' rate, above the read test's %.2f", r->peak_source, r->test_gbs);
-        printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s read bandwidth (%s) = "
-               "%.2f t/s; generation reaches %.1f%% of it (kernels %s)\n",
-               (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, test, f.roof, 100 * f.peak,
+        char way[96], peak[192]; /* how the read test read; what the peak is */
+        snprintf(way, sizeof way, "%d threads, %d streams each, %s prefetch", threads,
+                 r->membw_way.streams, r->membw_way.nta ? "non-temporal" : "ordinary");
+        if (r->peak_source && strcmp(r->peak_source, "read test"))
+            snprintf(peak, sizeof peak,
+                     "bandwidth sustained by the %s, above the read test's %.2f GB/s (%s)",
+                     r->peak_source, r->test_gbs, way);
+        else
+            snprintf(peak, sizeof peak, "read bandwidth (%s)", way);
+        printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s %s = %.2f t/s; "
+               "generation reaches %.1f%% of it (kernels %s)\n",
+               (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, peak, f.roof, 100 * f.peak,
                csd_kern_name());
         printf(
             "paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f "
