@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "core/pool.h"
 
@@ -87,10 +88,50 @@ static void test_guided_split_tiles_in_order(void **state) {
     assert_int_equal(e, e2);
 }
 
+/* Threads of one job meeting at csd_pool_barrier_wait: after each barrier every thread sees what
+ * every other wrote before it, and the job's chunks each had a thread of their own. */
+#define BARRIER_ROUNDS 200
+
+typedef struct barrier_job {
+    csd_pool_barrier barrier;
+    _Atomic int slot[8];
+    atomic_int bad;
+} barrier_job;
+
+static void barrier_chunk(void *ctx, int ith, int nth) {
+    barrier_job *j = ctx;
+    int64_t passed = 0;
+    for (int r = 0; r < BARRIER_ROUNDS; r++) {
+        atomic_store_explicit(&j->slot[ith], r * 100 + ith, memory_order_relaxed);
+        csd_pool_barrier_wait(&j->barrier, &passed, nth);
+        for (int t = 0; t < nth; t++)
+            if (atomic_load_explicit(&j->slot[t], memory_order_relaxed) != r * 100 + t)
+                atomic_fetch_add(&j->bad, 1);
+        csd_pool_barrier_wait(&j->barrier, &passed, nth); /* nobody writes round r + 1 early */
+    }
+    if (passed != 2 * BARRIER_ROUNDS) atomic_fetch_add(&j->bad, 1); /* no cmocka off main */
+}
+
+static void test_barrier_orders_phases(void **state) {
+    (void)state;
+    for (int threads = 2; threads <= 4; threads++) {
+        csd_pool *pool = NULL;
+        csd_err err = {0};
+        assert_int_equal(csd_pool_create(&pool, threads, &err), 0);
+        barrier_job job;
+        memset(&job, 0, sizeof job);
+        csd_pool_run(pool, barrier_chunk, &job);
+        assert_int_equal(atomic_load(&job.bad), 0);
+        assert_int_equal(atomic_load(&job.barrier.arrived), 2 * BARRIER_ROUNDS * threads);
+        csd_pool_destroy(pool);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_chunk_once),
         cmocka_unit_test(test_guided_split_tiles_in_order),
+        cmocka_unit_test(test_barrier_orders_phases),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -201,6 +201,23 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
     }
 }
 
+void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth) {
+    int64_t target = ++*passed * nth;
+    atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel);
+    unsigned spins = 0;
+    uint64_t start = 0;
+    while (atomic_load_explicit(&b->arrived, memory_order_acquire) < target) {
+        cpu_relax();
+        if (++spins % 256 == 0) { /* a peer may have been preempted */
+            uint64_t now = csd_now_ns();
+            if (!start)
+                start = now;
+            else if (now - start > POOL_YIELD_AFTER_NS)
+                sched_yield();
+        }
+    }
+}
+
 void csd_pool_rest(csd_pool *pool) {
     if (pool) atomic_store_explicit(&pool->rest, true, memory_order_relaxed);
 }

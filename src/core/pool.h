@@ -6,6 +6,7 @@
 #ifndef CSD_POOL_H
 #define CSD_POOL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "err.h"
@@ -31,6 +32,17 @@ int csd_pool_size(const csd_pool *pool);
  * until the next job, leaving the cores to whoever shares the machine (the other stages of a local
  * fleet). The next csd_pool_run_chunks wakes them. */
 void csd_pool_rest(csd_pool *pool);
+/* A barrier inside one csd_pool_run job whose chunks all meet at every barrier (a decode step's
+ * layers as one job, src/model/decode_step.c). Such a job's chunks each get a thread of their
+ * own: a chunk cannot finish before the others reach its barriers, so no thread claims two.
+ * Unlike claimed chunks, a preempted thread holds the others up at the next barrier, so waits
+ * longer than a few microseconds yield the core to it. Zero-initialise before the job. */
+typedef struct csd_pool_barrier {
+    _Alignas(64) _Atomic int64_t arrived;
+} csd_pool_barrier;
+/* Returns once all nth chunks have called it as many times as this one has; *passed counts this
+ * chunk's calls (start it at 0). Acquire/release: writes before it are seen after it. */
+void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth);
 /* Online cores of this machine (at least 1). */
 int csd_cpu_count(void);
 

@@ -67,6 +67,28 @@ void csd_silu_mul(float *g, const float *u, int64_t n);
 /* out = x * rsqrt(mean(x^2) + eps) * w (LlamaRMSNorm); the sum of squares in double. out may be
  * x. */
 void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
+/* Lanes of a one-token Q4/Q8 matvec driven from inside a caller's own pool job
+ * (src/model/decode_step.c), with the same kernels, lanes and stealing as csd_matmul's decode
+ * path: each thread sets its own lanes to a slice [begin, end) of the matrices' row blocks (one
+ * after another, 16 rows a block), the job's threads meet at a barrier, then each calls
+ * csd_lanes_work, which returns once every lane is empty and this thread's claimed blocks are
+ * written. The plan may be set again once every thread has returned from it. */
+typedef struct csd_lanes csd_lanes;
+size_t csd_lanes_bytes(void); /* of a plan: allocate with csd_alloc (64-byte aligned) */
+/* True when the current kernel table runs these matrices by lanes (Q4/Q8, equal cols). */
+bool csd_lanes_fit(const csd_qmat *const *w, int n_mats);
+void csd_lanes_own(csd_lanes *l, int ith, int64_t begin, int64_t end);
+void csd_lanes_work(csd_lanes *l, const csd_qmat *const *w, int n_mats, float *const *y,
+                    const uint8_t *act, int ith, int nth);
+/* The Q8 activations of x for a Q4/Q8 matvec (kern/quant.h layout, act 64-byte aligned, of
+ * csd_quant_act_stride(cols) bytes): what csd_matmul computes from x first. */
+void csd_quantize_act(uint8_t *act, const float *x, int64_t cols);
+/* Only groups [g0, g1) of them (x is the whole cols-wide input): a thread's share of an input
+ * whose other groups other threads quantize. part: 64-byte aligned scratch of
+ * csd_quant_act_stride(cols) bytes. Each group comes out as csd_quantize_act makes it. */
+void csd_quantize_act_groups(uint8_t *act, const float *x, int64_t cols, int64_t g0, int64_t g1,
+                             uint8_t *part);
+
 /* Most parts csd_read_streams walks side by side. */
 #define CSD_READ_STREAMS_MAX 4
 /* Reads bytes (a multiple of 64 * streams) as `streams` equal parts walked side by side (1..4),

@@ -167,6 +167,24 @@ void csd_kern_matmul_with(const csd_kern_ops *ops, csd_pool *pool, const csd_qma
     csd_pool_run_chunks(pool, matmul_rows, &job, row_chunks(row_blocks(w), job.threads));
 }
 
+void csd_quantize_act(uint8_t *act, const float *x, int64_t cols) {
+    csd_kern_ops_current()->quantize_act_q8(act, x, cols);
+}
+
+void csd_quantize_act_groups(uint8_t *act, const float *x, int64_t cols, int64_t g0, int64_t g1,
+                             uint8_t *part) {
+    int64_t ng = csd_quant_groups(cols), c0 = g0 * CSD_QUANT_GROUP;
+    int64_t c1 = g1 * CSD_QUANT_GROUP < cols ? g1 * CSD_QUANT_GROUP : cols, pg = g1 - g0;
+    if (pg <= 0) return;
+    /* The groups as a short input of their own, then each of its three parts into place. */
+    csd_kern_ops_current()->quantize_act_q8(part, x + c0, c1 - c0);
+    memcpy(act + c0, part, (size_t)(pg * CSD_QUANT_GROUP));
+    float *dx = (float *)(void *)(act + ng * CSD_QUANT_GROUP);
+    const float *pdx = (const float *)(const void *)(part + pg * CSD_QUANT_GROUP);
+    memcpy(dx + g0, pdx, (size_t)pg * sizeof(float));
+    memcpy((int32_t *)(void *)(dx + ng) + g0, pdx + pg, (size_t)pg * sizeof(int32_t));
+}
+
 void csd_matmul(csd_pool *pool, const csd_qmat *w, const float *x, int64_t n_tok, float *y,
                 void *scratch) {
     csd_kern_matmul_with(csd_kern_ops_current(), pool, w, x, n_tok, y, scratch);

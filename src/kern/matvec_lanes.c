@@ -168,10 +168,8 @@ static void run_lanes(const lanes_job *j, const int64_t *first, const int64_t *a
         matvec_fns(j->ops, r[i].w->dtype)[0](&y[i], &nrows[i], &blk[i], j->act, ng, ran[i]);
 }
 
-/* Pool chunk ith: thread slot ith's lanes, then stolen halves. */
-static void lanes_worker(void *ctx, int ith, int nth) {
-    (void)nth;
-    const lanes_job *j = ctx;
+/* Thread slot ith's lanes, then stolen halves. */
+static void lanes_run(const lanes_job *j, int ith) {
     thread_lanes *own = &j->threads[ith];
     int64_t next[CSD_MV_STREAMS] = {0}, end[CSD_MV_STREAMS] = {0}; /* claimed, not yet run */
     for (;;) {
@@ -194,23 +192,67 @@ static void lanes_worker(void *ctx, int ith, int nth) {
     }
 }
 
-bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
-                      float *const *y, const uint8_t *act) {
+/* Pool chunk ith of a csd_matvec_lanes job. */
+static void lanes_worker(void *ctx, int ith, int nth) {
+    (void)nth;
+    lanes_run(ctx, ith);
+}
+
+static int64_t total_blocks(const csd_qmat *const *w, int n_mats) {
     int64_t total = 0;
     for (int i = 0; i < n_mats; i++) total += csd_quant_blocks(w[i]->rows);
+    return total;
+}
+
+/* Thread t's lanes: [b, e) of the row blocks cut into CSD_MV_STREAMS equal parts. */
+static void lanes_set(thread_lanes *t, int64_t b, int64_t e) {
+    for (int s = 0; s < CSD_MV_STREAMS; s++) {
+        int64_t lb, le;
+        csd_split_range(e - b, s, CSD_MV_STREAMS, &lb, &le);
+        atomic_store_explicit(&t->lane[s], lane_word(b + lb, b + le), memory_order_relaxed);
+    }
+}
+
+bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
+                      float *const *y, const uint8_t *act) {
+    int64_t total = total_blocks(w, n_mats);
     if (!ops->matvec_q4 || !ops->matvec_q8 || total >= LANE_MAX_BLOCKS) return false;
     int n_threads = csd_pool_size(pool);
     thread_lanes threads[CSD_POOL_MAX_THREADS];
     for (int t = 0; t < n_threads; t++) {
         int64_t b, e;
         csd_split_range(total, t, n_threads, &b, &e);
-        for (int s = 0; s < CSD_MV_STREAMS; s++) {
-            int64_t lb, le;
-            csd_split_range(e - b, s, CSD_MV_STREAMS, &lb, &le);
-            atomic_init(&threads[t].lane[s], lane_word(b + lb, b + le));
-        }
+        lanes_set(&threads[t], b, e);
     }
     lanes_job job = {ops, w, y, n_mats, act, threads, n_threads};
     csd_pool_run(pool, lanes_worker, &job);
     return true;
+}
+
+/* ---- Lanes driven from inside a caller's own pool job (kern.h: csd_lanes) ---- */
+
+struct csd_lanes {
+    thread_lanes threads[CSD_POOL_MAX_THREADS];
+};
+
+size_t csd_lanes_bytes(void) { return sizeof(csd_lanes); }
+
+bool csd_lanes_fit(const csd_qmat *const *w, int n_mats) {
+    const csd_kern_ops *ops = csd_kern_ops_current();
+    for (int i = 0; i < n_mats; i++)
+        if ((w[i]->dtype != CSD_DTYPE_Q4 && w[i]->dtype != CSD_DTYPE_Q8) ||
+            w[i]->cols != w[0]->cols)
+            return false;
+    return n_mats > 0 && ops->matvec_q4 && ops->matvec_q8 &&
+           total_blocks(w, n_mats) < LANE_MAX_BLOCKS;
+}
+
+void csd_lanes_own(csd_lanes *l, int ith, int64_t begin, int64_t end) {
+    lanes_set(&l->threads[ith], begin, end);
+}
+
+void csd_lanes_work(csd_lanes *l, const csd_qmat *const *w, int n_mats, float *const *y,
+                    const uint8_t *act, int ith, int nth) {
+    lanes_job job = {csd_kern_ops_current(), w, y, n_mats, act, l->threads, nth};
+    lanes_run(&job, ith);
 }

@@ -182,6 +182,18 @@ typedef struct attn_job {
                        * CSD_ATTN_TASK_HEADS heads of a unit are dealt on their own */
 } attn_job;
 
+/* Query heads [p0, p1) parts of CSD_ATTN_TASK_HEADS of token tok's KV head kvh. */
+static void attend_parts(csd_model *m, csd_kv *kv, int64_t layer, int64_t tok, int64_t kvh,
+                         int64_t p0, int64_t p1, float *att) {
+    int64_t group = m->cfg.n_heads / m->cfg.n_kv_heads;
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t h0 = kvh * group + p * CSD_ATTN_TASK_HEADS;
+        int64_t h1 = h0 + CSD_ATTN_TASK_HEADS < (kvh + 1) * group ? h0 + CSD_ATTN_TASK_HEADS
+                                                                  : (kvh + 1) * group;
+        attend_heads(m, kv, layer, tok, h0, h1, att);
+    }
+}
+
 /* Items (units, or parts of units) are dealt round-robin: under the causal mask later tokens cost
  * more, so contiguous slices would leave the first thread idle for most of a prompt. */
 static void attention_worker(void *ctx, int ith, int nth) {
@@ -200,12 +212,7 @@ static void attention_worker(void *ctx, int ith, int nth) {
             prefetch_unit_rows(m, kv, job->layer, tok, kvh);
             qk_unit(m, job->batch, job->layer, tok, kvh);
         }
-        for (int64_t p = p0; p < p1; p++) {
-            int64_t h0 = kvh * group + p * CSD_ATTN_TASK_HEADS;
-            int64_t h1 = h0 + CSD_ATTN_TASK_HEADS < (kvh + 1) * group ? h0 + CSD_ATTN_TASK_HEADS
-                                                                     : (kvh + 1) * group;
-            attend_heads(m, kv, job->layer, tok, h0, h1, att);
-        }
+        attend_parts(m, kv, job->layer, tok, kvh, p0, p1, att);
     }
 }
 
@@ -218,4 +225,21 @@ void csd_attention_layer(csd_model *m, const csd_batch *b, int64_t layer) {
         csd_model_for_tokens(m, b->n, qk_tokens, &qk);
     }
     csd_pool_run(m->pool, attention_worker, &job);
+}
+
+void csd_attention_prefetch_units(const csd_model *m, const csd_batch *b, int64_t layer,
+                                  int64_t kvh0, int64_t kvh1) {
+    for (int64_t kvh = kvh0; kvh < kvh1; kvh++) prefetch_unit_rows(m, b->kv[0], layer, 0, kvh);
+}
+
+void csd_attention_units(csd_model *m, const csd_batch *b, int64_t layer, int64_t kvh0,
+                         int64_t kvh1, int ith) {
+    int64_t group = m->cfg.n_heads / m->cfg.n_kv_heads;
+    int64_t parts = (group + CSD_ATTN_TASK_HEADS - 1) / CSD_ATTN_TASK_HEADS;
+    float *att = m->att + (int64_t)ith * CSD_ATTN_TASK_HEADS * m->max_ctx;
+    for (int64_t kvh = kvh0; kvh < kvh1; kvh++) {
+        prefetch_unit_rows(m, b->kv[0], layer, 0, kvh);
+        qk_unit(m, b, layer, 0, kvh);
+        attend_parts(m, b->kv[0], layer, 0, kvh, 0, parts, att);
+    }
 }

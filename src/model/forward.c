@@ -7,6 +7,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/clock.h"
+#include "decode_step.h"
 #include "model_internal.h"
 
 static void add_bias(float *y, const float *b, int64_t n_tok, int64_t dim) {
@@ -159,10 +161,17 @@ int csd_model_forward(csd_model *m, const csd_batch *b, float *out, csd_err *err
     if (rc == 0) rc = load_input(m, b, err);
     if (rc) return rc;
     int64_t n_layers = m->w.layer_end - m->w.layer_begin;
-    for (int64_t li = 0; li < n_layers; li++) {
-        attention_block(m, b, li);
-        ffn_block(m, b->n, li);
+    int path = csd_decode_step_choose(m, b);
+    uint64_t t0 = path >= 0 ? csd_now_ns() : 0;
+    if (path == 1) {
+        csd_decode_step_layers(m, b);
+    } else {
+        for (int64_t li = 0; li < n_layers; li++) {
+            attention_block(m, b, li);
+            ffn_block(m, b->n, li);
+        }
     }
+    if (path >= 0) csd_decode_step_timed(m, path, csd_now_ns() - t0);
     for (int64_t i = 0; i < b->n; i++)
         b->kv[i]->len = m->pos[i] + 1 > b->kv[i]->len ? m->pos[i] + 1 : b->kv[i]->len;
     write_output(m, b, out);

@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "decode_step.h"
 #include "model_internal.h"
 #include "shard_model.h"
 
@@ -58,7 +59,7 @@ int csd_model_init_runtime(csd_model *m, const csd_model_opts *opts, csd_err *er
     if (failed || !m->pos || !m->mm_scratch)
         return csd_err_set(err, CSD_ENOMEM, "model scratch for %lld tokens", (long long)b);
     csd_rope_init_freqs(c, m->inv_freq);
-    return 0;
+    return opts->general_decode ? 0 : csd_decode_step_create(m, err);
 }
 
 int csd_model_create(csd_model **out, const csd_model_config *cfg, const csd_weights *weights,
@@ -86,6 +87,7 @@ int csd_model_create(csd_model **out, const csd_model_config *cfg, const csd_wei
 void csd_model_destroy(csd_model *m) {
     if (!m) return;
     csd_pool_destroy(m->pool);
+    csd_decode_step_destroy(m->decode);
     for (int i = 0; i < m->n_owned; i++) csd_free(m->owned[i]);
     csd_free(m->owned);
     float *bufs[] = {m->x, m->xb, m->tmp, m->q, m->k, m->v, m->hb, m->hb2, m->att,

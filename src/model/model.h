@@ -33,6 +33,7 @@ typedef struct csd_model_opts {
     int n_threads;           /* 0: all cores */
     int64_t max_batch;       /* tokens per forward call; 0: CSD_MODEL_DEFAULT_MAX_BATCH */
     int64_t max_ctx;         /* longest sequence; 0: max_position_embeddings capped at 4096 */
+    bool general_decode;     /* one-token steps through the general path too (tests compare) */
 } csd_model_opts;
 
 void csd_model_opts_default(csd_model_opts *opts);

@@ -9,6 +9,8 @@
  * them all, while a decode step still has n_kv_heads * group / 4 tasks to spread over threads. */
 #define CSD_ATTN_TASK_HEADS 4
 
+typedef struct csd_decode_step csd_decode_step;
+
 struct csd_model {
     csd_model_config cfg;
     csd_weights w;
@@ -38,6 +40,7 @@ struct csd_model {
     int64_t *pos;        /* (max_batch) position of each batch token */
     bool batch_distinct; /* the current batch's tokens all belong to different sequences */
     void *mm_scratch;    /* csd_matmul scratch for max_batch tokens */
+    csd_decode_step *decode; /* one-token steps as one job (decode_step.c), or NULL */
 };
 
 /* Keys and values are stored head-major, (n_layers, n_kv_heads, cap, head_dim): a KV head's
@@ -74,6 +77,14 @@ void csd_model_for_tokens(csd_model *m, int64_t n, csd_token_range_fn fn, const 
 /* One layer's attention (index li within the stage) for batch b: from the projected m->q, m->k,
  * m->v to the heads' outputs in m->xb, with RoPE and the cache write. attention_layer.c. */
 void csd_attention_layer(csd_model *m, const csd_batch *b, int64_t li);
+/* A one-token batch's attention units of KV heads [kvh0, kvh1) in layer li, on thread ith of a
+ * job of the caller's (decode_step.c): each with its RoPE and cache write, as
+ * csd_attention_layer does them. */
+void csd_attention_units(csd_model *m, const csd_batch *b, int64_t li, int64_t kvh0, int64_t kvh1,
+                         int ith);
+/* Starts loading the K/V rows those units will read (a thread with nothing else to do). */
+void csd_attention_prefetch_units(const csd_model *m, const csd_batch *b, int64_t li, int64_t kvh0,
+                                  int64_t kvh1);
 
 /* Bytes of one element of a KV cache of dtype (q8: the int8 value; scales are extra). */
 size_t csd_kv_elem_bytes(int dtype);

@@ -1,0 +1,178 @@
+/* The one-token step as one pool job (src/model/decode_step.c) against the general path: the same
+ * prompt, then the same decode steps, must give bit-identical logits at every step, for Q4 and Q8
+ * layers, KV heads split evenly, unevenly and not at all (one KV head: one thread owns none), a
+ * ragged last hidden group, and every KV cache type. The steps allocate nothing. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "core/alloc.h"
+#include "core/dtype.h"
+#include "kern/kern.h"
+#include "model/decode_step.h"
+#include "model/synth.h"
+#include "test_util.h"
+
+#define N_PROMPT 7
+#define N_STEPS 12
+#define THREADS 2
+
+static char g_root[256];
+static const int32_t g_prompt[N_PROMPT] = {1, 17, 203, 5, 88, 140, 9};
+
+/* The tiny preset (head size 16, hidden 176: one whole group of 128 and a ragged one) with 12
+ * query heads over n_kv_heads. */
+static void make_model(const char *dir, int64_t n_kv_heads) {
+    const csd_synth_preset *p = csd_synth_preset_find("tiny");
+    assert_non_null(p);
+    csd_model_config cfg;
+    csd_err err = {0};
+    assert_int_equal(mkdir(dir, 0755), 0);
+    if (csd_synth_config(&cfg, p, CSD_ARCH_LLAMA, 300, 1, 2, &err))
+        fail_msg("synth config: %s", err.msg);
+    cfg.n_heads = 12;
+    cfg.n_kv_heads = n_kv_heads;
+    if (csd_synth_write(&cfg, CSD_DTYPE_F32, 11 + (uint64_t)n_kv_heads, dir, &err))
+        fail_msg("synth: %s", err.msg);
+}
+
+static const int64_t g_kv_heads[] = {1, 3, 4};
+
+static int setup(void **state) {
+    (void)state;
+    if (csd_test_make_tmpdir(g_root, sizeof g_root, "csd-step")) return -1;
+    char dir[512];
+    for (size_t i = 0; i < sizeof g_kv_heads / sizeof g_kv_heads[0]; i++) {
+        snprintf(dir, sizeof dir, "%s/kvh-%lld", g_root, (long long)g_kv_heads[i]);
+        make_model(dir, g_kv_heads[i]);
+    }
+    csd_kern_init();
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    return csd_test_remove_tree(g_root);
+}
+
+static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, bool general) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/kvh-%lld", g_root, (long long)n_kv_heads);
+    csd_model_opts o;
+    csd_model_opts_default(&o);
+    o.precision = precision;
+    o.kv_dtype = kv_dtype;
+    o.n_threads = THREADS;
+    o.max_ctx = 32;
+    o.general_decode = general;
+    csd_model *m = NULL;
+    csd_err err = {0};
+    if (csd_model_load_hf(&m, dir, &o, &err)) fail_msg("load: %s", err.msg);
+    return m;
+}
+
+/* The prompt in one forward, then N_STEPS one-token forwards; logits of every step. */
+static void run_steps(csd_model *m, float *logits) {
+    int64_t vocab = csd_model_cfg(m)->vocab_size;
+    csd_kv *kv = NULL;
+    csd_err err = {0};
+    if (csd_kv_create(&kv, m, 0, &err)) fail_msg("kv: %s", err.msg);
+    if (csd_model_forward_seq(m, kv, g_prompt, NULL, N_PROMPT, logits, &err))
+        fail_msg("prompt: %s", err.msg);
+    uint64_t allocs = csd_alloc_count();
+    for (int s = 0; s < N_STEPS; s++) {
+        int32_t id = (int32_t)((s * 37 + 5) % vocab);
+        if (csd_model_forward_seq(m, kv, &id, NULL, 1, logits + s * vocab, &err))
+            fail_msg("step %d: %s", s, err.msg);
+    }
+    assert_int_equal(csd_alloc_count(), allocs);
+    csd_kv_destroy(kv);
+}
+
+static void paths_agree(int64_t n_kv_heads, int precision, int kv_dtype) {
+    csd_model *step = load(n_kv_heads, precision, kv_dtype, false);
+    csd_model *general = load(n_kv_heads, precision, kv_dtype, true);
+    assert_non_null(step->decode); /* the path under test is taken */
+    assert_null(general->decode);
+    size_t n = (size_t)N_STEPS * (size_t)csd_model_cfg(step)->vocab_size;
+    float *a = csd_alloc_array(n, sizeof(float)), *b = csd_alloc_array(n, sizeof(float));
+    assert_true(a && b);
+    run_steps(step, a);
+    run_steps(general, b);
+    /* The trial at the start alternates the paths: half the steps took the one-job path. */
+    assert_int_equal(csd_decode_step_taken(step), N_STEPS / 2);
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
+            fail_msg("kv heads %lld, %s layers, %s cache: logit %zu of step %zu is %.9g, the "
+                     "general path's %.9g",
+                     (long long)n_kv_heads, csd_dtype_name(precision), csd_dtype_name(kv_dtype),
+                     i % (n / N_STEPS), i / (n / N_STEPS), (double)a[i], (double)b[i]);
+    csd_free(a);
+    csd_free(b);
+    csd_model_destroy(step);
+    csd_model_destroy(general);
+}
+
+static bool enough_cores(void) {
+    if (csd_cpu_count() >= THREADS) return true;
+    printf("skipped: the one-job step needs %d cores, this machine has %d\n", THREADS,
+           csd_cpu_count());
+    return false;
+}
+
+static void test_q4_layers(void **state) {
+    (void)state;
+    if (!enough_cores()) return;
+    for (size_t i = 0; i < sizeof g_kv_heads / sizeof g_kv_heads[0]; i++)
+        paths_agree(g_kv_heads[i], CSD_DTYPE_Q4, CSD_DTYPE_F16);
+}
+
+static void test_q8_layers(void **state) {
+    (void)state;
+    if (!enough_cores()) return;
+    for (size_t i = 0; i < sizeof g_kv_heads / sizeof g_kv_heads[0]; i++)
+        paths_agree(g_kv_heads[i], CSD_DTYPE_Q8, CSD_DTYPE_F16);
+}
+
+static void test_every_cache_type(void **state) {
+    (void)state;
+    if (!enough_cores()) return;
+    paths_agree(3, CSD_DTYPE_Q4, CSD_DTYPE_F32);
+    paths_agree(3, CSD_DTYPE_Q4, CSD_DTYPE_Q8);
+}
+
+/* Float layers, one thread: the general path does every step. */
+static void test_path_not_taken(void **state) {
+    (void)state;
+    csd_model *f32 = load(3, CSD_DTYPE_F32, CSD_DTYPE_F32, false);
+    assert_null(f32->decode);
+    csd_model_destroy(f32);
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/kvh-3", g_root);
+    csd_model_opts o;
+    csd_model_opts_default(&o);
+    o.precision = CSD_DTYPE_Q4;
+    o.n_threads = 1;
+    csd_model *one = NULL;
+    csd_err err = {0};
+    if (csd_model_load_hf(&one, dir, &o, &err)) fail_msg("load: %s", err.msg);
+    assert_null(one->decode);
+    csd_model_destroy(one);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_q4_layers),
+        cmocka_unit_test(test_q8_layers),
+        cmocka_unit_test(test_every_cache_type),
+        cmocka_unit_test(test_path_not_taken),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
