@@ -210,10 +210,8 @@ void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth) {
         cpu_relax();
         if (++spins % 256 == 0) { /* a peer may have been preempted */
             uint64_t now = csd_now_ns();
-            if (!start)
-                start = now;
-            else if (now - start > POOL_YIELD_AFTER_NS)
-                sched_yield();
+            if (!start) start = now;
+            else if (now - start > POOL_YIELD_AFTER_NS) sched_yield();
         }
     }
 }

@@ -5,8 +5,9 @@
 #include "model_internal.h"
 
 /* Sets m->decode when the model can take this path (2 or more threads, no more than the cores;
- * Q4/Q8 layers without q/k/v biases; head sizes a multiple of 16); leaves it NULL otherwise. Allocates every buffer the path
- * uses, so a step allocates nothing. Non-zero (ENOMEM) only when an allocation fails. */
+ * Q4/Q8 layers without q/k/v biases; head sizes a multiple of 16); leaves it NULL otherwise.
+ * Allocates every buffer the path uses, so a step allocates nothing. Non-zero (ENOMEM) only when
+ * an allocation fails. */
 int csd_decode_step_create(csd_model *m, csd_err *err);
 void csd_decode_step_destroy(csd_decode_step *d);
 /* The path of batch b (positions planned, input loaded): -1 when it is not a one-token step of a
