@@ -1,7 +1,8 @@
 /* The one-token step as one pool job (src/model/decode_step.c) against the general path: the same
  * prompt, then the same decode steps, must give bit-identical logits at every step, for Q4 and Q8
  * layers, KV heads split evenly, unevenly and not at all (one KV head: one thread owns none), a
- * ragged last hidden group, and every KV cache type. The steps allocate nothing. */
+ * ragged last hidden group, and every KV cache type. The steps allocate nothing. The choice
+ * between the paths follows the step times it is given. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -62,7 +63,7 @@ static int teardown(void **state) {
     return csd_test_remove_tree(g_root);
 }
 
-static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, bool general) {
+static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, int decode_path) {
     char dir[512];
     snprintf(dir, sizeof dir, "%s/kvh-%lld", g_root, (long long)n_kv_heads);
     csd_model_opts o;
@@ -71,7 +72,7 @@ static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, bool gen
     o.kv_dtype = kv_dtype;
     o.n_threads = THREADS;
     o.max_ctx = 32;
-    o.general_decode = general;
+    o.decode_path = decode_path;
     csd_model *m = NULL;
     csd_err err = {0};
     if (csd_model_load_hf(&m, dir, &o, &err)) fail_msg("load: %s", err.msg);
@@ -97,8 +98,8 @@ static void run_steps(csd_model *m, float *logits) {
 }
 
 static void paths_agree(int64_t n_kv_heads, int precision, int kv_dtype) {
-    csd_model *step = load(n_kv_heads, precision, kv_dtype, false);
-    csd_model *general = load(n_kv_heads, precision, kv_dtype, true);
+    csd_model *step = load(n_kv_heads, precision, kv_dtype, CSD_DECODE_ONE_JOB);
+    csd_model *general = load(n_kv_heads, precision, kv_dtype, CSD_DECODE_GENERAL);
     assert_non_null(step->decode); /* the path under test is taken */
     assert_null(general->decode);
     size_t n = (size_t)N_STEPS * (size_t)csd_model_cfg(step)->vocab_size;
@@ -106,8 +107,7 @@ static void paths_agree(int64_t n_kv_heads, int precision, int kv_dtype) {
     assert_true(a && b);
     run_steps(step, a);
     run_steps(general, b);
-    /* The trial at the start alternates the paths: half the steps took the one-job path. */
-    assert_int_equal(csd_decode_step_taken(step), N_STEPS / 2);
+    assert_int_equal(csd_decode_step_taken(step), N_STEPS); /* the path under test ran */
     for (size_t i = 0; i < n; i++)
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
             fail_msg("kv heads %lld, %s layers, %s cache: logit %zu of step %zu is %.9g, the "
@@ -151,7 +151,7 @@ static void test_every_cache_type(void **state) {
 /* Float layers, one thread: the general path does every step. */
 static void test_path_not_taken(void **state) {
     (void)state;
-    csd_model *f32 = load(3, CSD_DTYPE_F32, CSD_DTYPE_F32, false);
+    csd_model *f32 = load(3, CSD_DTYPE_F32, CSD_DTYPE_F32, CSD_DECODE_ONE_JOB);
     assert_null(f32->decode);
     csd_model_destroy(f32);
     char dir[512];
@@ -167,11 +167,53 @@ static void test_path_not_taken(void **state) {
     csd_model_destroy(one);
 }
 
+/* The measured choice (CSD_DECODE_AUTO), fed step times: the trial alternates the paths for 32
+ * steps, the lower median wins the rest of the 512-step epoch, and a one-job step over twice the
+ * general step before it ends the trial at once. */
+static int feed(csd_model *m, int64_t steps, uint64_t general_ns, uint64_t one_job_ns) {
+    csd_batch b = {1, NULL, NULL, NULL, NULL};
+    int last = -1;
+    for (int64_t i = 0; i < steps; i++) {
+        last = csd_decode_step_choose(m, &b);
+        csd_decode_step_timed(m, last, last ? one_job_ns : general_ns);
+    }
+    return last;
+}
+
+static void test_measured_choice(void **state) {
+    (void)state;
+    if (!enough_cores()) return;
+    csd_model *m = load(3, CSD_DTYPE_Q4, CSD_DTYPE_F16, CSD_DECODE_AUTO);
+    assert_non_null(m->decode);
+    csd_batch b = {1, NULL, NULL, NULL, NULL};
+    /* The one job faster: the trial's 16 one-job steps, then every step of the epoch. */
+    feed(m, 32, 100, 90);
+    assert_int_equal(csd_decode_step_taken(m), 16);
+    assert_int_equal(feed(m, 480, 100, 90), 1);
+    assert_int_equal(csd_decode_step_taken(m), 16 + 480);
+    /* A new epoch, and now the general path is faster (but within 2x): it wins the epoch. */
+    assert_int_equal(csd_decode_step_choose(m, &b), 0);
+    feed(m, 32, 100, 150);
+    assert_int_equal(csd_decode_step_taken(m), 16 + 480 + 16);
+    assert_int_equal(feed(m, 480, 100, 150), 0);
+    assert_int_equal(csd_decode_step_taken(m), 16 + 480 + 16);
+    /* A one-job step 3x the general one: the trial stops after it, the epoch goes general. */
+    feed(m, 2, 100, 300);
+    assert_int_equal(csd_decode_step_taken(m), 16 + 480 + 16 + 1);
+    assert_int_equal(feed(m, 480, 100, 300), 0);
+    assert_int_equal(csd_decode_step_taken(m), 16 + 480 + 16 + 1);
+    assert_int_equal(csd_decode_step_choose(m, &b), 0); /* the next epoch's trial */
+    feed(m, 1, 100, 300);
+    assert_int_equal(csd_decode_step_choose(m, &b), 1);
+    csd_model_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_q4_layers),
         cmocka_unit_test(test_q8_layers),
         cmocka_unit_test(test_every_cache_type),
+        cmocka_unit_test(test_measured_choice),
         cmocka_unit_test(test_path_not_taken),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

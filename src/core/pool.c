@@ -116,6 +116,10 @@ static void *worker_main(void *arg) {
 }
 
 int csd_cpu_count(void) {
+#ifdef __linux__
+    cpu_set_t set; /* a container or taskset may give this process fewer than the machine has */
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+#endif
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n > 0 ? (int)n : 1;
 }

@@ -43,7 +43,7 @@ typedef struct csd_pool_barrier {
 /* Returns once all nth chunks have called it as many times as this one has; *passed counts this
  * chunk's calls (start it at 0). Acquire/release: writes before it are seen after it. */
 void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth);
-/* Online cores of this machine (at least 1). */
+/* Cores this process may run on (its CPU affinity on Linux, else the online cores; at least 1). */
 int csd_cpu_count(void);
 
 /* The slice [*begin, *end) of n items owned by thread ith of nth (contiguous, balanced). */

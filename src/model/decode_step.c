@@ -30,9 +30,11 @@
  * step time was lower. Barriers need every thread on a core: with more busy threads than cores
  * (another process, a local fleet's other stages, a noisy host) each waits for a preempted
  * thread, where the general path's claimed chunks go on without it (measured with two processes
- * of 2 threads on 2 cores: up to 27% fewer tokens in all than the general path). */
+ * of 2 threads on 2 cores: 27% fewer tokens in all than the general path). So a one-job step
+ * slower than DECODE_TRIAL_ABORT times the general step just before it ends the trial at once. */
 #define DECODE_TRIAL_STEPS 32
 #define DECODE_EPOCH_STEPS 512
+#define DECODE_TRIAL_ABORT 2
 
 typedef struct step_thread {
     float *x;           /* the residual stream (thread 0 uses m->x) */
@@ -58,6 +60,7 @@ struct csd_decode_step {
     int64_t epoch_step;             /* one-token steps into the current epoch */
     bool chosen;                    /* this epoch's choice after its trial: the one-job step */
     uint64_t trial_ns[2][DECODE_TRIAL_STEPS / 2]; /* [general, one job]: the trial's steps */
+    bool always;                                  /* no trial: every step takes the one job */
     int64_t taken;                                /* steps the one-job path has run (tests) */
 };
 
@@ -143,7 +146,7 @@ static int alloc_threads(csd_decode_step *d, const csd_model *m) {
     return 0;
 }
 
-int csd_decode_step_create(csd_model *m, csd_err *err) {
+int csd_decode_step_create(csd_model *m, bool always, csd_err *err) {
     int nth = csd_pool_size(m->pool);
     /* More threads than cores would stall at every barrier: the general path does every step. */
     if (nth > csd_cpu_count() || !model_fits(m, nth)) return 0;
@@ -153,6 +156,7 @@ int csd_decode_step_create(csd_model *m, csd_err *err) {
     if (!d) return csd_err_set(err, CSD_ENOMEM, "decode step");
     m->decode = d;
     d->nth = nth;
+    d->always = always;
     d->threads = csd_alloc_array((size_t)nth, sizeof *d->threads);
     d->qkv = csd_alloc_array(nq, sizeof *d->qkv);
     d->gu = csd_alloc_array(ng, sizeof *d->gu);
@@ -188,6 +192,7 @@ void csd_decode_step_destroy(csd_decode_step *d) {
 int csd_decode_step_choose(csd_model *m, const csd_batch *b) {
     csd_decode_step *d = m->decode;
     if (!d || b->n != 1) return -1;
+    if (d->always) return 1;
     if (d->epoch_step < DECODE_TRIAL_STEPS) return (int)(d->epoch_step % 2);
     return d->chosen;
 }
@@ -205,13 +210,21 @@ static uint64_t median_ns(uint64_t *v, int n) {
 void csd_decode_step_timed(csd_model *m, int path, uint64_t ns) {
     csd_decode_step *d = m->decode;
     if (path < 0 || !d) return;
-    if (d->epoch_step < DECODE_TRIAL_STEPS) d->trial_ns[path][d->epoch_step / 2] = ns;
+    d->taken += path;
+    if (d->always) return;
+    int64_t k = d->epoch_step / 2;
+    if (d->epoch_step < DECODE_TRIAL_STEPS) d->trial_ns[path][k] = ns;
+    if (path == 1 && d->epoch_step < DECODE_TRIAL_STEPS &&
+        ns > DECODE_TRIAL_ABORT * d->trial_ns[0][k]) {
+        d->chosen = false;
+        d->epoch_step = DECODE_TRIAL_STEPS; /* the rest of the epoch: the general path */
+        return;
+    }
     if (d->epoch_step == DECODE_TRIAL_STEPS - 1) {
         int n = DECODE_TRIAL_STEPS / 2;
         d->chosen = median_ns(d->trial_ns[1], n) <= median_ns(d->trial_ns[0], n);
     }
     d->epoch_step = (d->epoch_step + 1) % DECODE_EPOCH_STEPS;
-    d->taken += path;
 }
 
 int64_t csd_decode_step_taken(const csd_model *m) { return m->decode ? m->decode->taken : 0; }

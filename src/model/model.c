@@ -59,7 +59,8 @@ int csd_model_init_runtime(csd_model *m, const csd_model_opts *opts, csd_err *er
     if (failed || !m->pos || !m->mm_scratch)
         return csd_err_set(err, CSD_ENOMEM, "model scratch for %lld tokens", (long long)b);
     csd_rope_init_freqs(c, m->inv_freq);
-    return opts->general_decode ? 0 : csd_decode_step_create(m, err);
+    if (opts->decode_path == CSD_DECODE_GENERAL) return 0;
+    return csd_decode_step_create(m, opts->decode_path == CSD_DECODE_ONE_JOB, err);
 }
 
 int csd_model_create(csd_model **out, const csd_model_config *cfg, const csd_weights *weights,

@@ -25,6 +25,12 @@
  * reserve gigabytes of KV cache per request by default. */
 #define CSD_MODEL_DEFAULT_MAX_CTX 4096
 
+/* How a one-token forward (a decode step) runs its layers: the general path (a pool job per matmul
+ * and per attention step), or one pool job whose threads meet at barriers (src/model/
+ * decode_step.c; Q4/Q8 layers, 2 or more threads and no more than the cores). AUTO measures both
+ * and takes the faster (the default); the others are for tests and comparisons. */
+enum csd_decode_path { CSD_DECODE_AUTO = 0, CSD_DECODE_GENERAL, CSD_DECODE_ONE_JOB };
+
 typedef struct csd_model_opts {
     int precision;           /* CSD_DTYPE_* for layer weights; -1: the file's dtype */
     int kv_dtype;            /* CSD_DTYPE_F32, _F16 or _Q8; -1: f32 for f32 weights, else f16 */
@@ -33,7 +39,7 @@ typedef struct csd_model_opts {
     int n_threads;           /* 0: all cores */
     int64_t max_batch;       /* tokens per forward call; 0: CSD_MODEL_DEFAULT_MAX_BATCH */
     int64_t max_ctx;         /* longest sequence; 0: max_position_embeddings capped at 4096 */
-    bool general_decode;     /* one-token steps through the general path too (tests compare) */
+    int decode_path;         /* enum csd_decode_path: how one-token steps run */
 } csd_model_opts;
 
 void csd_model_opts_default(csd_model_opts *opts);
