@@ -19,6 +19,7 @@
 #include "kern/kern.h"
 #include "model/model.h"
 #include "model/synth.h"
+#include "test_synth.h"
 #include "test_util.h"
 
 #define N_PROMPT 9
@@ -27,18 +28,9 @@ static char g_root[256];
 static const int32_t g_prompt[N_PROMPT] = {1, 17, 203, 5, 88, 140, 9, 250, 31};
 static const int32_t g_other[N_PROMPT] = {1, 44, 3, 190, 61, 7, 299, 12, 150};
 
+/* With one KV head, 8 query heads are 2 parts of CSD_ATTN_TASK_HEADS. */
 static void make_model(const char *dir, int64_t n_kv_heads) {
-    const csd_synth_preset *p = csd_synth_preset_find("tiny");
-    assert_non_null(p);
-    csd_model_config cfg;
-    csd_err err = {0};
-    assert_int_equal(mkdir(dir, 0755), 0);
-    if (csd_synth_config(&cfg, p, CSD_ARCH_LLAMA, 300, 1, 2, &err))
-        fail_msg("synth config: %s", err.msg);
-    cfg.n_heads = 8; /* with one KV head: 2 parts of CSD_ATTN_TASK_HEADS query heads */
-    cfg.n_kv_heads = n_kv_heads;
-    if (csd_synth_write(&cfg, CSD_DTYPE_F32, 7 + (uint64_t)n_kv_heads, dir, &err))
-        fail_msg("synth: %s", err.msg);
+    csd_test_write_tiny(dir, 8, n_kv_heads, 7 + (uint64_t)n_kv_heads);
 }
 
 static int setup(void **state) {

@@ -19,6 +19,7 @@
 #include "kern/kern.h"
 #include "model/decode_step.h"
 #include "model/synth.h"
+#include "test_synth.h"
 #include "test_util.h"
 
 #define N_PROMPT 7
@@ -31,17 +32,7 @@ static const int32_t g_prompt[N_PROMPT] = {1, 17, 203, 5, 88, 140, 9};
 /* The tiny preset (head size 16, hidden 176: one whole group of 128 and a ragged one) with 12
  * query heads over n_kv_heads. */
 static void make_model(const char *dir, int64_t n_kv_heads) {
-    const csd_synth_preset *p = csd_synth_preset_find("tiny");
-    assert_non_null(p);
-    csd_model_config cfg;
-    csd_err err = {0};
-    assert_int_equal(mkdir(dir, 0755), 0);
-    if (csd_synth_config(&cfg, p, CSD_ARCH_LLAMA, 300, 1, 2, &err))
-        fail_msg("synth config: %s", err.msg);
-    cfg.n_heads = 12;
-    cfg.n_kv_heads = n_kv_heads;
-    if (csd_synth_write(&cfg, CSD_DTYPE_F32, 11 + (uint64_t)n_kv_heads, dir, &err))
-        fail_msg("synth: %s", err.msg);
+    csd_test_write_tiny(dir, 12, n_kv_heads, 11 + (uint64_t)n_kv_heads);
 }
 
 static const int64_t g_kv_heads[] = {1, 3, 4};

@@ -1,0 +1,26 @@
+/* test_synth: a tiny synthetic model on disk for the model tests. Include after cmocka.h. */
+#ifndef CSD_TEST_SYNTH_H
+#define CSD_TEST_SYNTH_H
+
+#include <sys/stat.h>
+
+#include "core/dtype.h"
+#include "model/synth.h"
+
+/* The synth "tiny" preset (llama, vocab 300) with n_heads query heads over n_kv_heads, f32
+ * weights from seed, written to dir (created here). */
+static inline void csd_test_write_tiny(const char *dir, int64_t n_heads, int64_t n_kv_heads,
+                                       uint64_t seed) {
+    const csd_synth_preset *p = csd_synth_preset_find("tiny");
+    assert_non_null(p);
+    csd_model_config cfg;
+    csd_err err = {0};
+    assert_int_equal(mkdir(dir, 0755), 0);
+    if (csd_synth_config(&cfg, p, CSD_ARCH_LLAMA, 300, 1, 2, &err))
+        fail_msg("synth config: %s", err.msg);
+    cfg.n_heads = n_heads;
+    cfg.n_kv_heads = n_kv_heads;
+    if (csd_synth_write(&cfg, CSD_DTYPE_F32, seed, dir, &err)) fail_msg("synth: %s", err.msg);
+}
+
+#endif
