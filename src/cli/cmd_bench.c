@@ -302,6 +302,11 @@ static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_b
     return rc;
 }
 
+/* The weight stream's rate alone (GB/s): its passes' bytes over their time. */
+static double stream_gbs(const bench_result *r) {
+    return r->ceiling_tps * (double)r->stream_bytes / 1e9;
+}
+
 /* The peak bandwidth of the roofline: the read test's best pass, raised to any rate the run
  * sustained over passes of at least --peak-min-mib (csd_cli_bench_peak). */
 static void set_peak(const csd_bench_args *a, bench_result *res) {
@@ -310,7 +315,7 @@ static void set_peak(const csd_bench_args *a, bench_result *res) {
     tokens = tokens > res->ceiling_tg_tps ? tokens : res->ceiling_tg_tps;
     const csd_bench_rate rates[] = {
         {"paired reads", res->paired_gbs, token},
-        {"weight stream", res->ceiling_tps * (double)res->stream_bytes / 1e9, res->stream_bytes},
+        {"weight stream", stream_gbs(res), res->stream_bytes},
         {"tokens", tokens * (double)token / 1e9, token},
     };
     res->membw_gbs = csd_cli_bench_peak(res->test_gbs, rates, 3, (size_t)a->peak_min_mib << 20,
@@ -451,7 +456,7 @@ static void print_result_json(const csd_bench_args *a, const csd_model *m, const
     csd_cli_json_set_real(o, "paired_tg_tps", r->paired_tg_tps);
     csd_cli_json_set_real(o, "paired_roofline_fraction", f->paired);
     csd_cli_json_set_real(o, "ceiling_tps", r->ceiling_tps);
-    csd_cli_json_set_real(o, "stream_gbs", r->ceiling_tps * (double)r->stream_bytes / 1e9);
+    csd_cli_json_set_real(o, "stream_gbs", stream_gbs(r));
     csd_cli_json_set_real(o, "ceiling_fraction", f->ceiling);
     csd_cli_json_set_real(o, "ceiling_tg_tps", r->ceiling_tg_tps);
     csd_cli_json_set_real(o, "ceiling_tg_fraction", f->ceiling_tg);

@@ -204,6 +204,11 @@ static int64_t total_blocks(const csd_qmat *const *w, int n_mats) {
     return total;
 }
 
+/* The table has lanes kernels, and total row blocks fit the lane words. */
+static bool lanes_can(const csd_kern_ops *ops, int64_t total) {
+    return ops->matvec_q4 && ops->matvec_q8 && total < LANE_MAX_BLOCKS;
+}
+
 /* Thread t's lanes: [b, e) of the row blocks cut into CSD_MV_STREAMS equal parts. */
 static void lanes_set(thread_lanes *t, int64_t b, int64_t e) {
     for (int s = 0; s < CSD_MV_STREAMS; s++) {
@@ -216,7 +221,7 @@ static void lanes_set(thread_lanes *t, int64_t b, int64_t e) {
 bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
                       float *const *y, const uint8_t *act) {
     int64_t total = total_blocks(w, n_mats);
-    if (!ops->matvec_q4 || !ops->matvec_q8 || total >= LANE_MAX_BLOCKS) return false;
+    if (!lanes_can(ops, total)) return false;
     int n_threads = csd_pool_size(pool);
     thread_lanes threads[CSD_POOL_MAX_THREADS];
     for (int t = 0; t < n_threads; t++) {
@@ -243,8 +248,7 @@ bool csd_lanes_fit(const csd_qmat *const *w, int n_mats) {
         if ((w[i]->dtype != CSD_DTYPE_Q4 && w[i]->dtype != CSD_DTYPE_Q8) ||
             w[i]->cols != w[0]->cols)
             return false;
-    return n_mats > 0 && ops->matvec_q4 && ops->matvec_q8 &&
-           total_blocks(w, n_mats) < LANE_MAX_BLOCKS;
+    return n_mats > 0 && lanes_can(ops, total_blocks(w, n_mats));
 }
 
 void csd_lanes_own(csd_lanes *l, int ith, int64_t begin, int64_t end) {

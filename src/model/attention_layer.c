@@ -237,8 +237,7 @@ void csd_attention_units(csd_model *m, const csd_batch *b, int64_t layer, int64_
     int64_t group = m->cfg.n_heads / m->cfg.n_kv_heads;
     int64_t parts = (group + CSD_ATTN_TASK_HEADS - 1) / CSD_ATTN_TASK_HEADS;
     float *att = m->att + (int64_t)ith * CSD_ATTN_TASK_HEADS * m->max_ctx;
-    for (int64_t kvh = kvh0; kvh < kvh1; kvh++) {
-        prefetch_unit_rows(m, b->kv[0], layer, 0, kvh);
+    for (int64_t kvh = kvh0; kvh < kvh1; kvh++) { /* rows: csd_attention_prefetch_units */
         qk_unit(m, b, layer, 0, kvh);
         attend_parts(m, b->kv[0], layer, 0, kvh, 0, parts, att);
     }

@@ -43,6 +43,7 @@ typedef struct step_thread {
     uint8_t *part;      /* csd_quantize_act_groups scratch */
     int64_t kvh0, kvh1; /* owned KV heads */
     int64_t g0, g1;     /* owned hidden groups */
+    int64_t h0, h1;     /* their rows of gate, up and the SiLU */
     int64_t qkv0, qkv1; /* first lanes: owned q/k/v row blocks (in the views' order) */
     int64_t gu0, gu1;   /* first lanes: owned gate/up row blocks */
 } step_thread;
@@ -93,7 +94,7 @@ static bool model_fits(const csd_model *m, int nth) {
 static void cut_layer(csd_decode_step *d, const csd_model *m, int64_t li) {
     const csd_layer_weights *lw = &m->w.layers[li];
     int64_t hd = m->cfg.head_dim, group = m->cfg.n_heads / m->cfg.n_kv_heads;
-    int64_t hid = m->cfg.hidden_dim, nth = d->nth;
+    int64_t nth = d->nth;
     for (int t = 0; t < d->nth; t++) {
         const step_thread *th = &d->threads[t];
         int64_t i = li * 3 * nth + 3 * t, q0 = th->kvh0 * group * hd, q1 = th->kvh1 * group * hd;
@@ -103,12 +104,11 @@ static void cut_layer(csd_decode_step *d, const csd_model *m, int64_t li) {
         d->qkv_y[i] = m->q + q0;
         d->qkv_y[i + 1] = m->k + th->kvh0 * hd;
         d->qkv_y[i + 2] = m->v + th->kvh0 * hd;
-        int64_t g = li * 2 * nth + 2 * t, r0 = th->g0 * CSD_QUANT_GROUP;
-        int64_t r1 = th->g1 * CSD_QUANT_GROUP < hid ? th->g1 * CSD_QUANT_GROUP : hid;
-        d->gu[g] = qmat_rows(&lw->gate, r0, r1);
-        d->gu[g + 1] = qmat_rows(&lw->up, r0, r1);
-        d->gu_y[g] = m->hb + r0;
-        d->gu_y[g + 1] = m->hb2 + r0;
+        int64_t g = li * 2 * nth + 2 * t;
+        d->gu[g] = qmat_rows(&lw->gate, th->h0, th->h1);
+        d->gu[g + 1] = qmat_rows(&lw->up, th->h0, th->h1);
+        d->gu_y[g] = m->hb + th->h0;
+        d->gu_y[g + 1] = m->hb2 + th->h0;
     }
     for (int64_t i = li * 3 * nth; i < (li + 1) * 3 * nth; i++) d->qkv_w[i] = &d->qkv[i];
     for (int64_t i = li * 2 * nth; i < (li + 1) * 2 * nth; i++) d->gu_w[i] = &d->gu[i];
@@ -142,6 +142,9 @@ static int alloc_threads(csd_decode_step *d, const csd_model *m) {
         if (!th->x || !th->xn || !th->act || !th->part) return -1;
         csd_split_range(c->n_kv_heads, t, d->nth, &th->kvh0, &th->kvh1);
         csd_split_range(csd_quant_groups(c->hidden_dim), t, d->nth, &th->g0, &th->g1);
+        int64_t h1 = th->g1 * CSD_QUANT_GROUP;
+        th->h0 = th->g0 * CSD_QUANT_GROUP;
+        th->h1 = h1 < c->hidden_dim ? h1 : c->hidden_dim; /* the last group may be short */
     }
     return 0;
 }
@@ -295,9 +298,7 @@ static void ffn_block(step_run *s, int64_t li, float *x) {
     csd_lanes *l = lanes_ready(s, th->gu0, th->gu1); /* gate_proj, up_proj */
     csd_lanes_work(l, s->d->gu_w + li * ng, (int)ng, s->d->gu_y + li * ng, th->act, s->ith, s->nth);
     meet(s); /* the rows another thread took */
-    int64_t r0 = th->g0 * CSD_QUANT_GROUP,
-            r1 = th->g1 * CSD_QUANT_GROUP < hid ? th->g1 * CSD_QUANT_GROUP : hid;
-    if (r1 > r0) csd_silu_mul(m->hb + r0, m->hb2 + r0, r1 - r0);
+    if (th->h1 > th->h0) csd_silu_mul(m->hb + th->h0, m->hb2 + th->h0, th->h1 - th->h0);
     csd_quantize_act_groups(s->d->act_down, m->hb, hid, th->g0, th->g1, th->part);
     const csd_qmat *down = &lw->down;
     l = lanes_even(s, down); /* and every part of the input is quantized */

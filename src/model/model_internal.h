@@ -79,10 +79,10 @@ void csd_model_for_tokens(csd_model *m, int64_t n, csd_token_range_fn fn, const 
 void csd_attention_layer(csd_model *m, const csd_batch *b, int64_t li);
 /* A one-token batch's attention units of KV heads [kvh0, kvh1) in layer li, on thread ith of a
  * job of the caller's (decode_step.c): each with its RoPE and cache write, as
- * csd_attention_layer does them. */
+ * csd_attention_layer does them. Call csd_attention_prefetch_units for them first. */
 void csd_attention_units(csd_model *m, const csd_batch *b, int64_t li, int64_t kvh0, int64_t kvh1,
                          int ith);
-/* Starts loading the K/V rows those units will read (a thread with nothing else to do). */
+/* Starts loading the K/V rows those units will read (while the thread waits at a barrier). */
 void csd_attention_prefetch_units(const csd_model *m, const csd_batch *b, int64_t li, int64_t kvh0,
                                   int64_t kvh1);
 
