@@ -246,35 +246,43 @@ typedef struct step_run {
 
 static void meet(step_run *s) { csd_pool_barrier_wait(s->barrier, &s->passed, s->nth); }
 
-/* Sets this thread's lanes of the next plan to blocks [b0, b1) and meets the others: after this
- * every thread's lanes are set and everything written before it is visible. */
-static csd_lanes *lanes_ready(step_run *s, int64_t b0, int64_t b1) {
+/* Sets this thread's lanes of the next plan to blocks [b0, b1). A thread may take rows from the
+ * others' lanes only once every thread has set them: a barrier must come between this and the
+ * plan's csd_lanes_work. */
+static csd_lanes *lanes_set(step_run *s, int64_t b0, int64_t b1) {
     csd_lanes *l = s->d->lanes[s->set];
     s->set ^= 1;
     csd_lanes_own(l, s->ith, b0, b1);
-    meet(s);
     return l;
 }
 
-/* A matmul whose threads start on even slices of its row blocks. */
+/* A matmul whose threads start on even slices of its row blocks, set and met: after this every
+ * thread's lanes are set and everything written before it is visible. */
 static csd_lanes *lanes_even(step_run *s, const csd_qmat *w) {
     int64_t b0, b1;
     csd_split_range(csd_quant_blocks(w->rows), s->ith, s->nth, &b0, &b1);
-    return lanes_ready(s, b0, b1);
+    csd_lanes *l = lanes_set(s, b0, b1);
+    meet(s);
+    return l;
 }
 
 static void residual_add(float *x, const float *y, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 
-static void attention_block(step_run *s, int64_t li, float *x) {
+/* The q/k/v plan `l` was set before the barrier that ended the previous layer (or the step's
+ * first one); the gate/up plan is set here before the barrier after o_proj. A plan set ahead
+ * saves the barrier that would otherwise stand between setting it and working on it, two a layer
+ * (a barrier is a cross-core round trip). Setting it early is safe: the two plans alternate, and
+ * the one set was last used by a matmul every thread finished before an earlier barrier. */
+static csd_lanes *attention_block(step_run *s, int64_t li, float *x, csd_lanes *l) {
     csd_model *m = s->m;
     const csd_layer_weights *lw = &m->w.layers[li];
     step_thread *th = s->th;
     int64_t dim = m->cfg.dim, nq = 3 * s->nth;
     csd_rmsnorm(th->xn, x, lw->attn_norm, dim, m->cfg.norm_eps); /* input_layernorm */
     csd_quantize_act(th->act, th->xn, dim);
-    csd_lanes *l = lanes_ready(s, th->qkv0, th->qkv1); /* q_proj, k_proj, v_proj */
+    /* q_proj, k_proj, v_proj */
     csd_lanes_work(l, s->d->qkv_w + li * nq, (int)nq, s->d->qkv_y + li * nq, th->act, s->ith,
                    s->nth);
     csd_attention_prefetch_units(m, s->b, li, th->kvh0, th->kvh1);
@@ -284,18 +292,21 @@ static void attention_block(step_run *s, int64_t li, float *x) {
     l = lanes_even(s, o); /* and every head's output is in m->xb */
     csd_quantize_act(th->act, m->xb, m->q_dim);
     csd_lanes_work(l, &o, 1, &m->tmp, th->act, s->ith, s->nth); /* o_proj */
+    l = lanes_set(s, th->gu0, th->gu1); /* the next plan: gate_proj, up_proj */
     meet(s);
     residual_add(x, m->tmp, dim);
+    return l;
 }
 
-static void ffn_block(step_run *s, int64_t li, float *x) {
+/* The gate/up plan `l` was set in attention_block; the next layer's q/k/v plan is set here
+ * before the barrier after down_proj, and returned. */
+static csd_lanes *ffn_block(step_run *s, int64_t li, float *x, csd_lanes *l) {
     csd_model *m = s->m;
     const csd_layer_weights *lw = &m->w.layers[li];
     step_thread *th = s->th;
     int64_t dim = m->cfg.dim, hid = m->cfg.hidden_dim, ng = 2 * s->nth;
     csd_rmsnorm(th->xn, x, lw->ffn_norm, dim, m->cfg.norm_eps); /* post_attention_layernorm */
     csd_quantize_act(th->act, th->xn, dim);
-    csd_lanes *l = lanes_ready(s, th->gu0, th->gu1); /* gate_proj, up_proj */
     csd_lanes_work(l, s->d->gu_w + li * ng, (int)ng, s->d->gu_y + li * ng, th->act, s->ith, s->nth);
     meet(s); /* the rows another thread took */
     if (th->h1 > th->h0) csd_silu_mul(m->hb + th->h0, m->hb2 + th->h0, th->h1 - th->h0);
@@ -303,8 +314,10 @@ static void ffn_block(step_run *s, int64_t li, float *x) {
     const csd_qmat *down = &lw->down;
     l = lanes_even(s, down); /* and every part of the input is quantized */
     csd_lanes_work(l, &down, 1, &m->tmp, s->d->act_down, s->ith, s->nth); /* down_proj */
+    l = lanes_set(s, th->qkv0, th->qkv1); /* the next layer's q_proj, k_proj, v_proj */
     meet(s);
     residual_add(x, m->tmp, dim);
+    return l;
 }
 
 typedef struct step_job {
@@ -321,10 +334,12 @@ static void step_worker(void *ctx, int ith, int nth) {
     float *x = s.th->x;
     /* Thread 0's copy is m->x itself; it first changes it after the first barrier. */
     if (ith > 0) memcpy(x, m->x, (size_t)m->cfg.dim * sizeof(float));
+    csd_lanes *l = lanes_set(&s, s.th->qkv0, s.th->qkv1); /* the first layer's q/k/v */
+    meet(&s);
     int64_t n_layers = m->w.layer_end - m->w.layer_begin;
     for (int64_t li = 0; li < n_layers; li++) {
-        attention_block(&s, li, x);
-        ffn_block(&s, li, x);
+        l = attention_block(&s, li, x, l);
+        l = ffn_block(&s, li, x, l);
     }
 }
 

@@ -13,6 +13,7 @@
 
 #include "core/dtype.h"
 #include "kern/kern.h"
+#include "kern/quant.h"
 #include "model.h"
 
 void csd_plan_opts_default(csd_plan_opts *o) {
@@ -70,14 +71,17 @@ int csd_plan_costs_get(csd_plan_costs *out, const csd_model_config *c, const csd
     out->head_shared_bytes =
         dim * 4 + (c->tie_embeddings ? 0 : csd_qmat_bytes(outer, c->vocab_size, c->dim));
     out->head_bytes = dim * 4 + csd_qmat_bytes(outer, c->vocab_size, c->dim);
-    /* Forward scratch as csd_model_init_runtime sizes it (one attention row per thread counted
-     * once: threads are not known here). */
+    /* Forward scratch as csd_model_init_runtime sizes it, and the one-token step's (decode_step.c:
+     * a residual copy, a normed input and two quantized inputs per thread, the down input; its
+     * matrix views, ~400 bytes a layer and thread, fall in runtime_bytes). What is per thread is
+     * counted once: threads are not known here. */
     uint64_t b = (uint64_t)(o->max_batch > 0 ? o->max_batch : CSD_MODEL_DEFAULT_MAX_BATCH);
     uint64_t wide = dim > q_dim ? dim : q_dim, widest = hid > wide ? hid : wide;
     uint64_t floats =
         b * (dim + wide + dim + q_dim + 2 * kv_dim + 2 * hid + (uint64_t)c->head_dim) +
-        (uint64_t)o->ctx + (uint64_t)c->head_dim / 2;
-    out->overhead_bytes = floats * 4 + b * 8 +
+        (uint64_t)o->ctx + (uint64_t)c->head_dim / 2 + dim + widest;
+    uint64_t step_acts = 3 * (uint64_t)csd_quant_act_stride((int64_t)widest);
+    out->overhead_bytes = floats * 4 + b * 8 + step_acts +
                           csd_matmul_scratch_bytes((int64_t)widest, (int64_t)b) + o->runtime_bytes;
     return 0;
 }
