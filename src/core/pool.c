@@ -63,6 +63,23 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* Waiting for other threads to finish their part, one pause at a time: no system calls for the
+ * first POOL_YIELD_AFTER_NS, then a yield now and then, since a thread being waited for may have
+ * been preempted and need this core. */
+typedef struct spin_wait {
+    unsigned spins;
+    uint64_t start; /* first clock reading, 0 before it */
+} spin_wait;
+
+static inline void spin_wait_step(spin_wait *w) {
+    cpu_relax();
+    if (++w->spins % 256 == 0) {
+        uint64_t now = csd_now_ns();
+        if (!w->start) w->start = now;
+        else if (now - w->start > POOL_YIELD_AFTER_NS) sched_yield();
+    }
+}
+
 static inline uint64_t ticket_gen(uint64_t t) { return t >> (2 * TICKET_BITS); }
 
 /* Claims and runs chunks of job `gen` until there are none left (or the job is another one). */
@@ -193,31 +210,15 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
         pthread_mutex_unlock(&pool->mutex);
     }
     work_on(pool, pool->gen);
-    unsigned spins = 0;
-    uint64_t start = 0;
-    while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_chunks) {
-        cpu_relax();
-        if (++spins % 256 == 0) { /* a claimed chunk's thread may have been preempted */
-            uint64_t now = csd_now_ns();
-            if (!start) start = now;
-            else if (now - start > POOL_YIELD_AFTER_NS) sched_yield();
-        }
-    }
+    spin_wait w = {0, 0}; /* a claimed chunk's thread may have been preempted */
+    while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_chunks) spin_wait_step(&w);
 }
 
 void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth) {
     int64_t target = ++*passed * nth;
     atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel);
-    unsigned spins = 0;
-    uint64_t start = 0;
-    while (atomic_load_explicit(&b->arrived, memory_order_acquire) < target) {
-        cpu_relax();
-        if (++spins % 256 == 0) { /* a peer may have been preempted */
-            uint64_t now = csd_now_ns();
-            if (!start) start = now;
-            else if (now - start > POOL_YIELD_AFTER_NS) sched_yield();
-        }
-    }
+    spin_wait w = {0, 0}; /* a peer may have been preempted */
+    while (atomic_load_explicit(&b->arrived, memory_order_acquire) < target) spin_wait_step(&w);
 }
 
 void csd_pool_rest(csd_pool *pool) {
