@@ -1,6 +1,7 @@
 /* The fork-join pool: every chunk of a job runs exactly once whatever the thread count, jobs follow
  * each other without mixing, and the guided split tiles its range in order with chunks that never
- * grow (the big ones first), as the matmul driver relies on. */
+ * grow (the big ones first), as the matmul driver relies on; barriers order a job's phases, and
+ * a waiting thread's idle work runs only while it waits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +10,7 @@
 #include <cmocka.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/pool.h"
 
@@ -127,11 +129,63 @@ static void test_barrier_orders_phases(void **state) {
     }
 }
 
+/* csd_pool_barrier_wait_idle: a waiting thread calls idle until it returns false and then no
+ * more, and the barrier still orders the phases. One chunk arrives 20 ms late, so whoever
+ * arrives first waits long enough for every call; the last to arrive never waits. */
+#define IDLE_CALLS_WANTED 5
+
+typedef struct idle_job {
+    csd_pool_barrier barrier;
+    _Atomic int slot[2];
+    int calls[2];
+    atomic_int bad;
+} idle_job;
+
+typedef struct idle_ctx {
+    int *calls;
+} idle_ctx;
+
+static bool count_idle(void *ctx) {
+    idle_ctx *c = ctx;
+    return ++*c->calls < IDLE_CALLS_WANTED;
+}
+
+static void idle_chunk(void *ctx, int ith, int nth) {
+    idle_job *j = ctx;
+    int64_t passed = 0;
+    if (ith == 1) {
+        struct timespec late = {0, 20 * 1000 * 1000};
+        nanosleep(&late, NULL);
+    }
+    atomic_store_explicit(&j->slot[ith], 1 + ith, memory_order_relaxed);
+    idle_ctx c = {&j->calls[ith]};
+    csd_pool_barrier_wait_idle(&j->barrier, &passed, nth, count_idle, &c);
+    for (int t = 0; t < nth; t++)
+        if (atomic_load_explicit(&j->slot[t], memory_order_relaxed) != 1 + t)
+            atomic_fetch_add(&j->bad, 1);
+}
+
+static void test_barrier_idle_work(void **state) {
+    (void)state;
+    csd_pool *pool = NULL;
+    assert_int_equal(csd_pool_create(&pool, 2, NULL), 0);
+    idle_job job;
+    memset(&job, 0, sizeof job);
+    csd_pool_run(pool, idle_chunk, &job);
+    assert_int_equal(atomic_load(&job.bad), 0);
+    int most = job.calls[0] > job.calls[1] ? job.calls[0] : job.calls[1];
+    int least = job.calls[0] < job.calls[1] ? job.calls[0] : job.calls[1];
+    assert_int_equal(most, IDLE_CALLS_WANTED); /* the first to arrive: every call, then no more */
+    assert_int_equal(least, 0);                /* the last never waits */
+    csd_pool_destroy(pool);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_chunk_once),
         cmocka_unit_test(test_guided_split_tiles_in_order),
         cmocka_unit_test(test_barrier_orders_phases),
+        cmocka_unit_test(test_barrier_idle_work),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 /* test_kern_matmul: every kernel table this CPU supports against ref.c (the spec), for every dtype,
  * odd shapes and batch sizes; ref against plain f32 maths on the dequantized weights; batch and
- * thread invariance (bit-identical), also under matvec_lanes.c's stealing; no allocation inside
- * csd_matmul; the vector helpers. */
+ * thread invariance (bit-identical), also under matvec_lanes.c's stealing; the lanes' read-ahead;
+ * no allocation inside csd_matmul; the vector helpers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -408,6 +408,57 @@ static void test_matvec_lanes_any_split(void **state) {
     csd_free(x);
 }
 
+/* The read-ahead of a thread's lanes (kern.h: csd_lanes_ahead): each lane starts at its first
+ * block's weights, as csd_lanes_own cuts the slice [b0, b1) into lanes, stays inside that
+ * block's matrix and the lane, and is used up by stepping. Slices: across the Q4/Q8 boundary,
+ * inside one matrix, and one block (the second lane empty). */
+static void test_lanes_ahead(void **state) {
+    (void)state;
+    static const int64_t rows[2] = {16 * 20, 16 * 40};
+    static const int dtypes[2] = {CSD_DTYPE_Q4, CSD_DTYPE_Q8};
+    static const int64_t slices[3][2] = {{12, 44}, {25, 60}, {7, 8}};
+    int64_t cols = 1000;
+    mat m[2];
+    const csd_qmat *ws[2];
+    for (int i = 0; i < 2; i++) {
+        m[i] = make_mat(dtypes[i], rows[i], cols, 70 + (uint64_t)i);
+        ws[i] = &m[i].w;
+    }
+    for (int si = 0; si < 3; si++) {
+        int64_t b0 = slices[si][0], b1 = slices[si][1];
+        csd_lanes_ahead a;
+        csd_lanes_ahead_set(&a, ws, b0, b1);
+        size_t lines = 0;
+        for (int s = 0; s < CSD_LANES_AHEAD_STREAMS; s++) {
+            int64_t lb, le;
+            csd_split_range(b1 - b0, s, CSD_LANES_AHEAD_STREAMS, &lb, &le);
+            if (le == lb) {
+                assert_null(a.next[s]);
+                continue;
+            }
+            int64_t gb = b0 + lb, blocks_0 = csd_quant_blocks(rows[0]);
+            int i = gb < blocks_0 ? 0 : 1;
+            int64_t in_mat = i == 0 ? gb : gb - blocks_0;
+            int64_t mat_end = i == 0 ? blocks_0 : blocks_0 + csd_quant_blocks(rows[1]);
+            int64_t last = le + b0 < mat_end ? le + b0 : mat_end; /* the lane's end in the matrix */
+            size_t bb = csd_quant_block_bytes(dtypes[i], cols);
+            const uint8_t *first = (const uint8_t *)ws[i]->data + (size_t)in_mat * bb;
+            assert_ptr_equal(a.next[s], first);
+            assert_true(a.end[s] > a.next[s]);
+            assert_true(a.end[s] <= first + (size_t)(last - gb) * bb);
+            lines += (size_t)(a.end[s] - a.next[s] + 63) / 64;
+        }
+        size_t steps = 0;
+        while (csd_lanes_ahead_step(&a)) assert_true(++steps <= lines);
+        for (int s = 0; s < CSD_LANES_AHEAD_STREAMS; s++) assert_true(a.next[s] >= a.end[s]);
+        assert_false(csd_lanes_ahead_step(&a));
+    }
+    csd_lanes_ahead a;
+    csd_lanes_ahead_clear(&a);
+    assert_false(csd_lanes_ahead_step(&a));
+    for (int i = 0; i < 2; i++) free_mat(&m[i]);
+}
+
 static void test_tables_and_names(void **state) {
     (void)state;
     const char *name = csd_kern_init();
@@ -430,6 +481,7 @@ int main(void) {
         cmocka_unit_test(test_no_alloc),
         cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_matvec_lanes_any_split),
+        cmocka_unit_test(test_lanes_ahead),
         cmocka_unit_test(test_vector_helpers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -214,11 +214,20 @@ void csd_pool_run_chunks(csd_pool *pool, csd_pool_fn fn, void *ctx, int n_chunks
     while (atomic_load_explicit(&pool->done, memory_order_acquire) < n_chunks) spin_wait_step(&w);
 }
 
-void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth) {
+void csd_pool_barrier_wait_idle(csd_pool_barrier *b, int64_t *passed, int nth,
+                                bool (*idle)(void *), void *ctx) {
     int64_t target = ++*passed * nth;
     atomic_fetch_add_explicit(&b->arrived, 1, memory_order_acq_rel);
     spin_wait w = {0, 0}; /* a peer may have been preempted */
-    while (atomic_load_explicit(&b->arrived, memory_order_acquire) < target) spin_wait_step(&w);
+    while (atomic_load_explicit(&b->arrived, memory_order_acquire) < target) {
+        if (idle && idle(ctx)) continue;
+        idle = NULL;
+        spin_wait_step(&w);
+    }
+}
+
+void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth) {
+    csd_pool_barrier_wait_idle(b, passed, nth, NULL, NULL);
 }
 
 void csd_pool_rest(csd_pool *pool) {

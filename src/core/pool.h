@@ -7,6 +7,7 @@
 #define CSD_POOL_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "err.h"
@@ -43,6 +44,10 @@ typedef struct csd_pool_barrier {
 /* Returns once all nth chunks have called it as many times as this one has; *passed counts this
  * chunk's calls (start it at 0). Acquire/release: writes before it are seen after it. */
 void csd_pool_barrier_wait(csd_pool_barrier *b, int64_t *passed, int nth);
+/* The same, calling idle(ctx) instead of pausing while it waits, until idle returns false (work
+ * that fills the wait: a decode step reads the next matmul's first weights ahead). */
+void csd_pool_barrier_wait_idle(csd_pool_barrier *b, int64_t *passed, int nth,
+                                bool (*idle)(void *), void *ctx);
 /* Cores this process may run on (its CPU affinity on Linux, else the online cores; at least 1). */
 int csd_cpu_count(void);
 

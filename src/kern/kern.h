@@ -80,6 +80,21 @@ bool csd_lanes_fit(const csd_qmat *const *w, int n_mats);
 void csd_lanes_own(csd_lanes *l, int ith, int64_t begin, int64_t end);
 void csd_lanes_work(csd_lanes *l, const csd_qmat *const *w, int n_mats, float *const *y,
                     const uint8_t *act, int ith, int nth);
+/* The first weights of a thread's lanes in its next plan, read into L2 while the thread waits at
+ * the barriers before that matmul (memory is idle then: nothing streams during the norms,
+ * attention and barriers between a decode step's matmuls). csd_lanes_ahead_set takes the
+ * thread's slice [begin, end) as csd_lanes_own will (the plan need not be set yet) and the
+ * matrices' row blocks one after another; csd_lanes_ahead_step asks for the next few lines of
+ * each lane and returns false once the read-ahead is all asked for. Reads only, so a read-ahead
+ * that goes unused costs nothing but bandwidth. */
+#define CSD_LANES_AHEAD_STREAMS 2
+typedef struct csd_lanes_ahead {
+    const uint8_t *next[CSD_LANES_AHEAD_STREAMS], *end[CSD_LANES_AHEAD_STREAMS];
+} csd_lanes_ahead;
+void csd_lanes_ahead_set(csd_lanes_ahead *a, const csd_qmat *const *w, int64_t begin,
+                         int64_t end);
+void csd_lanes_ahead_clear(csd_lanes_ahead *a); /* nothing to read ahead */
+bool csd_lanes_ahead_step(csd_lanes_ahead *a);
 /* The Q8 activations of x for a Q4/Q8 matvec (kern/quant.h layout, act 64-byte aligned, of
  * csd_quant_act_stride(cols) bytes): what csd_matmul computes from x first. */
 void csd_quantize_act(uint8_t *act, const float *x, int64_t cols);

@@ -23,6 +23,7 @@
  * Each block is computed by exactly one thread with the same kernel and the same float
  * sequence as in any other split, so results do not depend on the thread count or on who took
  * what. The lanes live on the caller's stack; nothing is allocated. */
+#include <assert.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 
@@ -114,15 +115,25 @@ typedef struct lane_run {
     int64_t len; /* blocks */
 } lane_run;
 
+/* Which matrix block gb of the matrices one after another is in: its index, and *gb becomes the
+ * block's index inside it. */
+static int locate_block(const csd_qmat *const *w, int64_t *gb) {
+    int i = 0;
+    while (*gb >= csd_quant_blocks(w[i]->rows)) *gb -= csd_quant_blocks(w[i++]->rows);
+    return i;
+}
+
+static const uint8_t *block_data(const csd_qmat *w, int64_t b) {
+    return (const uint8_t *)w->data + (size_t)b * csd_quant_block_bytes(w->dtype, w->cols);
+}
+
 /* The run from block gb of the matrices one after another: at most avail blocks, up to the end of
  * gb's matrix. */
 static lane_run locate_run(const lanes_job *j, int64_t gb, int64_t avail) {
-    int i = 0;
-    while (gb >= csd_quant_blocks(j->w[i]->rows)) gb -= csd_quant_blocks(j->w[i++]->rows);
+    int i = locate_block(j->w, &gb);
     const csd_qmat *w = j->w[i];
     int64_t left = csd_quant_blocks(w->rows) - gb;
-    lane_run r = {w, j->y[i] + gb * CSD_QUANT_BLOCK_ROWS,
-                  (const uint8_t *)w->data + (size_t)gb * csd_quant_block_bytes(w->dtype, w->cols),
+    lane_run r = {w, j->y[i] + gb * CSD_QUANT_BLOCK_ROWS, block_data(w, gb),
                   gb * CSD_QUANT_BLOCK_ROWS, avail < left ? avail : left};
     return r;
 }
@@ -259,4 +270,45 @@ void csd_lanes_work(csd_lanes *l, const csd_qmat *const *w, int n_mats, float *c
                     const uint8_t *act, int ith, int nth) {
     lanes_job job = {csd_kern_ops_current(), w, y, n_mats, act, l->threads, nth};
     lanes_run(&job, ith);
+}
+
+/* ---- Reading a plan's first weights ahead (kern.h: csd_lanes_ahead) ---- */
+
+static_assert(CSD_LANES_AHEAD_STREAMS == CSD_MV_STREAMS, "one read-ahead stream per lane");
+/* Bytes read ahead per lane: what a thread streams in about 2 us, the length of a typical wait
+ * at a decode step's barrier; measured with 32, 64 and 256 KB (docs/kernels.md). */
+#define LANES_AHEAD_BYTES ((size_t)64 << 10)
+/* Lines asked for per lane and step: a few, so the waiting thread still sees the barrier open
+ * within a fraction of a microsecond. */
+#define LANES_AHEAD_LINES 2
+
+void csd_lanes_ahead_set(csd_lanes_ahead *a, const csd_qmat *const *w, int64_t begin,
+                         int64_t end) {
+    for (int s = 0; s < CSD_MV_STREAMS; s++) {
+        int64_t lb, le; /* the lane lanes_set would make, and its matrix */
+        csd_split_range(end - begin, s, CSD_MV_STREAMS, &lb, &le);
+        a->next[s] = a->end[s] = NULL;
+        if (le <= lb) continue;
+        int64_t gb = begin + lb;
+        const csd_qmat *m = w[locate_block(w, &gb)];
+        int64_t in_mat = csd_quant_blocks(m->rows) - gb;
+        int64_t blocks = in_mat < le - lb ? in_mat : le - lb;
+        size_t bytes = (size_t)(block_data(m, gb + blocks) - block_data(m, gb));
+        a->next[s] = block_data(m, gb);
+        a->end[s] = a->next[s] + (bytes < LANES_AHEAD_BYTES ? bytes : LANES_AHEAD_BYTES);
+    }
+}
+
+void csd_lanes_ahead_clear(csd_lanes_ahead *a) {
+    for (int s = 0; s < CSD_MV_STREAMS; s++) a->next[s] = a->end[s] = NULL;
+}
+
+bool csd_lanes_ahead_step(csd_lanes_ahead *a) {
+    bool more = false;
+    for (int s = 0; s < CSD_MV_STREAMS; s++) {
+        for (int i = 0; i < LANES_AHEAD_LINES && a->next[s] < a->end[s]; i++, a->next[s] += 64)
+            __builtin_prefetch(a->next[s], 0, 2); /* into L2 (prefetcht1) */
+        more = more || a->next[s] < a->end[s];
+    }
+    return more;
 }

@@ -13,7 +13,9 @@
  *   rows and it runs their attention units, so the rows are in its own cache, and it prefetches
  *   their K/V rows while it waits for the other thread's last q/k/v rows;
  * - thread t owns a share of the hidden groups: its lanes start on those gate and up rows, and it
- *   does their SiLU and quantizes that part of the down projection's input.
+ *   does their SiLU and quantizes that part of the down projection's input;
+ * - a thread waiting at a barrier reads the first weights of its lanes in the next matmul into
+ *   L2 (kern.h: csd_lanes_ahead), since no weights stream between two matmuls.
  * The lanes still steal from each other (kern.h: csd_lanes): a slow or preempted thread's rows are
  * taken by the other, which then reads across cores as before. Every output element goes through
  * the same float operations as in the general path, so results are bit-identical
@@ -239,12 +241,27 @@ typedef struct step_run {
     csd_decode_step *d;
     step_thread *th;
     csd_pool_barrier *barrier;
-    int64_t passed; /* barriers this thread has passed */
-    int set;        /* the lanes plan the next matmul uses */
+    int64_t passed;        /* barriers this thread has passed */
+    int set;               /* the lanes plan the next matmul uses */
+    csd_lanes_ahead ahead; /* the next matmul's first weights, read while waiting */
     int ith, nth;
 } step_run;
 
-static void meet(step_run *s) { csd_pool_barrier_wait(s->barrier, &s->passed, s->nth); }
+static bool read_ahead(void *ctx) { return csd_lanes_ahead_step(&((step_run *)ctx)->ahead); }
+
+/* Waiting threads read their next matmul's first weights (set by the ahead_ functions after
+ * each matmul): between two matmuls nothing else streams, and that read is where the thread will
+ * start. Token time 0.992-0.997 against waiting idle (docs/kernels.md). */
+static void meet(step_run *s) {
+    csd_pool_barrier_wait_idle(s->barrier, &s->passed, s->nth, read_ahead, s);
+}
+
+/* The read-ahead for a matmul whose threads start on even slices (lanes_even). */
+static void ahead_even(step_run *s, const csd_qmat *w) {
+    int64_t b0, b1;
+    csd_split_range(csd_quant_blocks(w->rows), s->ith, s->nth, &b0, &b1);
+    csd_lanes_ahead_set(&s->ahead, &w, b0, b1);
+}
 
 /* Sets this thread's lanes of the next plan to blocks [b0, b1). A thread may take rows from the
  * others' lanes only once every thread has set them: a barrier must come between this and the
@@ -264,6 +281,18 @@ static csd_lanes *lanes_even(step_run *s, const csd_qmat *w) {
     csd_lanes *l = lanes_set(s, b0, b1);
     meet(s);
     return l;
+}
+
+/* Layer li's q/k/v plan and read-ahead, set before the barrier just ahead of that layer (none
+ * past the last layer). */
+static csd_lanes *qkv_ahead(step_run *s, int64_t li) {
+    if (li >= s->m->w.layer_end - s->m->w.layer_begin) {
+        csd_lanes_ahead_clear(&s->ahead);
+        return NULL;
+    }
+    step_thread *th = s->th;
+    csd_lanes_ahead_set(&s->ahead, s->d->qkv_w + li * 3 * s->nth, th->qkv0, th->qkv1);
+    return lanes_set(s, th->qkv0, th->qkv1);
 }
 
 static void residual_add(float *x, const float *y, int64_t n) {
@@ -286,6 +315,7 @@ static csd_lanes *attention_block(step_run *s, int64_t li, float *x, csd_lanes *
     csd_lanes_work(l, s->d->qkv_w + li * nq, (int)nq, s->d->qkv_y + li * nq, th->act, s->ith,
                    s->nth);
     csd_attention_prefetch_units(m, s->b, li, th->kvh0, th->kvh1);
+    ahead_even(s, &lw->wo);
     meet(s); /* the rows another thread took */
     csd_attention_units(m, s->b, li, th->kvh0, th->kvh1, s->ith);
     const csd_qmat *o = &lw->wo;
@@ -293,13 +323,14 @@ static csd_lanes *attention_block(step_run *s, int64_t li, float *x, csd_lanes *
     csd_quantize_act(th->act, m->xb, m->q_dim);
     csd_lanes_work(l, &o, 1, &m->tmp, th->act, s->ith, s->nth); /* o_proj */
     l = lanes_set(s, th->gu0, th->gu1); /* the next plan: gate_proj, up_proj */
+    csd_lanes_ahead_set(&s->ahead, s->d->gu_w + li * 2 * s->nth, th->gu0, th->gu1);
     meet(s);
     residual_add(x, m->tmp, dim);
     return l;
 }
 
-/* The gate/up plan `l` was set in attention_block; the next layer's q/k/v plan is set here
- * before the barrier after down_proj, and returned. */
+/* The gate/up plan `l` was set in attention_block; the next layer's q/k/v plan (if there is a
+ * next layer) is set here before the barrier after down_proj, and returned. */
 static csd_lanes *ffn_block(step_run *s, int64_t li, float *x, csd_lanes *l) {
     csd_model *m = s->m;
     const csd_layer_weights *lw = &m->w.layers[li];
@@ -308,13 +339,14 @@ static csd_lanes *ffn_block(step_run *s, int64_t li, float *x, csd_lanes *l) {
     csd_rmsnorm(th->xn, x, lw->ffn_norm, dim, m->cfg.norm_eps); /* post_attention_layernorm */
     csd_quantize_act(th->act, th->xn, dim);
     csd_lanes_work(l, s->d->gu_w + li * ng, (int)ng, s->d->gu_y + li * ng, th->act, s->ith, s->nth);
+    ahead_even(s, &lw->down);
     meet(s); /* the rows another thread took */
     if (th->h1 > th->h0) csd_silu_mul(m->hb + th->h0, m->hb2 + th->h0, th->h1 - th->h0);
     csd_quantize_act_groups(s->d->act_down, m->hb, hid, th->g0, th->g1, th->part);
     const csd_qmat *down = &lw->down;
     l = lanes_even(s, down); /* and every part of the input is quantized */
     csd_lanes_work(l, &down, 1, &m->tmp, s->d->act_down, s->ith, s->nth); /* down_proj */
-    l = lanes_set(s, th->qkv0, th->qkv1); /* the next layer's q_proj, k_proj, v_proj */
+    l = qkv_ahead(s, li + 1); /* the next layer's q_proj, k_proj, v_proj */
     meet(s);
     residual_add(x, m->tmp, dim);
     return l;
@@ -330,11 +362,11 @@ static void step_worker(void *ctx, int ith, int nth) {
     step_job *job = ctx;
     csd_model *m = job->m;
     csd_decode_step *d = m->decode;
-    step_run s = {m, job->b, d, &d->threads[ith], &job->barrier, 0, 0, ith, nth};
+    step_run s = {m, job->b, d, &d->threads[ith], &job->barrier, 0, 0, {{0}, {0}}, ith, nth};
     float *x = s.th->x;
     /* Thread 0's copy is m->x itself; it first changes it after the first barrier. */
     if (ith > 0) memcpy(x, m->x, (size_t)m->cfg.dim * sizeof(float));
-    csd_lanes *l = lanes_set(&s, s.th->qkv0, s.th->qkv1); /* the first layer's q/k/v */
+    csd_lanes *l = qkv_ahead(&s, 0); /* the first layer's q/k/v */
     meet(&s);
     int64_t n_layers = m->w.layer_end - m->w.layer_begin;
     for (int64_t li = 0; li < n_layers; li++) {
