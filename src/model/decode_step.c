@@ -249,9 +249,9 @@ typedef struct step_run {
 
 static bool read_ahead(void *ctx) { return csd_lanes_ahead_step(&((step_run *)ctx)->ahead); }
 
-/* Waiting threads read their next matmul's first weights (set by the ahead_ functions after
- * each matmul): between two matmuls nothing else streams, and that read is where the thread will
- * start. Token time 0.992-0.997 against waiting idle (docs/kernels.md). */
+/* Waiting threads read their next matmul's first weights (s->ahead, set after each matmul for
+ * the next one): between two matmuls nothing else streams, and that read is where the thread will
+ * start. Token time 0.989-0.999 against waiting idle, median per run (docs/kernels.md). */
 static void meet(step_run *s) {
     csd_pool_barrier_wait_idle(s->barrier, &s->passed, s->nth, read_ahead, s);
 }
