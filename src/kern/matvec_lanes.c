@@ -293,7 +293,7 @@ void csd_lanes_ahead_set(csd_lanes_ahead *a, const csd_qmat *const *w, int64_t b
         const csd_qmat *m = w[locate_block(w, &gb)];
         int64_t in_mat = csd_quant_blocks(m->rows) - gb;
         int64_t blocks = in_mat < le - lb ? in_mat : le - lb;
-        size_t bytes = (size_t)(block_data(m, gb + blocks) - block_data(m, gb));
+        size_t bytes = (size_t)blocks * csd_quant_block_bytes(m->dtype, m->cols);
         a->next[s] = block_data(m, gb);
         a->end[s] = a->next[s] + (bytes < LANES_AHEAD_BYTES ? bytes : LANES_AHEAD_BYTES);
     }

@@ -256,10 +256,15 @@ static void meet(step_run *s) {
     csd_pool_barrier_wait_idle(s->barrier, &s->passed, s->nth, read_ahead, s);
 }
 
+/* This thread's even slice of w's row blocks (o_proj and down start on these). */
+static void even_slice(const step_run *s, const csd_qmat *w, int64_t *b0, int64_t *b1) {
+    csd_split_range(csd_quant_blocks(w->rows), s->ith, s->nth, b0, b1);
+}
+
 /* The read-ahead for a matmul whose threads start on even slices (lanes_even). */
 static void ahead_even(step_run *s, const csd_qmat *w) {
     int64_t b0, b1;
-    csd_split_range(csd_quant_blocks(w->rows), s->ith, s->nth, &b0, &b1);
+    even_slice(s, w, &b0, &b1);
     csd_lanes_ahead_set(&s->ahead, &w, b0, b1);
 }
 
@@ -277,10 +282,16 @@ static csd_lanes *lanes_set(step_run *s, int64_t b0, int64_t b1) {
  * thread's lanes are set and everything written before it is visible. */
 static csd_lanes *lanes_even(step_run *s, const csd_qmat *w) {
     int64_t b0, b1;
-    csd_split_range(csd_quant_blocks(w->rows), s->ith, s->nth, &b0, &b1);
+    even_slice(s, w, &b0, &b1);
     csd_lanes *l = lanes_set(s, b0, b1);
     meet(s);
     return l;
+}
+
+/* The next plan, on this thread's owned blocks [b0, b1) of the matrices w, and its read-ahead. */
+static csd_lanes *lanes_set_ahead(step_run *s, const csd_qmat *const *w, int64_t b0, int64_t b1) {
+    csd_lanes_ahead_set(&s->ahead, w, b0, b1);
+    return lanes_set(s, b0, b1);
 }
 
 /* Layer li's q/k/v plan and read-ahead, set before the barrier just ahead of that layer (none
@@ -290,9 +301,7 @@ static csd_lanes *qkv_ahead(step_run *s, int64_t li) {
         csd_lanes_ahead_clear(&s->ahead);
         return NULL;
     }
-    step_thread *th = s->th;
-    csd_lanes_ahead_set(&s->ahead, s->d->qkv_w + li * 3 * s->nth, th->qkv0, th->qkv1);
-    return lanes_set(s, th->qkv0, th->qkv1);
+    return lanes_set_ahead(s, s->d->qkv_w + li * 3 * s->nth, s->th->qkv0, s->th->qkv1);
 }
 
 static void residual_add(float *x, const float *y, int64_t n) {
@@ -322,8 +331,8 @@ static csd_lanes *attention_block(step_run *s, int64_t li, float *x, csd_lanes *
     l = lanes_even(s, o); /* and every head's output is in m->xb */
     csd_quantize_act(th->act, m->xb, m->q_dim);
     csd_lanes_work(l, &o, 1, &m->tmp, th->act, s->ith, s->nth); /* o_proj */
-    l = lanes_set(s, th->gu0, th->gu1); /* the next plan: gate_proj, up_proj */
-    csd_lanes_ahead_set(&s->ahead, s->d->gu_w + li * 2 * s->nth, th->gu0, th->gu1);
+    /* the next plan: gate_proj, up_proj */
+    l = lanes_set_ahead(s, s->d->gu_w + li * 2 * s->nth, th->gu0, th->gu1);
     meet(s);
     residual_add(x, m->tmp, dim);
     return l;
