@@ -172,6 +172,30 @@ static void send_close(csd_conn *c) {
     assert_int_equal(csd_conn_send(c, &h, NULL, 0, NULL), 0);
 }
 
+/* The usual link: a stage-0 server (layers [0,12), model hash 0xAB...) and a coordinator client
+ * that expects exactly that, both with key_a; asserts that the handshake succeeded. */
+static csd_conn *link_up(server_ctx *s) {
+    server_start(s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
+    csd_conn *c = NULL;
+    csd_err err = {0};
+    csd_wire_hello want = hello_coord(0, 0, 12, 0xAB);
+    assert_int_equal(client_open(csd_listener_port(s->l), &key_a, false, &want, &c, &err), 0);
+    return c;
+}
+
+/* A handshake between a server that is self and a client that expects want (with key, or
+ * insecure): returns the client's result, its message in err and the server's in s->hs_err. */
+static int handshake(server_ctx *s, csd_wire_hello self, const csd_fleet_key *key, bool insecure,
+                     csd_wire_hello want, csd_err *err) {
+    server_start(s, &key_a, false, self);
+    csd_conn *c = NULL;
+    int rc = client_open(csd_listener_port(s->l), key, insecure, &want, &c, err);
+    if (!rc) send_close(c);
+    server_join(s);
+    csd_conn_destroy(c);
+    return rc;
+}
+
 /* ---- tests ---- */
 
 static void test_handshake_same_key(void **state) {
@@ -230,21 +254,14 @@ static void test_handshake_wildcard_expectations(void **state) {
     assert_int_equal(s.hs_rc, 0);
     csd_conn_destroy(c);
     /* half wildcard: "the next stage starts at layer 8, ends anywhere" */
-    server_start(&s, &key_a, false, hello_stage(2, 8, 16, 0x11));
+    csd_wire_hello self = hello_stage(2, 8, 16, 0x11);
     want = hello_stage(2, 8, CSD_WIRE_ANY, 0x11);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err), 0);
-    send_close(c);
-    server_join(&s);
+    assert_int_equal(handshake(&s, self, &key_a, false, want, &err), 0);
     assert_int_equal(s.hs_rc, 0);
-    csd_conn_destroy(c);
-    server_start(&s, &key_a, false, hello_stage(2, 8, 16, 0x11));
     want = hello_stage(2, 9, CSD_WIRE_ANY, 0x11);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err),
-                     CSD_EMISMATCH);
-    server_join(&s);
+    assert_int_equal(handshake(&s, self, &key_a, false, want, &err), CSD_EMISMATCH);
     assert_non_null(strstr(err.msg, "[9,*)"));
     assert_non_null(strstr(err.msg, "[8,16)"));
-    csd_conn_destroy(c);
 }
 
 static void test_handshake_different_key_refused(void **state) {
@@ -270,13 +287,10 @@ static void test_handshake_different_key_refused(void **state) {
 static void test_handshake_model_hash_mismatch(void **state) {
     (void)state;
     server_ctx s;
-    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
-    csd_conn *c = NULL;
     csd_err err = {0};
-    csd_wire_hello want = hello_coord(0, 0, 12, 0xCD);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err),
+    assert_int_equal(handshake(&s, hello_stage(0, 0, 12, 0xAB), &key_a, false,
+                               hello_coord(0, 0, 12, 0xCD), &err),
                      CSD_EMISMATCH);
-    server_join(&s);
     assert_int_equal(s.hs_rc, CSD_EMISMATCH);
     /* both messages name both hashes */
     assert_non_null(strstr(err.msg, "model hash mismatch"));
@@ -284,50 +298,37 @@ static void test_handshake_model_hash_mismatch(void **state) {
     assert_non_null(strstr(err.msg, "abababab"));
     assert_non_null(strstr(s.hs_err.msg, "cdcdcdcd"));
     assert_non_null(strstr(s.hs_err.msg, "abababab"));
-    csd_conn_destroy(c);
 }
 
 static void test_handshake_layer_range_mismatch(void **state) {
     (void)state;
     server_ctx s;
-    server_start(&s, &key_a, false, hello_stage(1, 12, 24, 0xAB));
-    csd_conn *c = NULL;
     csd_err err = {0};
-    csd_wire_hello want = hello_coord(1, 12, 20, 0xAB);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err),
+    csd_wire_hello self = hello_stage(1, 12, 24, 0xAB);
+    assert_int_equal(handshake(&s, self, &key_a, false, hello_coord(1, 12, 20, 0xAB), &err),
                      CSD_EMISMATCH);
-    server_join(&s);
     assert_int_equal(s.hs_rc, CSD_EMISMATCH);
     assert_non_null(strstr(err.msg, "[12,20)"));
     assert_non_null(strstr(err.msg, "[12,24)"));
     assert_non_null(strstr(s.hs_err.msg, "[12,20)"));
     assert_non_null(strstr(s.hs_err.msg, "[12,24)"));
-    csd_conn_destroy(c);
     /* and a different stage index */
-    server_start(&s, &key_a, false, hello_stage(1, 12, 24, 0xAB));
-    want = hello_coord(2, 12, 24, 0xAB);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err),
+    assert_int_equal(handshake(&s, self, &key_a, false, hello_coord(2, 12, 24, 0xAB), &err),
                      CSD_EMISMATCH);
-    server_join(&s);
     assert_non_null(strstr(err.msg, "stage 2"));
     assert_non_null(strstr(err.msg, "stage 1"));
-    csd_conn_destroy(c);
 }
 
 static void test_handshake_link_mode_mismatch(void **state) {
     (void)state;
     server_ctx s;
-    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
-    csd_conn *c = NULL;
     csd_err err = {0};
-    csd_wire_hello want = hello_coord(0, 0, 12, 0xAB);
-    assert_int_equal(client_open(csd_listener_port(s.l), NULL, true, &want, &c, &err),
+    assert_int_equal(handshake(&s, hello_stage(0, 0, 12, 0xAB), NULL, true,
+                               hello_coord(0, 0, 12, 0xAB), &err),
                      CSD_EMISMATCH);
-    server_join(&s);
     assert_int_equal(s.hs_rc, CSD_EMISMATCH);
     assert_non_null(strstr(err.msg, "insecure"));
     assert_non_null(strstr(err.msg, "encrypted"));
-    csd_conn_destroy(c);
 }
 
 static void test_handshake_version_mismatch(void **state) {
@@ -595,11 +596,8 @@ static void test_large_hidden_frame(void **state) {
 static void test_recv_idle_timeout_keeps_link(void **state) {
     (void)state;
     server_ctx s;
-    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
-    csd_conn *c = NULL;
+    csd_conn *c = link_up(&s);
     csd_err err = {0};
-    csd_wire_hello want = hello_coord(0, 0, 12, 0xAB);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err), 0);
     csd_netbuf rb = {0};
     csd_wire_hdr h;
     assert_int_equal(csd_conn_recv(c, &h, &rb, 50, &err), CSD_ETIMEOUT);
@@ -636,11 +634,8 @@ static void *sender_main(void *arg) {
 static void test_concurrent_send_recv(void **state) {
     (void)state;
     server_ctx s;
-    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
-    csd_conn *c = NULL;
+    csd_conn *c = link_up(&s);
     csd_err err = {0};
-    csd_wire_hello want = hello_coord(0, 0, 12, 0xAB);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err), 0);
     sender_ctx sc = {.c = c, .n = 2000};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, sender_main, &sc), 0);
@@ -679,11 +674,7 @@ static void *blocked_main(void *arg) {
 static void test_shutdown_wakes_blocked_recv(void **state) {
     (void)state;
     server_ctx s;
-    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
-    csd_conn *c = NULL;
-    csd_err err = {0};
-    csd_wire_hello want = hello_coord(0, 0, 12, 0xAB);
-    assert_int_equal(client_open(csd_listener_port(s.l), &key_a, false, &want, &c, &err), 0);
+    csd_conn *c = link_up(&s);
     blocked_ctx b = {.c = c, .rc = 1};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, blocked_main, &b), 0);
