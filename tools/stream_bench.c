@@ -9,7 +9,8 @@
  * 2. The Q4 matrices of a TinyLlama-1.1B-shaped stage (22 layers; random bytes, valid scales)
  *    through csd_matvec_lanes, cut into pool jobs in several ways: as decode does (q/k/v, o,
  *    gate/up, down: 4 jobs a layer), one matrix a job, one job per input width a layer, or a
- *    width's matrices of every layer in one job (the stream ceiling's shape).
+ *    width's matrices of every layer in one job (the stream ceiling's shape); and the stage's
+ *    Q8 output head (32000 x 2048) alone, the Q8 kernel's rate on the model's largest matrix.
  *
  *   build/stream_bench [-t THREADS] [-r ROUNDS] [-m MIB]      (defaults: all cores, 8, 1024) */
 #include <stdio.h>
@@ -29,6 +30,7 @@
 #define LAYER_MATS 7 /* q, k, v, o, gate, up, down */
 #define DIM 2048
 #define HIDDEN 5632
+#define VOCAB 32000 /* the Q8 output head: VOCAB x DIM */
 
 static const int64_t MAT_ROWS[LAYER_MATS] = {DIM, 256, 256, DIM, HIDDEN, HIDDEN, DIM};
 static const int64_t MAT_COLS[LAYER_MATS] = {DIM, DIM, DIM, DIM, DIM, DIM, HIDDEN};
@@ -42,7 +44,9 @@ typedef struct bench {
     float *out;      /* table 1's outputs: 16 floats per block */
     csd_qmat mats[LAYERS][LAYER_MATS];
     float *mat_out[LAYERS][LAYER_MATS];
-    size_t model_bytes;
+    csd_qmat head; /* Q8, after the layers' matrices */
+    float *head_out;
+    size_t model_bytes; /* the layers' matrices */
     int streams; /* table 1: the current variant */
     bool kernel;
 } bench;
@@ -54,13 +58,13 @@ static uint64_t rng_next(uint64_t *s) {
     return *s;
 }
 
-/* Every group scale of a Q4 matrix of `blocks` 16-row blocks and `cols` inputs at p set to 1.0,
- * so that the float part of the kernels never sees a NaN or a subnormal. */
-static void set_scales(uint8_t *p, int64_t blocks, int64_t cols) {
-    size_t bb = csd_quant_block_bytes(CSD_DTYPE_Q4, cols);
+/* Every group scale of a Q4 or Q8 matrix of `blocks` 16-row blocks and `cols` inputs at p set to
+ * 1.0, so that the float part of the kernels never sees a NaN or a subnormal. */
+static void set_scales(uint8_t *p, int dtype, int64_t blocks, int64_t cols) {
+    size_t bb = csd_quant_block_bytes(dtype, cols);
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t g = 0; g < csd_quant_groups(cols); g++) {
-            size_t at = (size_t)b * bb + csd_quant_scale_offset(CSD_DTYPE_Q4, g);
+            size_t at = (size_t)b * bb + csd_quant_scale_offset(dtype, g);
             for (int r = 0; r < CSD_QUANT_BLOCK_ROWS; r++) {
                 uint16_t one = 0x3c00; /* f16 1.0 */
                 memcpy(p + at + 2 * (size_t)r, &one, 2);
@@ -75,7 +79,7 @@ static void fill_weights(uint8_t *p, size_t bytes) {
         uint64_t v = rng_next(&s);
         memcpy(p + i, &v, 8);
     }
-    set_scales(p, (int64_t)(bytes / csd_quant_block_bytes(CSD_DTYPE_Q4, DIM)), DIM);
+    set_scales(p, CSD_DTYPE_Q4, (int64_t)(bytes / csd_quant_block_bytes(CSD_DTYPE_Q4, DIM)), DIM);
 }
 
 static uint8_t *make_act(const csd_kern_ops *ops, int64_t cols) {
@@ -92,8 +96,9 @@ static uint8_t *make_act(const csd_kern_ops *ops, int64_t cols) {
     return act;
 }
 
-/* Table 2's matrices, one after another in the region (4 KiB apart, as separate tensors), each
- * with its own valid scales (only scale bytes are written: table 1's stay valid too). */
+/* Table 2's matrices, one after another in the region (4 KiB apart, as separate tensors), then
+ * the Q8 head, each with its own valid scales (only scale bytes are written: table 1's stay valid
+ * too). */
 static int lay_out_model(bench *b) {
     size_t off = 0;
     for (int l = 0; l < LAYERS; l++)
@@ -101,13 +106,18 @@ static int lay_out_model(bench *b) {
             size_t n = csd_qmat_bytes(CSD_DTYPE_Q4, MAT_ROWS[k], MAT_COLS[k]);
             if (off + n > b->region_bytes) return -1;
             b->mats[l][k] = (csd_qmat){CSD_DTYPE_Q4, MAT_ROWS[k], MAT_COLS[k], b->region + off, n};
-            set_scales(b->region + off, csd_quant_blocks(MAT_ROWS[k]), MAT_COLS[k]);
+            set_scales(b->region + off, CSD_DTYPE_Q4, csd_quant_blocks(MAT_ROWS[k]), MAT_COLS[k]);
             b->mat_out[l][k] = csd_alloc_array((size_t)MAT_ROWS[k], sizeof(float));
             if (!b->mat_out[l][k]) return -1;
             off += (n + 4095) / 4096 * 4096;
         }
     b->model_bytes = off;
-    return 0;
+    size_t n = csd_qmat_bytes(CSD_DTYPE_Q8, VOCAB, DIM);
+    if (off + n > b->region_bytes) return -1;
+    b->head = (csd_qmat){CSD_DTYPE_Q8, VOCAB, DIM, b->region + off, n};
+    set_scales(b->region + off, CSD_DTYPE_Q8, csd_quant_blocks(VOCAB), DIM);
+    b->head_out = csd_alloc_array(VOCAB, sizeof(float));
+    return b->head_out ? 0 : -1;
 }
 
 /* Table 1, pool job: thread ith's part of the region as b->streams streams. */
@@ -152,12 +162,23 @@ static void lanes(bench *b, int l0, int l1, int k0, int k1) {
     csd_matvec_lanes(b->ops, b->pool, w, n, y, b->act[MAT_COLS[k0] == DIM ? 0 : 1]);
 }
 
-enum { SPLIT_ALL, SPLIT_WIDTH, SPLIT_DECODE, SPLIT_MATRIX, N_SPLITS };
+enum { SPLIT_ALL, SPLIT_WIDTH, SPLIT_DECODE, SPLIT_MATRIX, HEAD_ONLY, N_SPLITS };
 static const char *SPLIT_NAMES[N_SPLITS] = {
     "2 jobs: a width's matrices of all layers", "2 jobs a layer: one per input width",
-    "4 jobs a layer: q/k/v, o, gate/up, down (decode)", "7 jobs a layer: one per matrix"};
+    "4 jobs a layer: q/k/v, o, gate/up, down (decode)", "7 jobs a layer: one per matrix",
+    "the Q8 output head alone (1 job)"};
+
+/* Bytes one pass of split reads. */
+static double pass_bytes(const bench *b, int split) {
+    return split == HEAD_ONLY ? (double)b->head.nbytes : (double)b->model_bytes;
+}
 
 static void model_pass(bench *b, int split) {
+    if (split == HEAD_ONLY) {
+        const csd_qmat *w = &b->head;
+        csd_matvec_lanes(b->ops, b->pool, &w, 1, &b->head_out, b->act[0]);
+        return;
+    }
     if (split == SPLIT_ALL) {
         lanes(b, 0, LAYERS, 0, 6);
         lanes(b, 0, LAYERS, 6, 7);
@@ -220,11 +241,11 @@ static void table_model(bench *b, int rounds) {
             uint64_t t0 = csd_now_ns();
             model_pass(b, s);
             double sec = (double)(csd_now_ns() - t0) * 1e-9;
-            gbs[s][r] = (double)b->model_bytes / sec / 1e9;
+            gbs[s][r] = pass_bytes(b, s) / sec / 1e9;
         }
-    printf("\nQ4 matrices of a TinyLlama-1.1B-shaped stage (%d layers, %.1f MB) through the lanes, "
-           "%d rounds (GB/s)\n\n",
-           LAYERS, (double)b->model_bytes / 1e6, rounds);
+    printf("\nQ4 matrices of a TinyLlama-1.1B-shaped stage (%d layers, %.1f MB) and its Q8 output "
+           "head (%.1f MB) through the lanes, %d rounds (GB/s)\n\n",
+           LAYERS, (double)b->model_bytes / 1e6, (double)b->head.nbytes / 1e6, rounds);
     printf("| jobs | median | best |\n| --- | ---: | ---: |\n");
     for (int s = 0; s < N_SPLITS; s++) print_row(SPLIT_NAMES[s], gbs[s], rounds);
 }
