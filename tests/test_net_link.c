@@ -183,8 +183,9 @@ static csd_conn *link_up(server_ctx *s) {
     return c;
 }
 
-/* A handshake between a server that is self and a client that expects want (with key, or
- * insecure): returns the client's result, its message in err and the server's in s->hs_err. */
+/* A handshake between a server that is self (with key_a) and a client that expects want (with
+ * key, or insecure): returns the client's result, its message in err and the server's in
+ * s->hs_err. */
 static int handshake(server_ctx *s, csd_wire_hello self, const csd_fleet_key *key, bool insecure,
                      csd_wire_hello want, csd_err *err) {
     server_start(s, &key_a, false, self);
