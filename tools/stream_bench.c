@@ -4,7 +4,8 @@
  * Two tables, every variant run once per round, rounds alternating, so that all of them see the
  * same machine (on a shared host the bandwidth drifts by tens of percent within seconds):
  * 1. One long region per thread: the bandwidth test's read (csd_read_streams, 1-4 parts side by
- *    side, non-temporal prefetch) against the Q4 matvec kernel walking the same bytes as
+ *    side, with the non-temporal prefetch the kernels use and with the ordinary one, as `bench`'s
+ *    read test tries both) against the Q4 matvec kernel walking the same bytes as
  *    1..CSD_MV_STREAMS streams. Tells whether the kernel itself keeps up with a bare read.
  * 2. The Q4 matrices of a TinyLlama-1.1B-shaped stage (22 layers; random bytes, valid scales)
  *    through csd_matvec_lanes, cut into pool jobs in several ways: as decode does (q/k/v, o,
@@ -49,6 +50,7 @@ typedef struct bench {
     size_t model_bytes; /* the layers' matrices */
     int streams; /* table 1: the current variant */
     bool kernel;
+    bool nta; /* table 1's reads: the non-temporal prefetch hint (else the ordinary one) */
 } bench;
 
 static uint64_t rng_next(uint64_t *s) {
@@ -128,7 +130,7 @@ static void long_stream_job(void *ctx, int ith, int nth) {
     int64_t nb = part_blocks / b->streams; /* blocks per stream */
     const uint8_t *p = b->region + (size_t)ith * (size_t)part_blocks * bb;
     if (!b->kernel) {
-        csd_read_streams(p, (size_t)(nb * b->streams) * bb, b->streams, true);
+        csd_read_streams(p, (size_t)(nb * b->streams) * bb, b->streams, b->nta);
         return;
     }
     float *y[CSD_MV_STREAMS];
@@ -208,13 +210,14 @@ static void print_row(const char *what, double *gbs, int rounds) {
 }
 
 static void table_long_streams(bench *b, int rounds) {
-    enum { READS = CSD_READ_STREAMS_MAX, VARIANTS = CSD_READ_STREAMS_MAX + CSD_MV_STREAMS };
+    enum { READS = 2 * CSD_READ_STREAMS_MAX, VARIANTS = READS + CSD_MV_STREAMS };
     static double gbs[VARIANTS][MAX_ROUNDS];
     int nth = csd_pool_size(b->pool);
     for (int r = 0; r < rounds; r++)
         for (int v = 0; v < VARIANTS; v++) {
             b->kernel = v >= READS;
-            b->streams = b->kernel ? v - READS + 1 : v + 1;
+            b->nta = v < CSD_READ_STREAMS_MAX;
+            b->streams = b->kernel ? v - READS + 1 : v % CSD_READ_STREAMS_MAX + 1;
             uint64_t t0 = csd_now_ns();
             csd_pool_run(b->pool, long_stream_job, b);
             double sec = (double)(csd_now_ns() - t0) * 1e-9;
@@ -224,9 +227,11 @@ static void table_long_streams(bench *b, int rounds) {
            (double)b->region_bytes / (1 << 20), rounds);
     printf("| variant | median | best |\n| --- | ---: | ---: |\n");
     for (int v = 0; v < VARIANTS; v++) {
-        char what[64];
+        char what[96];
+        int parts = v % CSD_READ_STREAMS_MAX + 1;
         if (v < READS)
-            snprintf(what, sizeof what, "read, %d part%s a thread", v + 1, v ? "s" : "");
+            snprintf(what, sizeof what, "read, %d part%s a thread, %s prefetch", parts,
+                     parts > 1 ? "s" : "", v < CSD_READ_STREAMS_MAX ? "non-temporal" : "ordinary");
         else
             snprintf(what, sizeof what, "Q4 kernel, %d stream%s a thread", v - READS + 1,
                      v > READS ? "s" : "");
