@@ -48,7 +48,7 @@ typedef struct bench {
     csd_qmat head; /* Q8, after the layers' matrices */
     float *head_out;
     size_t model_bytes; /* the layers' matrices */
-    int streams; /* table 1: the current variant */
+    int streams;        /* table 1: the current variant */
     bool kernel;
     bool nta; /* table 1's reads: the non-temporal prefetch hint (else the ordinary one) */
 } bench;
@@ -209,15 +209,22 @@ static void print_row(const char *what, double *gbs, int rounds) {
     printf("| %s | %.1f | %.1f |\n", what, gbs[rounds / 2], gbs[rounds - 1]);
 }
 
+/* Table 1's variants in order: the reads with 1..CSD_READ_STREAMS_MAX parts, non-temporal hint
+ * then ordinary; then the Q4 kernel with 1..CSD_MV_STREAMS streams. */
+enum { READS = 2 * CSD_READ_STREAMS_MAX, VARIANTS = READS + CSD_MV_STREAMS };
+
+static void set_variant(bench *b, int v) {
+    b->kernel = v >= READS;
+    b->nta = v < CSD_READ_STREAMS_MAX;
+    b->streams = b->kernel ? v - READS + 1 : v % CSD_READ_STREAMS_MAX + 1;
+}
+
 static void table_long_streams(bench *b, int rounds) {
-    enum { READS = 2 * CSD_READ_STREAMS_MAX, VARIANTS = READS + CSD_MV_STREAMS };
     static double gbs[VARIANTS][MAX_ROUNDS];
     int nth = csd_pool_size(b->pool);
     for (int r = 0; r < rounds; r++)
         for (int v = 0; v < VARIANTS; v++) {
-            b->kernel = v >= READS;
-            b->nta = v < CSD_READ_STREAMS_MAX;
-            b->streams = b->kernel ? v - READS + 1 : v % CSD_READ_STREAMS_MAX + 1;
+            set_variant(b, v);
             uint64_t t0 = csd_now_ns();
             csd_pool_run(b->pool, long_stream_job, b);
             double sec = (double)(csd_now_ns() - t0) * 1e-9;
@@ -228,13 +235,13 @@ static void table_long_streams(bench *b, int rounds) {
     printf("| variant | median | best |\n| --- | ---: | ---: |\n");
     for (int v = 0; v < VARIANTS; v++) {
         char what[96];
-        int parts = v % CSD_READ_STREAMS_MAX + 1;
-        if (v < READS)
-            snprintf(what, sizeof what, "read, %d part%s a thread, %s prefetch", parts,
-                     parts > 1 ? "s" : "", v < CSD_READ_STREAMS_MAX ? "non-temporal" : "ordinary");
+        set_variant(b, v);
+        const char *plural = b->streams > 1 ? "s" : "";
+        if (!b->kernel)
+            snprintf(what, sizeof what, "read, %d part%s a thread, %s prefetch", b->streams, plural,
+                     b->nta ? "non-temporal" : "ordinary");
         else
-            snprintf(what, sizeof what, "Q4 kernel, %d stream%s a thread", v - READS + 1,
-                     v > READS ? "s" : "");
+            snprintf(what, sizeof what, "Q4 kernel, %d stream%s a thread", b->streams, plural);
         print_row(what, gbs[v], rounds);
     }
 }
