@@ -201,6 +201,8 @@ assert st == 400 and err["error"]["param"].startswith("messages[0]"), err
 # errors: 400 naming the field, 401 without the key, 405 for GET
 st, err = post("/tokenize", {"prompt": 5})
 assert st == 400 and err["error"]["param"] == "prompt", err
+st, err = post("/tokenize", ["not", "an", "object"])
+assert st == 400 and "object" in err["error"]["message"], err
 st, err = post("/detokenize", {"tokens": [0, 10**9]})
 assert st == 400 and err["error"]["param"] == "tokens" and "tokens[1]" in err["error"]["message"], err
 st, err = post("/tokenize", {"prompt": text}, key="wrong")

@@ -528,16 +528,14 @@ static void req_reset(csd_http_req *r, int kind) {
     r->sampling.repetition_penalty = 1.0f;
 }
 
-int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len,
-                       int32_t vocab_size, csd_http_error *err) {
+int csd_http_req_parse_object(csd_http_req *req, int kind, const json_t *root, int32_t vocab_size,
+                              csd_http_error *err) {
     csd_http_error scratch;
     csd_http_error *e = err ? err : &scratch;
     memset(e, 0, sizeof *e);
     req_reset(req, kind);
     if (kind != CSD_HTTP_KIND_CHAT && kind != CSD_HTTP_KIND_COMPLETION)
         return csd_http_error_set(e, 400, NULL, NULL, NULL, "unknown endpoint kind");
-    json_t *root = csd_http_body_object(body, len, e);
-    if (!root) return CSD_EINVAL;
     int rc;
     if ((rc = read_string(root, "model", &req->model, e))) goto fail;
     if ((rc = read_string(root, "user", &req->user, e))) goto fail;
@@ -548,12 +546,23 @@ int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len
     rc = kind == CSD_HTTP_KIND_CHAT ? parse_chat(root, req, e)
                                     : parse_completion(root, vocab_size, req, e);
     if (rc) goto fail;
-    json_decref(root);
     return 0;
 fail:
-    json_decref(root);
     csd_http_req_fini(req);
     req->kind = kind;
+    return rc;
+}
+
+int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len,
+                       int32_t vocab_size, csd_http_error *err) {
+    csd_http_error scratch;
+    csd_http_error *e = err ? err : &scratch;
+    memset(e, 0, sizeof *e);
+    req_reset(req, kind);
+    json_t *root = csd_http_body_object(body, len, e);
+    if (!root) return CSD_EINVAL;
+    int rc = csd_http_req_parse_object(req, kind, root, vocab_size, e);
+    json_decref(root);
     return rc;
 }
 

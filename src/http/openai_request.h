@@ -91,6 +91,10 @@ typedef struct csd_http_req {
  * req empty (fini still safe). */
 int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len,
                        int32_t vocab_size, csd_http_error *err);
+/* The same for a body already parsed into an object (root is only read; req keeps its own
+ * references). */
+int csd_http_req_parse_object(csd_http_req *req, int kind, const json_t *root, int32_t vocab_size,
+                              csd_http_error *err);
 void csd_http_req_fini(csd_http_req *req);
 
 #endif

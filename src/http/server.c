@@ -412,11 +412,10 @@ static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c
 
 /* vLLM's chat form of /tokenize: the ids a chat completion with these messages would start
  * from (the template rendered with the generation prompt). NULL with e set. */
-static char *tokenize_chat(const csd_http_server *s, const conn_state *cs, int64_t max_ctx,
+static char *tokenize_chat(const csd_http_server *s, const json_t *root, int64_t max_ctx,
                            csd_http_error *e) {
     csd_http_req req;
-    if (csd_http_req_parse(&req, CSD_HTTP_KIND_CHAT, cs->body.data, cs->body.len,
-                           csd_tok_vocab_size(s->tok), e))
+    if (csd_http_req_parse_object(&req, CSD_HTTP_KIND_CHAT, root, csd_tok_vocab_size(s->tok), e))
         return NULL;
     int32_t *ids = NULL;
     size_t n = 0;
@@ -437,13 +436,15 @@ static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connectio
     int64_t max_ctx = engine ? csd_engine_max_ctx(engine) : 0;
     csd_http_error e;
     memset(&e, 0, sizeof e);
-    char *body;
+    char *body = NULL;
+    json_t *root = NULL; /* the /tokenize body, parsed once to tell its two forms apart */
     if (route == ROUTE_DETOKENIZE)
         body = csd_http_detokenize(s->tok, cs->body.data, cs->body.len, &e);
-    else if (csd_http_tokenize_is_chat(cs->body.data, cs->body.len))
-        body = tokenize_chat(s, cs, max_ctx, &e);
-    else
-        body = csd_http_tokenize(s->tok, cs->body.data, cs->body.len, max_ctx, &e);
+    else if ((root = csd_http_body_object(cs->body.data, cs->body.len, &e)))
+        body = csd_http_tokenize_is_chat(root)
+                   ? tokenize_chat(s, root, max_ctx, &e)
+                   : csd_http_tokenize_object(s->tok, root, max_ctx, &e);
+    json_decref(root);
     enum MHD_Result ret =
         body ? send_json(s, c, 200, body, NULL, NULL) : send_error(s, c, &e, NULL, NULL);
     free(body);

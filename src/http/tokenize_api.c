@@ -46,11 +46,8 @@ static json_t *ids_list(const int32_t *ids, size_t n) {
     return list;
 }
 
-bool csd_http_tokenize_is_chat(const char *body, size_t len) {
-    json_t *root = body && len ? json_loadb(body, len, JSON_ALLOW_NUL, NULL) : NULL;
-    bool chat = json_is_object(root) && json_object_get(root, "messages");
-    json_decref(root);
-    return chat;
+bool csd_http_tokenize_is_chat(const json_t *root) {
+    return json_is_object(root) && json_object_get(root, "messages");
 }
 
 char *csd_http_tokens_json(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
@@ -69,6 +66,13 @@ char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_
                         csd_http_error *e) {
     json_t *root = csd_http_body_object(body, len, e);
     if (!root) return NULL;
+    char *out = csd_http_tokenize_object(tok, root, max_ctx, e);
+    json_decref(root);
+    return out;
+}
+
+char *csd_http_tokenize_object(const csd_tok *tok, const json_t *root, int64_t max_ctx,
+                               csd_http_error *e) {
     const json_t *prompt = json_object_get(root, "prompt"),
                  *content = json_object_get(root, "content");
     bool llama_style = !prompt && content;
@@ -95,7 +99,6 @@ char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_
         }
     }
     csd_free(ids);
-    json_decref(root);
     return out;
 }
 

@@ -22,8 +22,12 @@
 /* The response body (free() it), or NULL with e filled (400 for a bad request, 500). */
 char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_t max_ctx,
                         csd_http_error *e);
-/* True when the body is vLLM's chat form of /tokenize: an object with "messages". */
-bool csd_http_tokenize_is_chat(const char *body, size_t len);
+/* The same for a body already parsed into an object (the server parses it once to tell the
+ * forms apart). */
+char *csd_http_tokenize_object(const csd_tok *tok, const json_t *root, int64_t max_ctx,
+                               csd_http_error *e);
+/* True when root is vLLM's chat form of /tokenize: an object with "messages". */
+bool csd_http_tokenize_is_chat(const json_t *root);
 /* The /tokenize answer for ids (free() it); NULL when out of memory. */
 char *csd_http_tokens_json(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
                            int64_t max_ctx);
