@@ -1,9 +1,8 @@
 /* fuzz_chat_template: libFuzzer target for the chat-template engine: compiles arbitrary bytes as
  * a template and, if that succeeds, renders it against a fixed small conversation (tools, tool
  * calls, parts, unicode) under small step/memory/output limits. Must never crash, leak or hang.
- * Seeds: fuzz/corpus-chat/ (generated from the templates, not in git); dictionary
- * fuzz/chat_template.dict. Run: fuzz_chat_template -dict=fuzz/chat_template.dict -max_len=512
- * fuzz/corpus-chat */
+ * Run it with `scripts/fuzz SECONDS chat_template`: seeds are ../shared's chat templates, the
+ * dictionary fuzz/chat_template.dict. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>

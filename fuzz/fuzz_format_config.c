@@ -1,6 +1,7 @@
 /* fuzz_format_config: csd_model_config_parse over arbitrary text. Whatever parses must satisfy the
- * documented bounds and survive to_json -> parse unchanged; any violation traps. Seed corpus:
- * fuzz/corpus-config/ (generated, not in git). Run: fuzz_format_config fuzz/corpus-config */
+ * documented bounds and survive to_json -> parse unchanged; any violation traps. Run it with
+ * `scripts/fuzz SECONDS format_config`: seeds are the config.json of a tiny synthetic model of
+ * every family (without them the fuzzer rarely gets past the JSON, whose parser it cannot see). */
 #include <stddef.h>
 #include <stdint.h>
 

@@ -1,7 +1,7 @@
 /* fuzz_format_manifest: csd_manifest_parse over arbitrary text. Whatever parses must hold stages
  * that are contiguous, cover the model, carry plain file names and consistent embed/head flags;
- * any violation traps. Seed corpus: fuzz/corpus-manifest/ (generated, not in git): manifest.json
- * files written by `cascadia export`. Run: fuzz_format_manifest fuzz/corpus-manifest */
+ * any violation traps. Run it with `scripts/fuzz SECONDS format_manifest`: seeds are the
+ * manifest.json files `cascadia export` writes for tiny synthetic models of every family. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

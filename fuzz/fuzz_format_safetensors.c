@@ -1,6 +1,6 @@
 /* fuzz_format_safetensors: csd_st_parse over arbitrary bytes. On success every tensor must lie
- * inside the input and be findable by name; any violation traps. Seed corpus: fuzz/corpus-st/
- * (generated, not in git). Run: fuzz_format_safetensors fuzz/corpus-st -runs=1000000 */
+ * inside the input and be findable by name; any violation traps. Run it with
+ * `scripts/fuzz SECONDS format_safetensors`: seeds are fuzz/seeds/format_safetensors/. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

@@ -1,9 +1,8 @@
 /* fuzz_format_shard: csd_shard_parse over arbitrary bytes. The structural checks run first without
  * checksums (so mutated inputs reach the table and config parsers), then again with every checksum.
  * Whatever parses must keep every tensor inside the buffer, aligned and findable by name; any
- * violation traps. Seed corpus: fuzz/corpus-shard/ (generated, not in git):
- *   CSD_SHARD_SEED_DIR=fuzz/corpus-shard build/test_format_shard   (writes minimal.shard)
- * Run: fuzz_format_shard -max_len=4096 fuzz/corpus-shard */
+ * violation traps. Run it with `scripts/fuzz SECONDS format_shard`: the seed is the minimal shard
+ * that test_format_shard writes (CSD_SHARD_SEED_DIR=DIR). */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

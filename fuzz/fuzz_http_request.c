@@ -1,7 +1,7 @@
 /* fuzz_http_request: the OpenAI request parser over arbitrary bodies, as both endpoints. Whatever
  * parses must satisfy the documented bounds; every refusal must carry a status and a message; and
  * the stop-string matcher runs over the parsed stops with the body as text. Any violation traps.
- * Seed corpus: fuzz/corpus-http/ (generated, not in git). Run: fuzz_http_request DIR */
+ * Run it with `scripts/fuzz SECONDS http_request`: seeds are fuzz/seeds/http_request/. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>

@@ -6,6 +6,7 @@
 #  - --local-stage 0: the coordinator computes stage 0 itself.
 #  - a wrong fleet key and a shard from another export are refused with a clear message.
 #  - a worker that dies fails the request with a clear error instead of hanging.
+#  - a bad --kv-mem size is refused before anything is loaded.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -236,6 +237,23 @@ for i in $(seq 1 4); do
     complete | grep -q '"text"' || fail "request $i after reconnection: replica 1 did not come back"
 done
 echo "ok: a restarted worker was reconnected and served 4/4 requests"; passed=$((passed + 1))
+fleet_down
+
+# 7. --kv-mem is checked before anything is loaded: a size that is not one (NaN, infinite, zero,
+#    negative, beyond 1 PiB, an unknown unit) exits 2 naming the flag; a good one is the cap in use
+shard="$WORK/x-f32-1/stage-0.shard"
+for bad in nan inf 1e30G 0 -1 2X ""; do
+    rc=0; out=$(timeout 10 "$CASCADIA" worker --shard "$shard" --listen 127.0.0.1:0 --insecure \
+        --kv-mem "$bad" 2>&1) || rc=$?
+    [ "$rc" = 2 ] || fail "--kv-mem '$bad': exit $rc, not 2"
+    grep -q -- "--kv-mem" <<<"$out" ||
+        fail "--kv-mem '$bad': the message does not name the flag: $out"
+done
+read -r pid port < <(start_worker "$shard" "$WORK/cap.log" --insecure --kv-mem 64MiB)
+PIDS+=("$pid")
+grep -q "cap 64 MiB" "$WORK/cap.log" ||
+    { cat "$WORK/cap.log"; fail "--kv-mem 64MiB is not the cap in use"; }
+echo "ok: --kv-mem: 7 bad sizes refused (exit 2), 64MiB is the cap"; passed=$((passed + 1))
 fleet_down
 
 echo "$passed passed, 0 failed"
