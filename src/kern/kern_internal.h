@@ -73,7 +73,7 @@ typedef struct csd_kern_ops {
 /* How a kernel prefetches weights coming from DRAM. Weights read once per matmul (decode, or
  * every token in one tile) go through the cache non-temporally: a normal prefetch of a 600 MB
  * model per token evicts everything else (activations, norms, the KV cache) from L2 and L3 and
- * makes the caches write the weights back as victims; measured on Zen 4 (AVX-512 and AVX2 tables),
+ * makes the caches write the weights back as victims; measured on AMD EPYC (AVX-512, AVX2 tables),
  * INT4 decode +17% and F16 decode +5% with the non-temporal hint, the same raw read bandwidth.
  * Weights that later token tiles read again keep the normal hint, so they stay in L1/L2. */
 enum {

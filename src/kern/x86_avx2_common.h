@@ -33,7 +33,7 @@ AI int32_t q8_offset(void);
 #define Q_CHUNK 4
 /* Tokens per tile: the inner loop holds 2 x T parts, 4 unpacked weight vectors and 2 broadcast
  * activations in the 16 ymm registers (the int and float sums, touched once per chunk or group,
- * live on the stack). Measured on Zen 4: T = 4 beats 2, 3, 5, 6 (vpdpbusd latency needs the 8
+ * live on the stack). Measured on AMD EPYC: T = 4 beats 2, 3, 5, 6 (vpdpbusd latency needs the 8
  * independent parts; vpmaddubsw does not care). */
 #define QT_MAX 4
 /* Matvec: a block is one contiguous stream; prefetch this far ahead of the load. */
