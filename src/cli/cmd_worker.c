@@ -34,10 +34,9 @@ static void on_signal(int sig) {
 }
 
 typedef struct {
-    const char *shard_path, *listen, *key_path;
-    bool insecure;
+    const char *shard_path, *key_path;
     csd_model_opts model;
-    csd_stage_opts stage;
+    csd_stage_opts stage; /* --listen and --insecure go straight in; the rest after loading */
 } worker_args;
 
 /* argv into *a. Returns -1 to go on, else the exit code: 0 after --help, 2 on a bad flag. */
@@ -51,7 +50,7 @@ static int parse_args(int argc, char **argv, worker_args *a) {
             fputs(worker_usage, stdout);
             return 0;
         } else if (!strcmp(f, "--insecure")) {
-            a->insecure = true;
+            a->stage.link.insecure = true;
             continue;
         } else if (!value) {
             fprintf(stderr, "cascadia worker: %s needs a value\n%s", f, worker_usage);
@@ -59,7 +58,7 @@ static int parse_args(int argc, char **argv, worker_args *a) {
         } else if (!strcmp(f, "--shard")) {
             a->shard_path = value;
         } else if (!strcmp(f, "--listen")) {
-            a->listen = value;
+            a->stage.listen = value;
         } else if (!strcmp(f, "--key")) {
             a->key_path = value;
         } else if (!strcmp(f, "--max-requests")) {
@@ -81,8 +80,8 @@ static int parse_args(int argc, char **argv, worker_args *a) {
         }
         i++; /* the flag's value */
     }
-    if (!a->shard_path || !a->listen || (!a->key_path && !a->insecure) ||
-        (a->key_path && a->insecure)) {
+    bool one_link_mode = (a->key_path != NULL) != a->stage.link.insecure; /* --key xor --insecure */
+    if (!a->shard_path || !a->stage.listen || !one_link_mode) {
         fprintf(stderr,
                 "cascadia worker: --shard, --listen and one of --key/--insecure are required\n%s",
                 worker_usage);
@@ -108,7 +107,7 @@ static void print_banner(const csd_model *model, const csd_shard_header *h,
             csd_dtype_name(csd_model_kv_dtype(model)),
             kv_tok * (double)csd_model_max_ctx(model) / (1 << 20),
             (long long)csd_model_max_ctx(model), (double)cap / (1 << 20),
-            csd_stage_server_port(server), a->insecure ? "insecure" : "encrypted");
+            csd_stage_server_port(server), a->stage.link.insecure ? "insecure" : "encrypted");
 }
 
 int csd_cmd_worker(int argc, char **argv) {
@@ -127,9 +126,7 @@ int csd_cmd_worker(int argc, char **argv) {
     if (!rc) rc = csd_model_create(&model, &shard->cfg, &shard->weights, &a.model, &err);
     if (!rc) {
         const csd_shard_header *h = csd_shard_hdr(shard->file);
-        a.stage.listen = a.listen;
         a.stage.link.key = a.key_path ? &key : NULL;
-        a.stage.link.insecure = a.insecure;
         a.stage.stage_index = h->stage_index;
         memcpy(a.stage.model_hash, h->model_hash, CSD_WIRE_HASH_SIZE);
         rc = csd_stage_server_create(&server, model, &a.stage, &err);
