@@ -59,7 +59,10 @@ static int decode_stream(const csd_tok *tok, const int32_t *ids, size_t n, bool 
     static char piece[1 << 16];
     size_t cap = 1 << 16, len = 0;
     unsigned char *all = batch ? csd_alloc(cap) : NULL;
-    if (batch && !all) return -1;
+    if (batch && !all) {
+        fprintf(stderr, "detokenize: out of memory\n");
+        return -1;
+    }
     for (size_t i = 0; i <= n; i++) {
         size_t got = 0;
         int rc = i < n ? csd_detok_push(&d, ids[i], piece, sizeof piece, &got)
@@ -77,6 +80,7 @@ static int decode_stream(const csd_tok *tok, const int32_t *ids, size_t n, bool 
             while (len + got > cap) cap *= 2;
             unsigned char *nb = csd_alloc(cap);
             if (!nb) {
+                fprintf(stderr, "detokenize: out of memory\n");
                 csd_free(all);
                 return -1;
             }
@@ -89,56 +93,50 @@ static int decode_stream(const csd_tok *tok, const int32_t *ids, size_t n, bool 
     }
     bool printed = !batch || csd_cli_print_base64(all, len);
     csd_free(all);
+    if (!printed) fprintf(stderr, "detokenize: out of memory\n");
     return printed ? 0 : -1;
 }
 
-int csd_cmd_detokenize(int argc, char **argv) {
-    const char *dir = NULL;
-    bool skip_special = false, batch = false;
+typedef struct {
+    const char *dir;
+    bool skip_special, batch;
+} detokenize_args;
+
+/* Fills a from argv; returns -1 to go on, or the exit status (0 after --help, 2 on a bad flag). */
+static int parse_args(int argc, char **argv, detokenize_args *a) {
+    *a = (detokenize_args){0};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return 0;
         } else if (strcmp(argv[i], "--skip-special") == 0) {
-            skip_special = true;
+            a->skip_special = true;
         } else if (strcmp(argv[i], "--batch") == 0) {
-            batch = true;
-        } else if (argv[i][0] == '-' || dir) {
+            a->batch = true;
+        } else if (argv[i][0] == '-' || a->dir) {
             fprintf(stderr, "detokenize: unexpected argument '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         } else {
-            dir = argv[i];
+            a->dir = argv[i];
         }
     }
-    if (!dir) {
+    if (!a->dir) {
         fprintf(stderr, "detokenize: missing DIR\n");
         usage(stderr);
         return 2;
     }
-    csd_err err = {0};
-    csd_tok *tok = NULL;
-    if (csd_tok_load(&tok, dir, &err)) {
-        fprintf(stderr, "detokenize: %s\n", err.msg);
-        return 1;
-    }
-    char *in = NULL;
-    size_t len = 0;
-    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &in, &len);
-    int32_t *ids =
-        rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids); /* ids are >= 2 bytes apart */
-    if (rs || !ids) {
-        fprintf(stderr, "detokenize: %s\n",
-                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
-        csd_free(in);
-        csd_tok_destroy(tok);
-        return 1;
-    }
-    int status = 0;
-    for (size_t pos = 0; pos < len || (!batch && pos == 0);) {
+    return -1;
+}
+
+/* Decodes all of in[0..len), or with --batch each line; ids has room for len / 2 + 1 ids (ids
+ * are >= 2 bytes apart). 0, or 1 at the first line that fails, with the message printed. */
+static int decode_input(const csd_tok *tok, const detokenize_args *a, const char *in, size_t len,
+                        int32_t *ids) {
+    for (size_t pos = 0; pos < len || (!a->batch && pos == 0);) {
         const char *s = in + pos;
         size_t n = len - pos;
-        if (batch) {
+        if (a->batch) {
             const char *nl = memchr(s, '\n', n);
             n = nl ? (size_t)(nl - s) : n;
             pos += n + 1;
@@ -146,15 +144,34 @@ int csd_cmd_detokenize(int argc, char **argv) {
             pos = len + 1;
         }
         size_t n_ids = 0;
-        if (parse_ids(s, n, csd_tok_vocab_size(tok), ids, &n_ids)) {
-            status = 1;
-            break;
-        }
-        if (decode_stream(tok, ids, n_ids, skip_special, batch)) {
-            status = 1;
-            break;
-        }
+        if (parse_ids(s, n, csd_tok_vocab_size(tok), ids, &n_ids)) return 1;
+        if (decode_stream(tok, ids, n_ids, a->skip_special, a->batch)) return 1;
     }
+    return 0;
+}
+
+int csd_cmd_detokenize(int argc, char **argv) {
+    detokenize_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    csd_err err = {0};
+    csd_tok *tok = NULL;
+    if (csd_tok_load(&tok, a.dir, &err)) {
+        fprintf(stderr, "detokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *in = NULL;
+    size_t len = 0;
+    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &in, &len);
+    int32_t *ids = rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids);
+    if (rs || !ids) {
+        fprintf(stderr, "detokenize: %s\n",
+                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
+        csd_free(in);
+        csd_tok_destroy(tok);
+        return 1;
+    }
+    int status = decode_input(tok, &a, in, len, ids);
     csd_free(ids);
     csd_free(in);
     csd_tok_destroy(tok);

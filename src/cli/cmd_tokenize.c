@@ -36,57 +36,76 @@ static void print_piece(const char *p) {
     }
 }
 
-int csd_cmd_tokenize(int argc, char **argv) {
-    const char *dir = NULL;
-    bool tokens = false, add_special = true, parse_special = true, batch = false;
+typedef struct {
+    const char *dir;
+    bool tokens, add_special, parse_special, batch;
+} tokenize_args;
+
+/* Fills a from argv; returns -1 to go on, or the exit status (0 after --help, 2 on a bad flag). */
+static int parse_args(int argc, char **argv, tokenize_args *a) {
+    *a = (tokenize_args){.add_special = true, .parse_special = true};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             usage(stdout);
             return 0;
         } else if (strcmp(argv[i], "--tokens") == 0) {
-            tokens = true;
+            a->tokens = true;
         } else if (strcmp(argv[i], "--no-special") == 0) {
-            add_special = false;
+            a->add_special = false;
         } else if (strcmp(argv[i], "--split-special") == 0) {
-            parse_special = false;
+            a->parse_special = false;
         } else if (strcmp(argv[i], "--batch") == 0) {
-            batch = true;
-        } else if (argv[i][0] == '-' || dir) {
+            a->batch = true;
+        } else if (argv[i][0] == '-' || a->dir) {
             fprintf(stderr, "tokenize: unexpected argument '%s'\n", argv[i]);
             usage(stderr);
             return 2;
         } else {
-            dir = argv[i];
+            a->dir = argv[i];
         }
     }
-    if (!dir) {
+    if (!a->dir) {
         fprintf(stderr, "tokenize: missing DIR\n");
         usage(stderr);
         return 2;
     }
+    return -1;
+}
+
+/* Encodes s[0..n) and prints its ids on one line (and with --tokens, a line per token). Adds the
+ * text's bytes and ids to the totals. 0, or 1 with the message printed. */
+static int encode_and_print(const csd_tok *tok, const tokenize_args *a, const char *s, size_t n,
+                            size_t *total_bytes, size_t *total_ids) {
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
     csd_err err = {0};
-    csd_tok *tok = NULL;
-    if (csd_tok_load(&tok, dir, &err)) {
+    if (csd_tok_encode(tok, s, n, a->add_special, a->parse_special, &ids, &n_ids, &err)) {
         fprintf(stderr, "tokenize: %s\n", err.msg);
         return 1;
     }
-    char *text = NULL;
-    size_t len = 0;
-    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &text, &len);
-    if (rs) {
-        fprintf(stderr, "tokenize: %s\n",
-                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
-        csd_tok_destroy(tok);
-        return 1;
+    *total_bytes += n;
+    *total_ids += n_ids;
+    for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
+    putchar('\n');
+    for (size_t i = 0; a->tokens && i < n_ids; i++) {
+        printf("%d\t", ids[i]);
+        print_piece(csd_tok_piece(tok, ids[i]));
+        putchar('\n');
     }
-    int status = 0;
-    size_t line_no = 0;
+    csd_free(ids);
+    return 0;
+}
+
+/* Encodes all of text[0..len), or with --batch each line's base64-decoded text (decoded in
+ * place). 0, or 1 at the first line that fails, with the message printed. */
+static int encode_input(const csd_tok *tok, const tokenize_args *a, char *text, size_t len) {
+    size_t line_no = 0, total_bytes = 0, total_ids = 0;
     double t0 = csd_now_s();
-    size_t total_bytes = 0, total_ids = 0;
-    for (size_t pos = 0; pos < len || (!batch && pos == 0);) {
+    int status = 0;
+    for (size_t pos = 0; !status && (pos < len || (!a->batch && pos == 0));) {
         char *s = text + pos;
         size_t n = len - pos;
-        if (batch) {
+        if (a->batch) {
             char *nl = memchr(s, '\n', n);
             n = nl ? (size_t)(nl - s) : n;
             pos += n + 1;
@@ -102,26 +121,33 @@ int csd_cmd_tokenize(int argc, char **argv) {
         } else {
             pos = len + 1;
         }
-        int32_t *ids = NULL;
-        size_t n_ids = 0;
-        if (csd_tok_encode(tok, s, n, add_special, parse_special, &ids, &n_ids, &err)) {
-            fprintf(stderr, "tokenize: %s\n", err.msg);
-            status = 1;
-            break;
-        }
-        total_bytes += n;
-        total_ids += n_ids;
-        for (size_t i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
-        putchar('\n');
-        for (size_t i = 0; tokens && i < n_ids; i++) {
-            printf("%d\t", ids[i]);
-            print_piece(csd_tok_piece(tok, ids[i]));
-            putchar('\n');
-        }
-        csd_free(ids);
+        status = encode_and_print(tok, a, s, n, &total_bytes, &total_ids);
     }
     CSD_LOGI("tokenize done bytes=%zu ids=%zu seconds=%.3f", total_bytes, total_ids,
              csd_now_s() - t0);
+    return status;
+}
+
+int csd_cmd_tokenize(int argc, char **argv) {
+    tokenize_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc >= 0) return rc;
+    csd_err err = {0};
+    csd_tok *tok = NULL;
+    if (csd_tok_load(&tok, a.dir, &err)) {
+        fprintf(stderr, "tokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &text, &len);
+    if (rs) {
+        fprintf(stderr, "tokenize: %s\n",
+                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
+        csd_tok_destroy(tok);
+        return 1;
+    }
+    int status = encode_input(tok, &a, text, len);
     csd_free(text);
     csd_tok_destroy(tok);
     if (fflush(stdout) != 0) {

@@ -127,15 +127,30 @@ static int load_layer(loader *ld, int layer, csd_layer_weights *lw, csd_err *err
     return rc;
 }
 
+/* The part of name after "model.layers.L." when L is a layer index below n_layers, else NULL.
+ * The digits are counted by hand: sscanf's %d is undefined for a number out of int's range, and
+ * tensor names come from the file. */
+static const char *layer_suffix(const char *name, int64_t n_layers) {
+    static const char prefix[] = "model.layers.";
+    if (strncmp(name, prefix, sizeof prefix - 1)) return NULL;
+    const char *p = name + sizeof prefix - 1;
+    int64_t layer = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9'; p++, digits++) {
+        layer = layer * 10 + (*p - '0');
+        if (layer >= n_layers) return NULL; /* also keeps the product from overflowing */
+    }
+    bool canonical = digits == 1 || (digits > 1 && name[sizeof prefix - 1] != '0');
+    return canonical && *p == '.' ? p + 1 : NULL; /* "01" is not a name the loader reads */
+}
+
 /* True when name is a tensor this architecture defines (for any layer of the model). */
 static bool known_tensor(const csd_model_config *c, const char *name) {
     if (!strcmp(name, CSD_TN_EMBED) || !strcmp(name, CSD_TN_FINAL_NORM) ||
         !strcmp(name, CSD_TN_LM_HEAD))
         return true;
-    int layer, used = 0;
-    if (sscanf(name, "model.layers.%d.%n", &layer, &used) != 1 || used == 0) return false;
-    if (layer < 0 || layer >= c->n_layers) return false;
-    const char *rest = name + used;
+    const char *rest = layer_suffix(name, c->n_layers);
+    if (!rest) return false;
     static const char *const always[] = {
         "input_layernorm.weight",  "post_attention_layernorm.weight",
         "self_attn.q_proj.weight", "self_attn.k_proj.weight",
