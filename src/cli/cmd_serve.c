@@ -71,8 +71,76 @@ static volatile sig_atomic_t g_stop_signal;
 
 static void on_signal(int sig) { g_stop_signal = sig; }
 
-/* Returns 0 to go on, -1 after --help, or the exit code. */
-static int parse_args(int argc, char **argv, serve_args *a) {
+/* One of serve's own flags that take a value (the fleet flags are csd_cli_fleet_flag's, the
+ * model flags csd_cli_model_flag's). 0, or 2 with the message printed. */
+static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
+    int64_t v;
+    if (!strcmp(f, "--prefix-cache")) {
+        if (!csd_cli_int("serve", f, value, 0, 1024, &v)) return 2;
+        a->prefix_cache = (int)v;
+    } else if (!strcmp(f, "--host")) {
+        a->host = value;
+    } else if (!strcmp(f, "--port")) {
+        if (!csd_cli_int("serve", f, value, 0, 65535, &v)) return 2;
+        a->port = (int)v;
+    } else if (!strcmp(f, "--parallel")) {
+        if (!csd_cli_int("serve", f, value, 1, 256, &v)) return 2;
+        a->parallel = (int)v;
+    } else if (!strcmp(f, "--queue")) {
+        if (!csd_cli_int("serve", f, value, 0, 1 << 16, &v)) return 2;
+        a->queue_max = (int)v;
+    } else if (!strcmp(f, "--max-body")) {
+        if (!csd_cli_int("serve", f, value, 1024, (int64_t)1 << 30, &v)) return 2;
+        a->max_body = (size_t)v;
+    } else if (!strcmp(f, "--api-key")) {
+        a->api_key = value;
+    } else if (!strcmp(f, "--chat-template")) {
+        if (!csd_chat_template_builtin(value)) {
+            fprintf(stderr,
+                    "cascadia serve: --chat-template: unknown template '%s' "
+                    "(chatml|llama3|llama2|mistral|gemma)\n",
+                    value);
+            return 2;
+        }
+        a->chat_template = value;
+    } else if (!strcmp(f, "--model-name")) {
+        if (!value[0]) {
+            fprintf(stderr, "cascadia serve: --model-name must not be empty\n");
+            return 2;
+        }
+        a->model_name = value;
+    } else {
+        int r = csd_cli_model_flag("serve", f, value, &a->model);
+        if (r < 0) return 2;
+        if (r == 0) {
+            fprintf(stderr, "cascadia serve: unknown option '%s'\n%s", f, serve_usage);
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* Checks that the flags fit together and fills what follows from them. 0, or 2. */
+static int finish_args(serve_args *a) {
+    if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
+    if (a->n_fleets && a->model_dir) {
+        fprintf(stderr, "cascadia serve: give MODEL_DIR or --manifest/--fleet, not both\n");
+        return 2;
+    }
+    if (a->n_fleets) a->model_dir = a->fleet.manifest; /* tokenizer and templates live there */
+    if (!a->model_dir) {
+        fprintf(stderr, "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s",
+                serve_usage);
+        return 2;
+    }
+    if (!a->api_key) {
+        const char *env = getenv("CASCADIA_API_KEY");
+        if (env && env[0]) a->api_key = env;
+    }
+    return 0;
+}
+
+static void default_args(serve_args *a) {
     memset(a, 0, sizeof *a);
     csd_model_opts_default(&a->model);
     a->host = "127.0.0.1";
@@ -82,10 +150,14 @@ static int parse_args(int argc, char **argv, serve_args *a) {
     a->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
     a->prefix_cache = 4;
     csd_cli_fleet_init(&a->fleet);
+}
+
+/* Returns 0 to go on, -1 after --help, or the exit code (2, with the message printed). */
+static int parse_args(int argc, char **argv, serve_args *a) {
+    default_args(a);
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(serve_usage, stdout);
             return -1;
@@ -120,65 +192,9 @@ static int parse_args(int argc, char **argv, serve_args *a) {
             return 2;
         }
         i++;
-        if (!strcmp(f, "--prefix-cache")) {
-            if (!csd_cli_int("serve", f, value, 0, 1024, &v)) return 2;
-            a->prefix_cache = (int)v;
-        } else if (!strcmp(f, "--host")) {
-            a->host = value;
-        } else if (!strcmp(f, "--port")) {
-            if (!csd_cli_int("serve", f, value, 0, 65535, &v)) return 2;
-            a->port = (int)v;
-        } else if (!strcmp(f, "--parallel")) {
-            if (!csd_cli_int("serve", f, value, 1, 256, &v)) return 2;
-            a->parallel = (int)v;
-        } else if (!strcmp(f, "--queue")) {
-            if (!csd_cli_int("serve", f, value, 0, 1 << 16, &v)) return 2;
-            a->queue_max = (int)v;
-        } else if (!strcmp(f, "--max-body")) {
-            if (!csd_cli_int("serve", f, value, 1024, (int64_t)1 << 30, &v)) return 2;
-            a->max_body = (size_t)v;
-        } else if (!strcmp(f, "--api-key")) {
-            a->api_key = value;
-        } else if (!strcmp(f, "--chat-template")) {
-            if (!csd_chat_template_builtin(value)) {
-                fprintf(stderr,
-                        "cascadia serve: --chat-template: unknown template '%s' "
-                        "(chatml|llama3|llama2|mistral|gemma)\n",
-                        value);
-                return 2;
-            }
-            a->chat_template = value;
-        } else if (!strcmp(f, "--model-name")) {
-            if (!value[0]) {
-                fprintf(stderr, "cascadia serve: --model-name must not be empty\n");
-                return 2;
-            }
-            a->model_name = value;
-        } else {
-            int r = csd_cli_model_flag("serve", f, value, &a->model);
-            if (r < 0) return 2;
-            if (r == 0) {
-                fprintf(stderr, "cascadia serve: unknown option '%s'\n%s", f, serve_usage);
-                return 2;
-            }
-        }
+        if (parse_serve_flag(f, value, a)) return 2;
     }
-    if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
-    if (a->n_fleets && a->model_dir) {
-        fprintf(stderr, "cascadia serve: give MODEL_DIR or --manifest/--fleet, not both\n");
-        return 2;
-    }
-    if (a->n_fleets) a->model_dir = a->fleet.manifest; /* tokenizer and templates live there */
-    if (!a->model_dir) {
-        fprintf(stderr, "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s",
-                serve_usage);
-        return 2;
-    }
-    if (!a->api_key) {
-        const char *env = getenv("CASCADIA_API_KEY");
-        if (env && env[0]) a->api_key = env;
-    }
-    return 0;
+    return finish_args(a);
 }
 
 /* The model id: --model-name, else the directory's last path component. */
