@@ -511,6 +511,14 @@ static void test_manifest_detects_tampering(void **state) {
     reset(d3, d1);
     run("sed -i 's/\"model_hash\": \"./\"model_hash\": \"0/' '%s/manifest.json'%s", d3, "");
     expect_invalid(d3, CSD_EMISMATCH, "model hash");
+    /* A stage checksum that is 16 characters but not 16 hex digits. */
+    static const char *const not_hex[] = {"0x", " 0", "+0", "-0", "0g"};
+    for (size_t i = 0; i < sizeof not_hex / sizeof not_hex[0]; i++) {
+        reset(d3, d1);
+        run("sed -i '0,/\"checksum\": \"../s//\"checksum\": \"%s/' '%s/manifest.json'", not_hex[i],
+            d3);
+        expect_invalid(d3, CSD_EFORMAT, "\"checksum\" must be 16 hex digits");
+    }
     reset(d3, d1);
     run("sed -i 's/\"layer_end\": 2/\"layer_end\": 3/' '%s/manifest.json'%s", d3, "");
     expect_invalid(d3, CSD_EFORMAT, "do not continue");

@@ -67,12 +67,12 @@ static int get_hex64(const json_t *o, const char *key, uint64_t *out, const char
     const char *s = NULL;
     int rc = get_str(o, key, &s, where, err);
     if (rc) return rc;
-    char *end = NULL;
-    if (strlen(s) != 16 || s[0] == '-' || s[0] == '+') goto bad;
-    *out = strtoull(s, &end, 16);
-    if (*end == '\0') return 0;
-bad:
-    return csd_err_set(err, CSD_EFORMAT, "%s: \"%s\" must be 16 hex digits", where, key);
+    /* digits only: strtoull alone would also take a sign, leading blanks and "0x" */
+    size_t n = strspn(s, "0123456789abcdefABCDEF");
+    if (n != 16 || s[n] != '\0')
+        return csd_err_set(err, CSD_EFORMAT, "%s: \"%s\" must be 16 hex digits", where, key);
+    *out = strtoull(s, NULL, 16);
+    return 0;
 }
 
 #define U64_FIELD_MAX (INT64_C(1) << 56) /* 64 PiB: any byte count beyond is corrupt */
