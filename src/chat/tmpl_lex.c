@@ -281,136 +281,170 @@ static const maprule RULES[] = {
     {"%", CSD_CHAT_T_MUL},         {"=", CSD_CHAT_T_EQUALS},
 };
 
+/* Raw text up to the next tag, when the last token leaves the lexer outside a tag. True when a
+ * text token was pushed. */
+static bool lex_text(lexer *L) {
+    int lt = last_type(L);
+    if (!(lt < 0 || lt == CSD_CHAT_T_CLOSE_STMT || lt == CSD_CHAT_T_CLOSE_EXPR ||
+          lt == CSD_CHAT_T_COMMENT))
+        return false;
+    const ptext *t = &L->t;
+    size_t start = L->i;
+    while (L->i < t->len &&
+           !(t->s[L->i] == '{' && L->i + 1 < t->len &&
+             (t->s[L->i + 1] == '%' || t->s[L->i + 1] == '{' || t->s[L->i + 1] == '#')))
+        L->i++;
+    if (L->i == start) return false;
+    push(L, CSD_CHAT_T_TEXT, t->s + start, L->i - start, start);
+    return true;
+}
+
+/* A {# comment #} (at "{#"), with its - whitespace controls. */
+static void lex_comment(lexer *L) {
+    const ptext *t = &L->t;
+    size_t start = L->i;
+    L->i += 2;
+    bool strip_before = L->i < t->len && t->s[L->i] == '-';
+    if (strip_before) L->i++;
+    size_t cstart = L->i;
+    while (!(L->i + 1 < t->len && t->s[L->i] == '#' && t->s[L->i + 1] == '}')) {
+        if (L->i + 2 >= t->len) lex_fail(L, start, "missing end of comment tag", NULL);
+        L->i++;
+    }
+    size_t clen = L->i - cstart;
+    bool strip_after = clen > 0 && t->s[L->i - 1] == '-';
+    if (strip_after) clen--;
+    if (strip_before) strip_trailing_ws(L);
+    push(L, CSD_CHAT_T_COMMENT, t->s + cstart, clen, start);
+    L->i += 2;
+    if (strip_after) skip_leading_ws(L);
+}
+
+/* "{%-" or "{{-": the tag opens and the text before it loses its trailing whitespace. */
+static bool lex_open_strip(lexer *L, int *curly) {
+    if (at(L, "{%-")) {
+        strip_trailing_ws(L);
+        push(L, CSD_CHAT_T_OPEN_STMT, "{%", 2, L->i);
+    } else if (at(L, "{{-")) {
+        strip_trailing_ws(L);
+        push(L, CSD_CHAT_T_OPEN_EXPR, "{{", 2, L->i);
+        *curly = 0;
+    } else {
+        return false;
+    }
+    L->i += 3;
+    return true;
+}
+
+/* "-%}" or "-}}": the tag closes and the text after it loses its leading whitespace. */
+static bool lex_close_strip(lexer *L) {
+    if (at(L, "-%}"))
+        push(L, CSD_CHAT_T_CLOSE_STMT, "%}", 2, L->i);
+    else if (at(L, "-}}"))
+        push(L, CSD_CHAT_T_CLOSE_EXPR, "}}", 2, L->i);
+    else
+        return false;
+    L->i += 3;
+    skip_leading_ws(L);
+    return true;
+}
+
+/* Whitespace between the tokens of a tag; a tag may not end the input. */
+static void skip_tag_ws(lexer *L) {
+    size_t k;
+    while (L->i < L->t.len && (k = ws_at(&L->t, L->i)) > 0) {
+        L->i += k;
+        if (L->i >= L->t.len) lex_fail(L, L->i, "unexpected end of input", NULL);
+    }
+}
+
+/* A '-' or '+' where no operand precedes it: a signed number or a unary operator. False when it
+ * follows an operand (then it is the binary operator, one of the RULES). */
+static bool lex_sign(lexer *L, char c) {
+    const ptext *t = &L->t;
+    int lt = last_type(L);
+    if (lt == CSD_CHAT_T_TEXT || lt < 0) {
+        char s[2] = {c, 0};
+        lex_fail(L, L->i, "unexpected character: ", s);
+    }
+    if (lt == CSD_CHAT_T_IDENT || lt == CSD_CHAT_T_NUM || lt == CSD_CHAT_T_STR ||
+        lt == CSD_CHAT_T_RPAREN || lt == CSD_CHAT_T_RBRACKET)
+        return false;
+    size_t start = L->i;
+    L->i++;
+    size_t nd = consume_while(L, is_digit);
+    if (nd > 0 && L->i + 1 < t->len && t->s[L->i] == '.' && is_digit(t->s[L->i + 1])) {
+        L->i++;
+        consume_while(L, is_digit);
+    }
+    push(L, nd > 0 ? CSD_CHAT_T_NUM : CSD_CHAT_T_UNARY, t->s + start, L->i - start, start);
+    return true;
+}
+
+/* The first of the RULES that matches here (a "}}" inside an open { ... } literal is two braces).
+ * curly counts the dict literals open in the current expression. */
+static bool lex_rule(lexer *L, int *curly) {
+    for (size_t r = 0; r < sizeof RULES / sizeof RULES[0]; r++) {
+        if (RULES[r].type == CSD_CHAT_T_CLOSE_EXPR && *curly > 0) continue;
+        if (!at(L, RULES[r].seq)) continue;
+        size_t k = strlen(RULES[r].seq);
+        push(L, RULES[r].type, L->t.s + L->i, k, L->i);
+        if (RULES[r].type == CSD_CHAT_T_OPEN_EXPR)
+            *curly = 0;
+        else if (RULES[r].type == CSD_CHAT_T_LBRACE)
+            (*curly)++;
+        else if (RULES[r].type == CSD_CHAT_T_RBRACE)
+            (*curly)--;
+        L->i += k;
+        return true;
+    }
+    return false;
+}
+
+/* Digits, with a fraction unless the number follows a '.': in x.0.1, 0 and 1 are attribute
+ * steps. */
+static void lex_number(lexer *L) {
+    const ptext *t = &L->t;
+    size_t start = L->i;
+    consume_while(L, is_digit);
+    if (last_type(L) != CSD_CHAT_T_DOT && L->i + 1 < t->len && t->s[L->i] == '.' &&
+        is_digit(t->s[L->i + 1])) {
+        L->i++;
+        consume_while(L, is_digit);
+    }
+    push(L, CSD_CHAT_T_NUM, t->s + start, L->i - start, start);
+}
+
 static void lex_main(lexer *L) {
     const ptext *t = &L->t;
     int curly = 0;
     while (L->i < t->len) {
-        int lt = last_type(L);
-        if (lt < 0 || lt == CSD_CHAT_T_CLOSE_STMT || lt == CSD_CHAT_T_CLOSE_EXPR ||
-            lt == CSD_CHAT_T_COMMENT) {
-            size_t start = L->i;
-            while (L->i < t->len &&
-                   !(t->s[L->i] == '{' && L->i + 1 < t->len &&
-                     (t->s[L->i + 1] == '%' || t->s[L->i + 1] == '{' || t->s[L->i + 1] == '#')))
-                L->i++;
-            if (L->i > start) {
-                push(L, CSD_CHAT_T_TEXT, t->s + start, L->i - start, start);
-                continue;
-            }
-        }
+        if (lex_text(L)) continue;
         if (at(L, "{#")) {
-            size_t start = L->i;
-            L->i += 2;
-            bool strip_before = L->i < t->len && t->s[L->i] == '-';
-            if (strip_before) L->i++;
-            size_t cstart = L->i;
-            while (!(L->i + 1 < t->len && t->s[L->i] == '#' && t->s[L->i + 1] == '}')) {
-                if (L->i + 2 >= t->len) lex_fail(L, start, "missing end of comment tag", NULL);
-                L->i++;
-            }
-            size_t clen = L->i - cstart;
-            bool strip_after = clen > 0 && t->s[L->i - 1] == '-';
-            if (strip_after) clen--;
-            if (strip_before) strip_trailing_ws(L);
-            push(L, CSD_CHAT_T_COMMENT, t->s + cstart, clen, start);
-            L->i += 2;
-            if (strip_after) skip_leading_ws(L);
+            lex_comment(L);
             continue;
         }
-        if (at(L, "{%-")) {
-            strip_trailing_ws(L);
-            push(L, CSD_CHAT_T_OPEN_STMT, "{%", 2, L->i);
-            L->i += 3;
-            continue;
-        }
-        if (at(L, "{{-")) {
-            strip_trailing_ws(L);
-            push(L, CSD_CHAT_T_OPEN_EXPR, "{{", 2, L->i);
-            curly = 0;
-            L->i += 3;
-            continue;
-        }
-        {
-            size_t k;
-            while (L->i < t->len && (k = ws_at(t, L->i)) > 0) {
-                L->i += k;
-                if (L->i >= t->len) lex_fail(L, L->i, "unexpected end of input", NULL);
-            }
-        }
+        if (lex_open_strip(L, &curly)) continue;
+        skip_tag_ws(L);
         if (L->i >= t->len) break;
-        if (at(L, "-%}")) {
-            push(L, CSD_CHAT_T_CLOSE_STMT, "%}", 2, L->i);
-            L->i += 3;
-            skip_leading_ws(L);
-            continue;
-        }
-        if (at(L, "-}}")) {
-            push(L, CSD_CHAT_T_CLOSE_EXPR, "}}", 2, L->i);
-            L->i += 3;
-            skip_leading_ws(L);
-            continue;
-        }
+        if (lex_close_strip(L)) continue;
         char c = t->s[L->i];
-        if (c == '-' || c == '+') {
-            lt = last_type(L);
-            if (lt == CSD_CHAT_T_TEXT || lt < 0) {
-                char s[2] = {c, 0};
-                lex_fail(L, L->i, "unexpected character: ", s);
-            }
-            if (!(lt == CSD_CHAT_T_IDENT || lt == CSD_CHAT_T_NUM || lt == CSD_CHAT_T_STR ||
-                  lt == CSD_CHAT_T_RPAREN || lt == CSD_CHAT_T_RBRACKET)) {
-                size_t start = L->i;
-                L->i++;
-                size_t nd = consume_while(L, is_digit);
-                if (nd > 0 && L->i + 1 < t->len && t->s[L->i] == '.' && is_digit(t->s[L->i + 1])) {
-                    L->i++;
-                    consume_while(L, is_digit);
-                }
-                push(L, nd > 0 ? CSD_CHAT_T_NUM : CSD_CHAT_T_UNARY, t->s + start, L->i - start,
-                     start);
-                continue;
-            }
-        }
-        bool matched = false;
-        for (size_t r = 0; r < sizeof RULES / sizeof RULES[0]; r++) {
-            if (RULES[r].type == CSD_CHAT_T_CLOSE_EXPR && curly > 0) continue;
-            if (!at(L, RULES[r].seq)) continue;
-            size_t k = strlen(RULES[r].seq);
-            push(L, RULES[r].type, t->s + L->i, k, L->i);
-            if (RULES[r].type == CSD_CHAT_T_OPEN_EXPR) curly = 0;
-            else if (RULES[r].type == CSD_CHAT_T_LBRACE) curly++;
-            else if (RULES[r].type == CSD_CHAT_T_RBRACE) curly--;
-            L->i += k;
-            matched = true;
-            break;
-        }
-        if (matched) continue;
+        if ((c == '-' || c == '+') && lex_sign(L, c)) continue;
+        if (lex_rule(L, &curly)) continue;
         if (c == '\'' || c == '"') {
             lex_string(L);
-            continue;
-        }
-        if (is_digit(c)) {
-            size_t start = L->i;
-            consume_while(L, is_digit);
-            if (last_type(L) != CSD_CHAT_T_DOT && L->i + 1 < t->len && t->s[L->i] == '.' &&
-                is_digit(t->s[L->i + 1])) {
-                L->i++;
-                consume_while(L, is_digit);
-            }
-            push(L, CSD_CHAT_T_NUM, t->s + start, L->i - start, start);
-            continue;
-        }
-        if (is_word(c)) {
+        } else if (is_digit(c)) {
+            lex_number(L);
+        } else if (is_word(c)) {
             size_t start = L->i;
             consume_while(L, is_word);
             push(L, CSD_CHAT_T_IDENT, t->s + start, L->i - start, start);
-            continue;
-        }
-        if ((unsigned char)c >= 0x80 || c < 0x20) {
+        } else if ((unsigned char)c >= 0x80 || c < 0x20) {
             lex_fail(L, L->i, "unexpected character", NULL);
+        } else {
+            char s[2] = {c, 0};
+            lex_fail(L, L->i, "unexpected character: ", s);
         }
-        char s[2] = {c, 0};
-        lex_fail(L, L->i, "unexpected character: ", s);
     }
 }
 
