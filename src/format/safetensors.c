@@ -447,6 +447,71 @@ static bool shard_name_ok(const char *s) {
            strcmp(s, "..") != 0;
 }
 
+/* The distinct file names the weight map lists, sorted (so each entry's file is a binary search),
+ * into files (room for every entry); *n_files their count. */
+static int index_files(json_t *wm, const char *index_path, const char **files, size_t *n_files,
+                       csd_err *err) {
+    size_t n = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        if (!json_is_string(val) || !shard_name_ok(json_string_value(val)))
+            return csd_err_set(err, CSD_EFORMAT,
+                               "%s: weight_map entry '%.80s' does not name a file in the model "
+                               "directory",
+                               index_path, key);
+        files[n++] = json_string_value(val);
+    }
+    qsort(files, n, sizeof *files, str_ptr_cmp);
+    size_t uniq = 0;
+    for (size_t i = 0; i < n; i++)
+        if (uniq == 0 || strcmp(files[uniq - 1], files[i]) != 0) files[uniq++] = files[i];
+    if (uniq > ST_MAX_FILES)
+        return csd_err_set(err, CSD_ERANGE, "%s: names %zu files, limit %d", index_path, uniq,
+                           ST_MAX_FILES);
+    *n_files = uniq;
+    return 0;
+}
+
+/* Maps every listed file of dir into set. */
+static int load_index_files(csd_st_set *set, const char *dir, const char **files, size_t n,
+                            csd_err *err) {
+    for (size_t i = 0; i < n; i++) {
+        char path[ST_PATH_MAX];
+        if (csd_path_join(path, sizeof path, dir, files[i]) != 0)
+            return csd_err_set(err, CSD_ERANGE, "%s/%s: path too long", dir, files[i]);
+        int rc = set_load_file(set, path, err);
+        if (rc) {
+            csd_err_prefix(err, "%s lists %s: ", ST_INDEX_NAME, files[i]);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Every mapped tensor must be in the file the index names. */
+static int check_weight_map(const csd_st_set *set, json_t *wm, const char *index_path,
+                            const char **files, size_t n_files, csd_err *err) {
+    const char *key;
+    json_t *val;
+    json_object_foreach(wm, key, val) {
+        const char *fname = json_string_value(val);
+        const char **pos = bsearch(&fname, files, n_files, sizeof *files, str_ptr_cmp);
+        int want = (int)(pos - files);
+        const csd_st_tensor *t = csd_st_find(set, key);
+        if (!t)
+            return csd_err_set(
+                err, CSD_EFORMAT,
+                "%s: tensor '%.80s' is mapped to %s but that file does not contain it", index_path,
+                key, fname);
+        int got = set->file_of[t - set->tensors];
+        if (got != want)
+            return csd_err_set(err, CSD_EFORMAT, "%s: tensor '%.80s' is mapped to %s but is in %s",
+                               index_path, key, fname, set->files[got].label);
+    }
+    return 0;
+}
+
 static int open_index(csd_st_set **out, const char *dir, const char *index_path, csd_err *err) {
     char *text = NULL;
     size_t text_len = 0;
@@ -455,89 +520,31 @@ static int open_index(csd_st_set **out, const char *dir, const char *index_path,
     json_error_t je;
     json_t *root = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &je);
     csd_free(text);
-    const char **files = NULL;
-    csd_st_set *set = NULL;
     if (!root)
         return csd_err_set(err, CSD_EFORMAT, "%s: not valid JSON: %s (line %d)", index_path,
                            je.text, je.line);
+    const char **files = NULL;
+    csd_st_set *set = NULL;
+    size_t n_files = 0;
     json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(root) || !json_is_object(wm) || json_object_size(wm) == 0) {
-        rc = csd_err_set(err, CSD_EFORMAT, "%s: missing or empty \"weight_map\" object",
-                         index_path);
-        goto fail;
-    }
-
-    /* The distinct file names, sorted, so each entry's file index is a binary search. */
-    size_t n_entries = json_object_size(wm), n_files = 0;
-    files = csd_alloc_array(n_entries, sizeof *files);
-    if (!files) {
+    if (!json_is_object(root) || !json_is_object(wm) || json_object_size(wm) == 0)
+        rc =
+            csd_err_set(err, CSD_EFORMAT, "%s: missing or empty \"weight_map\" object", index_path);
+    else if (!(files = csd_alloc_array(json_object_size(wm), sizeof *files)))
         rc = csd_err_set(err, CSD_ENOMEM, "%s: out of memory", index_path);
-        goto fail;
-    }
-    const char *key;
-    json_t *val;
-    json_object_foreach(wm, key, val) {
-        if (!json_is_string(val) || !shard_name_ok(json_string_value(val))) {
-            rc = csd_err_set(err, CSD_EFORMAT,
-                             "%s: weight_map entry '%.80s' does not name a file in the model "
-                             "directory",
-                             index_path, key);
-            goto fail;
-        }
-        files[n_files++] = json_string_value(val);
-    }
-    qsort(files, n_files, sizeof *files, str_ptr_cmp);
-    size_t uniq = 0;
-    for (size_t i = 0; i < n_files; i++)
-        if (uniq == 0 || strcmp(files[uniq - 1], files[i]) != 0) files[uniq++] = files[i];
-    if (uniq > ST_MAX_FILES) {
-        rc = csd_err_set(err, CSD_ERANGE, "%s: names %zu files, limit %d", index_path, uniq,
-                         ST_MAX_FILES);
-        goto fail;
-    }
-
-    if ((rc = set_create(&set, (int)uniq, err)) != 0) goto fail;
-    for (size_t i = 0; i < uniq; i++) {
-        char path[ST_PATH_MAX];
-        if (csd_path_join(path, sizeof path, dir, files[i]) != 0) {
-            rc = csd_err_set(err, CSD_ERANGE, "%s/%s: path too long", dir, files[i]);
-            goto fail;
-        }
-        if ((rc = set_load_file(set, path, err)) != 0) {
-            csd_err_prefix(err, "%s lists %s: ", ST_INDEX_NAME, files[i]);
-            goto fail;
-        }
-    }
-    if ((rc = set_finish(set, err)) != 0) goto fail;
-
-    /* Every mapped tensor must be in the file the index names. */
-    json_object_foreach(wm, key, val) {
-        const char *fname = json_string_value(val);
-        const char **pos = bsearch(&fname, files, uniq, sizeof *files, str_ptr_cmp);
-        int want = (int)(pos - files);
-        const csd_st_tensor *t = csd_st_find(set, key);
-        if (!t) {
-            rc = csd_err_set(err, CSD_EFORMAT,
-                             "%s: tensor '%.80s' is mapped to %s but that file does not contain it",
-                             index_path, key, fname);
-            goto fail;
-        }
-        int got = set->file_of[t - set->tensors];
-        if (got != want) {
-            rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor '%.80s' is mapped to %s but is in %s",
-                             index_path, key, fname, set->files[got].label);
-            goto fail;
-        }
-    }
+    if (!rc) rc = index_files(wm, index_path, files, &n_files, err);
+    if (!rc) rc = set_create(&set, (int)n_files, err);
+    if (!rc) rc = load_index_files(set, dir, files, n_files, err);
+    if (!rc) rc = set_finish(set, err);
+    if (!rc) rc = check_weight_map(set, wm, index_path, files, n_files, err);
     csd_free(files);
     json_decref(root);
+    if (rc) {
+        csd_st_close(set);
+        return rc;
+    }
     *out = set;
     return 0;
-fail:
-    csd_st_close(set);
-    csd_free(files);
-    json_decref(root);
-    return rc;
 }
 
 int csd_st_open_dir(csd_st_set **out, const char *model_dir, csd_err *err) {
