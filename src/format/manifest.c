@@ -109,17 +109,16 @@ static int parse_stage(const json_t *js, int i, csd_manifest_stage *s, csd_err *
     return rc;
 }
 
-static int parse_root(csd_manifest *m, const json_t *root, csd_err *err) {
+/* The versions this build must match, precision, KV type, context, slots and model hash. */
+static int parse_header(csd_manifest *m, const json_t *root, csd_err *err) {
     const char *W = "manifest";
-    if (!json_is_object(root)) return csd_err_set(err, CSD_EFORMAT, "not a JSON object");
     const char *prec = NULL, *kv = NULL, *hash = NULL;
     int64_t v;
     const json_t *format = json_object_get(root, "format");
     if (!json_is_string(format) || strcmp(json_string_value(format), "cascadia-manifest") != 0)
         return csd_err_set(err, CSD_EFORMAT,
                            "not a cascadia manifest (no \"format\": \"cascadia-manifest\")");
-    int rc = 0;
-    rc = get_int(root, "version", 1, 1000000, &v, W, err);
+    int rc = get_int(root, "version", 1, 1000000, &v, W, err);
     if (!rc && v != CSD_MANIFEST_VERSION)
         rc = csd_err_set(err, CSD_EFORMAT, "manifest version %lld, this build reads version %d",
                          (long long)v, CSD_MANIFEST_VERSION);
@@ -145,16 +144,22 @@ static int parse_root(csd_manifest *m, const json_t *root, csd_err *err) {
     if (!rc && !csd_shard_hash_parse(hash, m->model_hash))
         rc = csd_err_set(err, CSD_EFORMAT, "\"model_hash\" must be %d hex digits",
                          2 * CSD_SHARD_HASH_BYTES);
-    if (rc) return rc;
+    return rc;
+}
 
+/* "config": the model's config.json as exported, parsed as one. */
+static int parse_config(csd_manifest *m, const json_t *root, csd_err *err) {
     const json_t *cfg = json_object_get(root, "config");
     if (!json_is_object(cfg)) return csd_err_set(err, CSD_EFORMAT, "\"config\" must be an object");
     char *text = json_dumps(cfg, JSON_COMPACT);
     if (!text) return csd_err_set(err, CSD_ENOMEM, "config");
-    rc = csd_model_config_parse(&m->cfg, text, strlen(text), err);
+    int rc = csd_model_config_parse(&m->cfg, text, strlen(text), err);
     free(text);
-    if (rc) return csd_err_prefix(err, "\"config\": ");
+    return rc ? csd_err_prefix(err, "\"config\": ") : 0;
+}
 
+/* "files": the tokenizer and config files copied beside the shards (plain names only). */
+static int parse_files(csd_manifest *m, const json_t *root, csd_err *err) {
     const json_t *files = json_object_get(root, "files");
     if (!json_is_array(files) || json_array_size(files) > CSD_MANIFEST_MAX_FILES)
         return csd_err_set(err, CSD_EFORMAT, "\"files\" must be an array of at most %d names",
@@ -166,7 +171,30 @@ static int parse_root(csd_manifest *m, const json_t *root, csd_err *err) {
             return csd_err_set(err, CSD_EFORMAT, "\"files\"[%d] is not a plain file name", i);
         snprintf(m->files[i], sizeof m->files[i], "%s", json_string_value(f));
     }
+    return 0;
+}
 
+/* Stage i continues the layers from next, carries the embeddings or head only at the ends and
+ * has a file of its own. */
+static int check_stage_place(const csd_manifest *m, int i, int64_t next, csd_err *err) {
+    const csd_manifest_stage *s = &m->stages[i];
+    if (s->layer_begin != next || s->layer_end <= s->layer_begin || s->layer_end > m->cfg.n_layers)
+        return csd_err_set(err, CSD_EFORMAT,
+                           "stage %d: layers [%lld, %lld) do not continue from %lld within %lld", i,
+                           (long long)s->layer_begin, (long long)s->layer_end, (long long)next,
+                           (long long)m->cfg.n_layers);
+    if (s->has_embed != (i == 0) || s->has_head != (i == m->n_stages - 1))
+        return csd_err_set(err, CSD_EFORMAT,
+                           "stage %d: embeddings/head flags are wrong for its position", i);
+    for (int k = 0; k < i; k++)
+        if (!strcmp(m->stages[k].file, s->file))
+            return csd_err_set(err, CSD_EFORMAT, "stages %d and %d share the file %s", k, i,
+                               s->file);
+    return 0;
+}
+
+/* "stages": one entry per stage, together covering every layer once, in order. */
+static int parse_stages(csd_manifest *m, const json_t *root, csd_err *err) {
     const json_t *stages = json_object_get(root, "stages");
     size_t n = json_is_array(stages) ? json_array_size(stages) : 0;
     if (n < 1 || n > CSD_SHARD_MAX_STAGES || (int64_t)n > m->cfg.n_layers)
@@ -178,29 +206,24 @@ static int parse_root(csd_manifest *m, const json_t *root, csd_err *err) {
     m->n_stages = (int)n;
     int64_t next = 0;
     for (int i = 0; i < m->n_stages; i++) {
-        csd_manifest_stage *s = &m->stages[i];
-        rc = parse_stage(json_array_get(stages, (size_t)i), i, s, err);
+        int rc = parse_stage(json_array_get(stages, (size_t)i), i, &m->stages[i], err);
+        if (!rc) rc = check_stage_place(m, i, next, err);
         if (rc) return rc;
-        if (s->layer_begin != next || s->layer_end <= s->layer_begin ||
-            s->layer_end > m->cfg.n_layers)
-            return csd_err_set(
-                err, CSD_EFORMAT,
-                "stage %d: layers [%lld, %lld) do not continue from %lld within %lld", i,
-                (long long)s->layer_begin, (long long)s->layer_end, (long long)next,
-                (long long)m->cfg.n_layers);
-        if (s->has_embed != (i == 0) || s->has_head != (i == m->n_stages - 1))
-            return csd_err_set(err, CSD_EFORMAT,
-                               "stage %d: embeddings/head flags are wrong for its position", i);
-        for (int k = 0; k < i; k++)
-            if (!strcmp(m->stages[k].file, s->file))
-                return csd_err_set(err, CSD_EFORMAT, "stages %d and %d share the file %s", k, i,
-                                   s->file);
-        next = s->layer_end;
+        next = m->stages[i].layer_end;
     }
     if (next != m->cfg.n_layers)
         return csd_err_set(err, CSD_EFORMAT, "stages cover layers [0, %lld) of %lld",
                            (long long)next, (long long)m->cfg.n_layers);
     return 0;
+}
+
+static int parse_root(csd_manifest *m, const json_t *root, csd_err *err) {
+    if (!json_is_object(root)) return csd_err_set(err, CSD_EFORMAT, "not a JSON object");
+    int rc = parse_header(m, root, err);
+    if (!rc) rc = parse_config(m, root, err);
+    if (!rc) rc = parse_files(m, root, err);
+    if (!rc) rc = parse_stages(m, root, err);
+    return rc;
 }
 
 int csd_manifest_parse(csd_manifest **out, const char *json, size_t len, const char *dir,
