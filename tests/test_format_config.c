@@ -452,6 +452,20 @@ static void test_load_dir(void **state) {
     /* 32001 is outside the 32000-token vocabulary: refused, naming the file. */
     assert_int_equal(csd_model_config_load(&c, dir, &err), CSD_ERANGE);
     assert_non_null(strstr(err.msg, "generation_config.json"));
+    /* Not JSON, and a key given twice: refused, naming the file and what is wrong. */
+    static const char *const not_json[][2] = {
+        {"{\"eos_token_id\": [2,", "not valid JSON"},
+        {"{\"eos_token_id\": 2, \"eos_token_id\": 3}", "duplicate object key"}};
+    for (int i = 0; i < 2; i++) {
+        f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(not_json[i][0], f);
+        fclose(f);
+        assert_int_equal(csd_model_config_load(&c, dir, &err), CSD_EFORMAT);
+        assert_non_null(strstr(err.msg, "generation_config.json: not valid JSON"));
+        if (!strstr(err.msg, not_json[i][1]))
+            fail_msg("message '%s' lacks '%s'", err.msg, not_json[i][1]);
+    }
     f = fopen(path, "w");
     assert_non_null(f);
     fputs("{\"eos_token_id\": [2, 31999, 7]}", f);

@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
+#include "json_file.h"
 
 /* config.json files are a few KB; a few MB allows big id2label maps and nothing hostile. */
 #define CONFIG_MAX_BYTES (4u * 1024u * 1024u)
@@ -294,16 +295,9 @@ int csd_model_config_parse(csd_model_config *cfg, const char *json, size_t len, 
 
 /* Appends generation_config.json's eos_token_id values (int or list) to cfg. */
 static int merge_generation_config(csd_model_config *cfg, const char *path, csd_err *err) {
-    char *text = NULL;
-    size_t len = 0;
-    int rc = csd_file_read_all(path, CONFIG_MAX_BYTES, &text, &len, err);
+    json_t *root = NULL;
+    int rc = csd_json_read_file(path, CONFIG_MAX_BYTES, &root, err);
     if (rc != 0) return rc;
-    json_error_t je;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
-    csd_free(text);
-    if (!root)
-        return csd_err_set(err, CSD_EFORMAT, "%s: not valid JSON: %s (line %d)", path, je.text,
-                           je.line);
     char where[CONFIG_PATH_MAX + 8];
     snprintf(where, sizeof where, "%s: ", path);
     rc = json_is_object(root) ? add_eos_field(cfg, root, where, err)

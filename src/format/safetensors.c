@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
+#include "json_file.h"
 #include "safetensors_internal.h"
 
 #define ST_SINGLE_NAME "model.safetensors"
@@ -513,16 +514,9 @@ static int check_weight_map(const csd_st_set *set, json_t *wm, const char *index
 }
 
 static int open_index(csd_st_set **out, const char *dir, const char *index_path, csd_err *err) {
-    char *text = NULL;
-    size_t text_len = 0;
-    int rc = csd_file_read_all(index_path, ST_INDEX_MAX_BYTES, &text, &text_len, err);
+    json_t *root = NULL;
+    int rc = csd_json_read_file(index_path, ST_INDEX_MAX_BYTES, &root, err);
     if (rc != 0) return rc;
-    json_error_t je;
-    json_t *root = json_loadb(text, text_len, JSON_REJECT_DUPLICATES, &je);
-    csd_free(text);
-    if (!root)
-        return csd_err_set(err, CSD_EFORMAT, "%s: not valid JSON: %s (line %d)", index_path,
-                           je.text, je.line);
     const char **files = NULL;
     csd_st_set *set = NULL;
     size_t n_files = 0;
