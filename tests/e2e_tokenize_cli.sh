@@ -2,7 +2,8 @@
 # `cascadia tokenize` and `detokenize` as tools: text in, ids out and back; their --batch modes
 # (one base64 text per line, used by e2e_tok_parity) keep newlines and control bytes intact, and
 # take invalid UTF-8 (as U+FFFD, like the reference);
-# bad input (not base64, not an id, an id outside the vocabulary) fails naming the problem.
+# bad input (not base64, not an id, an id outside the vocabulary) fails naming the problem; an
+# unknown CSD_LOG or CSD_KERN is named on stderr and ignored.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 command -v base64 >/dev/null || skip "coreutils base64 not installed"
@@ -56,4 +57,13 @@ echo "1 x 2" | expect_error "a word among ids" "'x' at byte 2 is not part of an 
     "$CASCADIA" detokenize "$M"
 echo "99999999" | expect_error "an id outside the vocabulary" "is out of range" \
     "$CASCADIA" detokenize "$M"
+
+# An environment setting the binary does not understand is named on stderr, then ignored.
+got=$(printf 'hello world' | CSD_LOG=verbose "$CASCADIA" tokenize "$M" --no-special 2>"$WORK/err") ||
+    fail "CSD_LOG=verbose: tokenize failed: $(cat "$WORK/err")"
+[ "$got" = "$ids" ] || fail "CSD_LOG=verbose: ids '$got', not '$ids'"
+grep -qF "CSD_LOG=verbose" "$WORK/err" || fail "CSD_LOG=verbose not named: $(cat "$WORK/err")"
+CSD_KERN=bogus "$CASCADIA" run "$M" -p "hello" -n 2 --temp 0 >/dev/null 2>"$WORK/err" ||
+    fail "CSD_KERN=bogus: run failed: $(cat "$WORK/err")"
+grep -qF "CSD_KERN=bogus" "$WORK/err" || fail "CSD_KERN=bogus not named: $(cat "$WORK/err")"
 echo "PASS"

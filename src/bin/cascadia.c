@@ -16,12 +16,21 @@ static void usage(FILE *out) {
         fprintf(out, "  %-12s %s\n", c->name, c->summary);
     fprintf(
         out,
-        "\nenvironment: CSD_LOG=error|warn|info|debug|trace, CSD_KERN=ref|avx2|avxvnni|avx512\n");
+        "\nenvironment: CSD_LOG=error|warn|info|debug|trace,\n"
+        "             CSD_KERN=ref|avx2|avxvnni|avx512|neon (default: the best this CPU runs)\n");
 }
 
 int main(int argc, char **argv) {
     const char *level = getenv("CSD_LOG");
-    if (level && csd_log_level_parse(level) >= 0) csd_log_set_level(csd_log_level_parse(level));
+    if (level && *level) {
+        int parsed = csd_log_level_parse(level);
+        if (parsed >= 0)
+            csd_log_set_level(parsed);
+        else
+            fprintf(stderr,
+                    "cascadia: CSD_LOG=%s is not error, warn, info, debug or trace; ignored\n",
+                    level);
+    }
     if (argc < 2) {
         usage(stderr);
         return 2;
