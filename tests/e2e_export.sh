@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # `cascadia export` cuts a synthesized model into stage shards + manifest.json; `cascadia inspect`
 # reads the manifest (and checks it against the files), the directory and a shard (verifying every
-# checksum); a flipped or truncated shard is refused naming the file; planner errors are clear.
+# checksum); a flipped or truncated shard is refused naming the file; planner errors are clear;
+# synth refuses to write over a model without --force.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 "$CASCADIA" export --help >/dev/null 2>&1 || skip "the export command is not in this binary's command table yet"
 
 M="$WORK/model"
 "$CASCADIA" synth --arch qwen3 --preset tiny --out "$M" 2>/dev/null || fail "synth failed"
+# synth does not write random weights over a model already there, unless told to.
+sum=$(cksum < "$M/model.safetensors")
+if err=$("$CASCADIA" synth --arch qwen3 --preset tiny --out "$M" --seed 9 2>&1); then
+    fail "synth over an existing model accepted"
+fi
+grep -qF "already holds a model" <<<"$err" || fail "synth over a model: $err"
+[ "$(cksum < "$M/model.safetensors")" = "$sum" ] || fail "a refused synth changed the weights"
+"$CASCADIA" synth --arch qwen3 --preset tiny --out "$M" --seed 9 --force 2>/dev/null ||
+    fail "synth --force failed"
+[ "$(cksum < "$M/model.safetensors")" != "$sum" ] || fail "synth --force left the weights"
+"$CASCADIA" synth --arch qwen3 --preset tiny --out "$M" --force 2>/dev/null || fail "synth failed"
 pass=0
 ok() { pass=$((pass + 1)); }
 has() { grep -qF -- "$2" <<<"$1" || fail "$3: output lacks '$2':

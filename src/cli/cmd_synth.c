@@ -18,10 +18,11 @@
 
 static const char *const synth_usage =
     "usage: cascadia synth --arch llama|mistral|qwen2|qwen3 --preset NAME --out DIR\n"
-    "                      [--tokenizer DIR] [--seed S] [--dtype f32|f16|bf16]\n"
+    "                      [--tokenizer DIR] [--seed S] [--dtype f32|f16|bf16] [--force]\n"
     "       cascadia synth --list-presets\n"
     "Writes config.json, model.safetensors (random weights, deterministic for a seed) and the\n"
-    "tokenizer files. Without --tokenizer, a small built-in tokenizer is written.\n";
+    "tokenizer files. Without --tokenizer, a small built-in tokenizer is written. A DIR that\n"
+    "already holds a model is refused unless --force (its weights would be replaced).\n";
 
 static void list_presets(void) {
     printf("%-16s %-8s %6s %6s %7s %5s %7s  %s\n", "preset", "family", "dim", "layers", "heads",
@@ -68,6 +69,23 @@ static int write_tokenizer(const char *tok_dir, const char *out, csd_err *err) {
     return rc;
 }
 
+/* A model already in out (real weights, perhaps) is not overwritten without --force. */
+static int check_out_free(const char *out, csd_err *err) {
+    static const char *const model_files[] = {"config.json", "model.safetensors",
+                                              "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof model_files / sizeof model_files[0]; i++) {
+        char path[4096];
+        if (csd_path_join(path, sizeof path, out, model_files[i]))
+            return csd_err_set(err, CSD_ERANGE, "%s: path too long", out);
+        if (csd_file_exists(path))
+            return csd_err_set(err, CSD_EINVAL,
+                               "%s already holds a model (%s): give another --out, or --force to "
+                               "replace it with random weights",
+                               out, model_files[i]);
+    }
+    return 0;
+}
+
 static int synth(const char *arch_name, const char *preset_name, const char *tok_dir,
                  const char *out, uint64_t seed, int dtype, csd_err *err) {
     const csd_arch_desc *arch = csd_arch_find(arch_name);
@@ -96,6 +114,7 @@ int csd_cmd_synth(int argc, char **argv) {
     const char *arch = NULL, *preset = NULL, *tok_dir = NULL, *out = NULL;
     int64_t seed = 1;
     int dtype = -1;
+    bool force = false;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -104,6 +123,8 @@ int csd_cmd_synth(int argc, char **argv) {
         } else if (!strcmp(f, "--list-presets")) {
             list_presets();
             return 0;
+        } else if (!strcmp(f, "--force")) {
+            force = true;
         } else if (!value) {
             fprintf(stderr, "cascadia synth: %s needs a value\n%s", f, synth_usage);
             return 2;
@@ -135,7 +156,8 @@ int csd_cmd_synth(int argc, char **argv) {
     }
     csd_err err = {0};
     uint64_t t0 = csd_now_ns();
-    int rc = synth(arch, preset, tok_dir, out, (uint64_t)seed, dtype, &err);
+    int rc = force ? 0 : check_out_free(out, &err);
+    if (!rc) rc = synth(arch, preset, tok_dir, out, (uint64_t)seed, dtype, &err);
     if (rc) {
         csd_cli_error("synth", &err);
         return 1;
