@@ -2,7 +2,8 @@
 # `cascadia export` cuts a synthesized model into stage shards + manifest.json; `cascadia inspect`
 # reads the manifest (and checks it against the files), the directory and a shard (verifying every
 # checksum); a flipped or truncated shard is refused naming the file; planner errors are clear;
-# synth refuses to write over a model without --force.
+# synth refuses to write over a model without --force, export to write into another model's
+# directory.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 "$CASCADIA" export --help >/dev/null 2>&1 || skip "the export command is not in this binary's command table yet"
@@ -20,6 +21,14 @@ grep -qF "already holds a model" <<<"$err" || fail "synth over a model: $err"
     fail "synth --force failed"
 [ "$(cksum < "$M/model.safetensors")" != "$sum" ] || fail "synth --force left the weights"
 "$CASCADIA" synth --arch qwen3 --preset tiny --out "$M" --force 2>/dev/null || fail "synth failed"
+# Nor does export write its copies of config.json and the tokenizer over another model's.
+"$CASCADIA" synth --arch llama --preset tiny --out "$WORK/other" 2>/dev/null || fail "synth other"
+sum=$(cksum < "$WORK/other/config.json")
+if err=$("$CASCADIA" export "$M" --stages 1 --out "$WORK/other" 2>&1); then
+    fail "export into another model's directory accepted"
+fi
+grep -qF "holds another model" <<<"$err" || fail "export over a model: $err"
+[ "$(cksum < "$WORK/other/config.json")" = "$sum" ] || fail "a refused export changed config.json"
 pass=0
 ok() { pass=$((pass + 1)); }
 has() { grep -qF -- "$2" <<<"$1" || fail "$3: output lacks '$2':

@@ -92,6 +92,30 @@ static int export_stage(const csd_export_opts *o, const csd_plan *plan, int k, i
     return rc;
 }
 
+static bool same_dir(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* The export copies config.json and the tokenizer files into out_dir: a directory that holds
+ * another Hugging Face model would lose its own. (Exporting into the model's own directory only
+ * copies each file onto itself.) */
+static int check_out_dir(const csd_export_opts *o, csd_err *err) {
+    static const char *const weights[] = {"model.safetensors", "model.safetensors.index.json"};
+    for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
+        char path[PATH_CAP];
+        if (csd_path_join(path, sizeof path, o->out_dir, weights[i]))
+            return csd_err_set(err, CSD_ERANGE, "%s: path too long", o->out_dir);
+        if (csd_file_exists(path) && !same_dir(o->out_dir, o->model_dir))
+            return csd_err_set(err, CSD_EINVAL,
+                               "%s holds another model (%s): its config.json and tokenizer files "
+                               "would be replaced; export into another directory",
+                               o->out_dir, weights[i]);
+    }
+    return 0;
+}
+
 int csd_export_run(const csd_export_opts *o, const csd_plan *plan, csd_export_progress_fn progress,
                    void *progress_ctx, csd_manifest **out, csd_err *err) {
     if (out) *out = NULL;
@@ -128,6 +152,8 @@ int csd_export_run(const csd_export_opts *o, const csd_plan *plan, csd_export_pr
                          (long long)plan->stages[n - 1].layer_end, (long long)man.cfg.n_layers);
         goto done;
     }
+    rc = check_out_dir(o, err);
+    if (rc) goto done;
     if (mkdir(o->out_dir, 0755) != 0 && errno != EEXIST) {
         rc = csd_err_set(err, CSD_EIO, "%s: cannot create: %s", o->out_dir, strerror(errno));
         goto done;
