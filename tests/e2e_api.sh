@@ -43,8 +43,20 @@ start_server() {
 cd "$WORK"
 # --- the docs/api.md session, as written (plus --port 0) ---
 "$CASCADIA" synth --arch llama --preset tiny --out tiny >/dev/null 2>&1 || fail "synth"
-if "$CASCADIA" serve tiny --port 0 2>"$WORK/notmpl.log"; then fail "a model without a chat template was served"; fi
-grep -q -- "--chat-template" "$WORK/notmpl.log" || fail "no clear error for a missing chat template: $(cat "$WORK/notmpl.log")"
+# A model without a chat template (a base model) is served for completions; chat says what to do.
+start_server notmpl tiny
+grep -q -- "--chat-template" "$WORK/notmpl.log" || fail "no warning for a missing chat template: $(cat "$WORK/notmpl.log")"
+code=$(curl -s -o "$WORK/notmpl.out" -w '%{http_code}' "http://127.0.0.1:$PORT_notmpl/v1/completions" \
+    -H 'Content-Type: application/json' -d '{"prompt": "Once upon a time", "max_tokens": 4}')
+[ "$code" = 200 ] && grep -q '"text_completion"' "$WORK/notmpl.out" ||
+    fail "completions without a chat template: HTTP $code $(cat "$WORK/notmpl.out")"
+code=$(curl -s -o "$WORK/notmpl.out" -w '%{http_code}' "http://127.0.0.1:$PORT_notmpl/v1/chat/completions" \
+    -H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "hi"}]}')
+[ "$code" = 400 ] && grep -q "no chat template" "$WORK/notmpl.out" && grep -q -- "--chat-template" "$WORK/notmpl.out" ||
+    fail "chat without a chat template: HTTP $code $(cat "$WORK/notmpl.out")"
+kill "$PID_notmpl"
+wait "$PID_notmpl" 2>/dev/null || true
+echo "ok   a model without a chat template: completions served, chat refused with 400"
 export CASCADIA_API_KEY=secret
 start_server main tiny --chat-template chatml
 BASE="http://127.0.0.1:$PORT_main"

@@ -210,15 +210,21 @@ static void default_model_name(const char *dir, char *out, size_t cap) {
 }
 
 /* The chat template: --chat-template forces a built-in; else tokenizer_config.json's. */
+/* The chat template: --chat-template's, else the model's. A model without one (a base model) is
+ * still served: /v1/completions works and /v1/chat/completions answers 400 (*out stays NULL). */
 static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_template **out,
                          csd_err *err) {
+    *out = NULL;
     const char *src =
         a->chat_template ? csd_chat_template_builtin(a->chat_template) : csd_tok_chat_template(tok);
-    if (!src)
-        return csd_err_set(err, CSD_ENOTFOUND,
-                           "%s has no chat_template in tokenizer_config.json: pass --chat-template "
-                           "chatml|llama3|llama2|mistral|gemma",
-                           a->model_dir);
+    if (!src) {
+        fprintf(stderr,
+                "cascadia serve: %s has no chat_template in tokenizer_config.json: "
+                "/v1/chat/completions will answer 400 (pass --chat-template "
+                "chatml|llama3|llama2|mistral|gemma to serve chat)\n",
+                a->model_dir);
+        return 0;
+    }
     int rc = csd_chat_template_create(out, src, err);
     if (rc)
         csd_err_prefix(err,

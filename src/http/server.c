@@ -300,7 +300,8 @@ static int chat_prompt(const csd_http_server *s, const csd_http_req *req, int32_
                        csd_http_error *e) {
     if (!s->tmpl)
         return csd_http_error_set(e, 400, NULL, "messages", "unsupported_value",
-                                  "this model has no chat template: use /v1/completions");
+                                  "this model has no chat template: use /v1/completions, or "
+                                  "start the server with --chat-template");
     csd_chat_apply_params ap;
     memset(&ap, 0, sizeof ap);
     ap.messages = req->messages;
