@@ -7,34 +7,50 @@
 
 #include "core/alloc.h"
 
-int csd_cli_read_stdin(size_t max, char **out, size_t *len) {
+/* Grows *buf (holding n bytes, capacity *cap) to twice its capacity; false when out of memory. */
+static bool grow(char **buf, size_t n, size_t *cap) {
+    char *nb = csd_alloc(*cap * 2);
+    if (!nb) return false;
+    memcpy(nb, *buf, n);
+    csd_free(*buf);
+    *buf = nb;
+    *cap *= 2;
+    return true;
+}
+
+bool csd_cli_read_stdin(const char *cmd, char **out, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = csd_alloc(cap);
-    if (!buf) return CSD_CLI_STDIN_NOMEM;
+    const char *problem = NULL;
     for (;;) {
-        if (n + 1 >= cap) {
-            if (cap >= max) {
-                csd_free(buf);
-                return CSD_CLI_STDIN_TOO_LARGE;
-            }
-            char *nb = csd_alloc(cap * 2);
-            if (!nb) {
-                csd_free(buf);
-                return CSD_CLI_STDIN_NOMEM;
-            }
-            memcpy(nb, buf, n);
-            csd_free(buf);
-            buf = nb;
-            cap *= 2;
+        if (!buf) {
+            problem = "out of memory";
+            break;
+        }
+        if (n + 1 >= cap && cap >= CSD_CLI_STDIN_MAX) {
+            problem = "stdin is larger than 256 MiB";
+            break;
+        }
+        if (n + 1 >= cap && !grow(&buf, n, &cap)) {
+            problem = "out of memory";
+            break;
         }
         size_t r = fread(buf + n, 1, cap - n - 1, stdin);
         n += r;
-        if (r == 0) break;
+        if (r == 0) {
+            if (ferror(stdin)) problem = "cannot read stdin";
+            break;
+        }
+    }
+    if (problem) {
+        fprintf(stderr, "%s: %s\n", cmd, problem);
+        csd_free(buf);
+        return false;
     }
     buf[n] = '\0';
     *out = buf;
     *len = n;
-    return 0;
+    return true;
 }
 
 long csd_cli_base64_decode(char *s, size_t n) {

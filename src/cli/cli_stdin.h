@@ -7,12 +7,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* Reads stdin to its end into *out (NUL-terminated, csd_free it), refusing more than max bytes.
- * Prints nothing; returns 0, CSD_CLI_STDIN_NOMEM or CSD_CLI_STDIN_TOO_LARGE. */
-#define CSD_CLI_STDIN_MAX ((size_t)256 << 20) /* "stdin is larger than 256 MiB" */
-#define CSD_CLI_STDIN_NOMEM (-1)
-#define CSD_CLI_STDIN_TOO_LARGE (-2)
-int csd_cli_read_stdin(size_t max, char **out, size_t *len);
+/* Reads stdin to its end into *out (NUL-terminated, csd_free it), refusing more than
+ * CSD_CLI_STDIN_MAX bytes. False after printing "cmd: " and what went wrong (too large, a read
+ * error, out of memory). */
+#define CSD_CLI_STDIN_MAX ((size_t)256 << 20)
+bool csd_cli_read_stdin(const char *cmd, char **out, size_t *len);
 
 /* Decodes the base64 text s[0..n) into s itself (the bytes are never longer than their text);
  * returns the byte count, or -1 when s is not padded standard base64. */

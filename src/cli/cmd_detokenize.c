@@ -162,11 +162,11 @@ int csd_cmd_detokenize(int argc, char **argv) {
     }
     char *in = NULL;
     size_t len = 0;
-    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &in, &len);
-    int32_t *ids = rs ? NULL : csd_alloc_array(len / 2 + 1, sizeof *ids);
-    if (rs || !ids) {
-        fprintf(stderr, "detokenize: %s\n",
-                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
+    int32_t *ids = NULL;
+    bool read = csd_cli_read_stdin("detokenize", &in, &len);
+    if (read && !(ids = csd_alloc_array(len / 2 + 1, sizeof *ids)))
+        fprintf(stderr, "detokenize: out of memory\n");
+    if (!ids) {
         csd_free(in);
         csd_tok_destroy(tok);
         return 1;

@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
+#include "format/safetensors.h"
 #include "model/synth.h"
 #include "synth_tokenizer.h"
 #include "tok/tokenizer.h"
@@ -71,19 +72,17 @@ static int write_tokenizer(const char *tok_dir, const char *out, csd_err *err) {
 
 /* A model already in out (real weights, perhaps) is not overwritten without --force. */
 static int check_out_free(const char *out, csd_err *err) {
-    static const char *const model_files[] = {"config.json", "model.safetensors",
-                                              "model.safetensors.index.json"};
-    for (size_t i = 0; i < sizeof model_files / sizeof model_files[0]; i++) {
-        char path[4096];
-        if (csd_path_join(path, sizeof path, out, model_files[i]))
-            return csd_err_set(err, CSD_ERANGE, "%s: path too long", out);
-        if (csd_file_exists(path))
-            return csd_err_set(err, CSD_EINVAL,
-                               "%s already holds a model (%s): give another --out, or --force to "
-                               "replace it with random weights",
-                               out, model_files[i]);
-    }
-    return 0;
+    char config[4096];
+    if (csd_path_join(config, sizeof config, out, "config.json"))
+        return csd_err_set(err, CSD_ERANGE, "%s: path too long", out);
+    const char *held = csd_file_exists(config) ? "config.json" : NULL;
+    int rc = held ? 0 : csd_st_dir_weights(out, &held, err);
+    if (!rc && held)
+        rc = csd_err_set(err, CSD_EINVAL,
+                         "%s already holds a model (%s): give another --out, or --force to "
+                         "replace it with random weights",
+                         out, held);
+    return rc;
 }
 
 static int synth(const char *arch_name, const char *preset_name, const char *tok_dir,

@@ -140,10 +140,7 @@ int csd_cmd_tokenize(int argc, char **argv) {
     }
     char *text = NULL;
     size_t len = 0;
-    int rs = csd_cli_read_stdin(CSD_CLI_STDIN_MAX, &text, &len);
-    if (rs) {
-        fprintf(stderr, "tokenize: %s\n",
-                rs == CSD_CLI_STDIN_TOO_LARGE ? "stdin is larger than 256 MiB" : "out of memory");
+    if (!csd_cli_read_stdin("tokenize", &text, &len)) {
         csd_tok_destroy(tok);
         return 1;
     }

@@ -541,17 +541,33 @@ static int open_index(csd_st_set **out, const char *dir, const char *index_path,
     return 0;
 }
 
+int csd_st_dir_weights(const char *model_dir, const char **name, csd_err *err) {
+    static const char *const names[] = {ST_INDEX_NAME, ST_SINGLE_NAME}; /* the index wins */
+    *name = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char path[ST_PATH_MAX];
+        if (csd_path_join(path, sizeof path, model_dir, names[i]) != 0)
+            return csd_err_set(err, CSD_ERANGE, "%s: path too long", model_dir);
+        if (csd_file_exists(path)) {
+            *name = names[i];
+            return 0;
+        }
+    }
+    return 0;
+}
+
 int csd_st_open_dir(csd_st_set **out, const char *model_dir, csd_err *err) {
     *out = NULL;
+    const char *name;
+    int rc = csd_st_dir_weights(model_dir, &name, err);
+    if (rc) return rc;
+    if (!name)
+        return csd_err_set(err, CSD_ENOTFOUND, "%s: no %s or %s", model_dir, ST_SINGLE_NAME,
+                           ST_INDEX_NAME);
     char path[ST_PATH_MAX];
-    if (csd_path_join(path, sizeof path, model_dir, ST_INDEX_NAME) != 0)
-        return csd_err_set(err, CSD_ERANGE, "%s: path too long", model_dir);
-    if (csd_file_exists(path)) return open_index(out, model_dir, path, err);
-    if (csd_path_join(path, sizeof path, model_dir, ST_SINGLE_NAME) != 0)
-        return csd_err_set(err, CSD_ERANGE, "%s: path too long", model_dir);
-    if (csd_file_exists(path)) return csd_st_open_file(out, path, err);
-    return csd_err_set(err, CSD_ENOTFOUND, "%s: no %s or %s", model_dir, ST_SINGLE_NAME,
-                       ST_INDEX_NAME);
+    csd_path_join(path, sizeof path, model_dir, name); /* fits: csd_st_dir_weights checked */
+    return !strcmp(name, ST_INDEX_NAME) ? open_index(out, model_dir, path, err)
+                                        : csd_st_open_file(out, path, err);
 }
 
 /* ---- lookup ---- */

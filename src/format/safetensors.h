@@ -29,6 +29,9 @@ typedef struct csd_st_set csd_st_set;
 /* Opens MODEL_DIR/model.safetensors, or every file listed by
  * MODEL_DIR/model.safetensors.index.json. */
 int csd_st_open_dir(csd_st_set **out, const char *model_dir, csd_err *err);
+/* The weights file csd_st_open_dir would open in model_dir: *name = "model.safetensors.index.json"
+ * or "model.safetensors" when there, else NULL. Nonzero only when the path is too long. */
+int csd_st_dir_weights(const char *model_dir, const char **name, csd_err *err);
 /* Opens one .safetensors file. */
 int csd_st_open_file(csd_st_set **out, const char *path, csd_err *err);
 void csd_st_close(csd_st_set *set);

@@ -10,6 +10,7 @@
 #include "core/alloc.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
+#include "format/safetensors.h"
 #include "model.h"
 #include "shard_model.h"
 
@@ -102,18 +103,14 @@ static bool same_dir(const char *a, const char *b) {
  * another Hugging Face model would lose its own. (Exporting into the model's own directory only
  * copies each file onto itself.) */
 static int check_out_dir(const csd_export_opts *o, csd_err *err) {
-    static const char *const weights[] = {"model.safetensors", "model.safetensors.index.json"};
-    for (size_t i = 0; i < sizeof weights / sizeof weights[0]; i++) {
-        char path[PATH_CAP];
-        if (csd_path_join(path, sizeof path, o->out_dir, weights[i]))
-            return csd_err_set(err, CSD_ERANGE, "%s: path too long", o->out_dir);
-        if (csd_file_exists(path) && !same_dir(o->out_dir, o->model_dir))
-            return csd_err_set(err, CSD_EINVAL,
-                               "%s holds another model (%s): its config.json and tokenizer files "
-                               "would be replaced; export into another directory",
-                               o->out_dir, weights[i]);
-    }
-    return 0;
+    const char *weights;
+    int rc = csd_st_dir_weights(o->out_dir, &weights, err);
+    if (!rc && weights && !same_dir(o->out_dir, o->model_dir))
+        rc = csd_err_set(err, CSD_EINVAL,
+                         "%s holds another model (%s): its config.json and tokenizer files would "
+                         "be replaced; export into another directory",
+                         o->out_dir, weights);
+    return rc;
 }
 
 int csd_export_run(const csd_export_opts *o, const csd_plan *plan, csd_export_progress_fn progress,
