@@ -34,6 +34,8 @@ static const char *const serve_usage =
     "  --queue N            requests waiting beyond those before 429 (default 64)\n"
     "  --api-key KEY        require 'Authorization: Bearer KEY' (or env CASCADIA_API_KEY)\n"
     "  --chat-template NAME use a built-in template: chatml|llama3|llama2|mistral|gemma\n"
+    "                       (a model with no template of its own and no --chat-template\n"
+    "                       serves /v1/completions; chat requests get 400)\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
@@ -209,7 +211,6 @@ static void default_model_name(const char *dir, char *out, size_t cap) {
     if (!out[0]) snprintf(out, cap, "model");
 }
 
-/* The chat template: --chat-template forces a built-in; else tokenizer_config.json's. */
 /* The chat template: --chat-template's, else the model's. A model without one (a base model) is
  * still served: /v1/completions works and /v1/chat/completions answers 400 (*out stays NULL). */
 static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_template **out,
