@@ -38,6 +38,33 @@ bool csd_cli_float(const char *cmd, const char *flag, const char *text, double l
     return true;
 }
 
+/* One id of a list at *p: decimal digits only (no sign, no "0x"), at most INT32_MAX. Moves *p past
+ * it. */
+static bool parse_id(const char **p, int32_t *id) {
+    int64_t v = 0;
+    const char *s = *p;
+    if (*s < '0' || *s > '9') return false;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        v = v * 10 + (*s - '0');
+        if (v > INT32_MAX) return false;
+    }
+    *id = (int32_t)v;
+    *p = s;
+    return true;
+}
+
+/* Past the blanks, at most one comma and the blanks after it; false for an empty item (",," or a
+ * trailing comma). */
+static bool skip_separator(const char **p) {
+    const char *s = *p + strspn(*p, " ");
+    if (*s == ',') {
+        s += 1 + strspn(s + 1, " ");
+        if (*s == '\0' || *s == ',') return false;
+    }
+    *p = s;
+    return true;
+}
+
 bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids,
                      int64_t *n) {
     *ids = NULL;
@@ -45,23 +72,22 @@ bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_
     size_t len = strlen(text), cap = len / 2 + 1;
     int32_t *out = csd_alloc_array(cap, sizeof(int32_t));
     if (!out) return false;
-    const char *p = text;
-    while (*p) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v > INT32_MAX || (*end && *end != ',' && *end != ' ')) {
-            fprintf(stderr, "cascadia %s: %s expects comma-separated token ids, got '%s'\n", cmd,
-                    flag, text);
-            csd_free(out);
-            return false;
-        }
-        out[(*n)++] = (int32_t)v;
-        p = *end ? end + 1 : end;
+    const char *p = text + strspn(text, " ");
+    bool ok = true;
+    while (ok && *p) {
+        ok = parse_id(&p, &out[*n]) && (*p == '\0' || *p == ' ' || *p == ',') && skip_separator(&p);
+        if (!ok)
+            fprintf(stderr, "cascadia %s: %s expects comma-separated ids (0 to %d): '%s' at '%s'\n",
+                    cmd, flag, INT32_MAX, text, p);
+        *n += ok;
     }
-    if (*n == 0) {
+    if (ok && *n == 0) {
         fprintf(stderr, "cascadia %s: %s is empty\n", cmd, flag);
+        ok = false;
+    }
+    if (!ok) {
         csd_free(out);
+        *n = 0;
         return false;
     }
     *ids = out;
