@@ -176,6 +176,23 @@ static void test_routes_methods_auth_limits(void **state) {
                                "Authorization: Bearer k3y\r\nContent-Length: 100000000\r\n\r\n",
                                resp, sizeof resp),
                      413);
+    /* a Content-Length that is not a plain number (libmicrohttpd parses it before we see it), or
+     * one beyond 64 bits */
+    const char *bad_lengths[] = {"abc", "-1", "+5", "0x2", "2x"};
+    for (int i = 0; i < (int)(sizeof bad_lengths / sizeof *bad_lengths); i++) {
+        char req[256];
+        snprintf(req, sizeof req,
+                 "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 "Authorization: Bearer k3y\r\nContent-Length: %s\r\n\r\n{}",
+                 bad_lengths[i]);
+        assert_int_equal(roundtrip(f->port, req, resp, sizeof resp), 400);
+    }
+    assert_int_equal(roundtrip(f->port,
+                               "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                               "Authorization: Bearer k3y\r\n"
+                               "Content-Length: 99999999999999999999999\r\n\r\n{}",
+                               resp, sizeof resp),
+                     413);
     char big[4096];
     int n = snprintf(big, sizeof big,
                      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"

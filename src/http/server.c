@@ -597,7 +597,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   "WWW-Authenticate", "Bearer");
         }
         /* a declared body far beyond the limit is refused now; a slightly larger one is read and
-         * dropped, so the client (still sending) reliably sees the 413 */
+         * dropped, so the client (still sending) reliably sees the 413. libmicrohttpd has
+         * already refused a Content-Length that is not plain digits (400); one beyond 64 bits
+         * reads as ULLONG_MAX here. */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         if (cl && strtoull(cl, NULL, 10) / 16 > s->max_body) {
             cs->replied = true;
