@@ -82,6 +82,13 @@ if err=$("$CASCADIA" export "$M" --stages auto --memory 10M,10M --precision f32 
 has "$err" "missing" "impossible plan"
 if err=$("$CASCADIA" export "$M" --stages 5 --precision f32 --out "$WORK/x" 2>&1); then fail "5 stages of 4 layers accepted"; fi
 has "$err" "use 1 to 4" "too many stages"
+# --stages and --memory that cannot be right for any model are usage errors (exit 2), before the
+# model is read
+for args in "--stages 0" "--stages -1" "--stages 2x" "--stages auto" "--stages 1x" "--stages 1 --memory 1G"; do
+    # shellcheck disable=SC2086 # args is a list of words
+    rc=0; err=$("$CASCADIA" export "$M" $args --out "$WORK/x" 2>&1) || rc=$?
+    [ $rc -eq 2 ] || fail "export $args: rc $rc, want 2: $err"
+done
 out=$("$CASCADIA" export "$M" --stages auto --memory 1G,1G --precision int4 --ctx 256 --out "$WORK/auto" 2>/dev/null) ||
     fail "auto export failed"
 has "$out" "1 stage, int4" "auto export"

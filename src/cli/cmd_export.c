@@ -66,31 +66,20 @@ static void on_progress(void *ctx, int stage, int n, const csd_plan_stage *ps, d
 }
 
 typedef struct export_args {
-    const char *model_dir, *out, *stages, *memory;
+    const char *model_dir, *out, *memory;
+    int n_stages; /* 0: --stages auto */
     int precision, kv_dtype;
     int64_t ctx, slots;
 } export_args;
 
 static int make_plan(const export_args *a, const csd_model_config *cfg, const csd_plan_opts *po,
                      csd_plan *plan, csd_err *err) {
-    if (!strcmp(a->stages, "auto")) {
-        if (!a->memory)
-            return csd_err_set(err, CSD_EINVAL,
-                               "--stages auto needs --memory (e.g. --memory 8G,16G)");
-        uint64_t machines[CSD_PLAN_MAX_STAGES];
-        int n = 0;
-        int rc = csd_plan_parse_memory_list(a->memory, machines, CSD_PLAN_MAX_STAGES, &n, err);
-        if (rc) return rc;
-        return csd_plan_auto(plan, cfg, po, machines, n, err);
-    }
-    char *end = NULL;
-    long n = strtol(a->stages, &end, 10);
-    if (end == a->stages || *end || n < 1 || n > CSD_PLAN_MAX_STAGES)
-        return csd_err_set(err, CSD_EINVAL,
-                           "--stages must be a number (1 to the layer count) or auto, got '%s'",
-                           a->stages);
-    if (a->memory) return csd_err_set(err, CSD_EINVAL, "--memory goes with --stages auto");
-    return csd_plan_even(plan, cfg, po, (int)n, err);
+    if (a->n_stages > 0) return csd_plan_even(plan, cfg, po, a->n_stages, err);
+    uint64_t machines[CSD_PLAN_MAX_STAGES];
+    int n = 0;
+    int rc = csd_plan_parse_memory_list(a->memory, machines, CSD_PLAN_MAX_STAGES, &n, err);
+    if (rc) return rc;
+    return csd_plan_auto(plan, cfg, po, machines, n, err);
 }
 
 static int export_model(const export_args *a, csd_err *err) {
@@ -142,11 +131,79 @@ static int export_model(const export_args *a, csd_err *err) {
     return 0;
 }
 
+/* --stages N|auto: N in 1..CSD_PLAN_MAX_STAGES here; against the layer count once the model's
+ * config is read. */
+static bool parse_stages(const char *value, int *n_stages) {
+    if (!strcmp(value, "auto")) {
+        *n_stages = 0;
+        return true;
+    }
+    char *end = NULL;
+    long n = value[0] >= '0' && value[0] <= '9' ? strtol(value, &end, 10) : 0;
+    if (n >= 1 && n <= CSD_PLAN_MAX_STAGES && *end == '\0') {
+        *n_stages = (int)n;
+        return true;
+    }
+    fprintf(stderr,
+            "cascadia export: --stages must be a number (1 to the layer count, at most %d) or "
+            "auto, got '%s'\n",
+            CSD_PLAN_MAX_STAGES, value);
+    return false;
+}
+
+/* One flag with its value; false (message printed) on a bad value or an unknown flag. */
+static bool parse_export_flag(const char *f, const char *value, export_args *a) {
+    int64_t v;
+    if (!strcmp(f, "--stages")) return parse_stages(value, &a->n_stages);
+    if (!strcmp(f, "--memory")) return (a->memory = value), true;
+    if (!strcmp(f, "--out")) return (a->out = value), true;
+    if (!strcmp(f, "--precision")) {
+        if ((a->precision = csd_dtype_parse(value)) >= 0) return true;
+        fprintf(stderr,
+                "cascadia export: --precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
+                value);
+        return false;
+    }
+    if (!strcmp(f, "--kv-type")) {
+        a->kv_dtype = csd_dtype_parse(value);
+        if (a->kv_dtype == CSD_DTYPE_F32 || a->kv_dtype == CSD_DTYPE_F16) return true;
+        fprintf(stderr, "cascadia export: --kv-type must be f32 or f16, got '%s'\n", value);
+        return false;
+    }
+    if (!strcmp(f, "--ctx")) {
+        if (!csd_cli_int("export", f, value, 1, CSD_MAX_CONTEXT, &v)) return false;
+        return (a->ctx = v), true;
+    }
+    if (!strcmp(f, "--slots")) {
+        if (!csd_cli_int("export", f, value, 1, 4096, &v)) return false;
+        return (a->slots = v), true;
+    }
+    fprintf(stderr, "cascadia export: unknown option '%s'\n%s", f, export_usage);
+    return false;
+}
+
+/* What the flags need of each other; false (message printed) when they do not fit. */
+static bool check_args(const export_args *a) {
+    if (!a->model_dir || a->n_stages < 0 || !a->out) {
+        fprintf(stderr, "cascadia export: MODEL_DIR, --stages and --out are required\n%s",
+                export_usage);
+        return false;
+    }
+    if (a->n_stages == 0 && !a->memory) {
+        fputs("cascadia export: --stages auto needs --memory (e.g. --memory 8G,16G)\n", stderr);
+        return false;
+    }
+    if (a->n_stages > 0 && a->memory) {
+        fputs("cascadia export: --memory goes with --stages auto\n", stderr);
+        return false;
+    }
+    return true;
+}
+
 int csd_cmd_export(int argc, char **argv) {
-    export_args a = {NULL, NULL, NULL, NULL, -1, -1, 0, 1};
+    export_args a = {.n_stages = -1, .precision = -1, .kv_dtype = -1, .slots = 1};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(export_usage, stdout);
             return 0;
@@ -157,48 +214,16 @@ int csd_cmd_export(int argc, char **argv) {
                 return 2;
             }
             a.model_dir = f;
-            continue;
         } else if (!value) {
             fprintf(stderr, "cascadia export: %s needs a value\n%s", f, export_usage);
             return 2;
-        }
-        i++;
-        if (!strcmp(f, "--stages")) {
-            a.stages = value;
-        } else if (!strcmp(f, "--memory")) {
-            a.memory = value;
-        } else if (!strcmp(f, "--out")) {
-            a.out = value;
-        } else if (!strcmp(f, "--precision")) {
-            if ((a.precision = csd_dtype_parse(value)) < 0) {
-                fprintf(
-                    stderr,
-                    "cascadia export: --precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
-                    value);
-                return 2;
-            }
-        } else if (!strcmp(f, "--kv-type")) {
-            a.kv_dtype = csd_dtype_parse(value);
-            if (a.kv_dtype != CSD_DTYPE_F32 && a.kv_dtype != CSD_DTYPE_F16) {
-                fprintf(stderr, "cascadia export: --kv-type must be f32 or f16, got '%s'\n", value);
-                return 2;
-            }
-        } else if (!strcmp(f, "--ctx")) {
-            if (!csd_cli_int("export", f, value, 1, CSD_MAX_CONTEXT, &v)) return 2;
-            a.ctx = v;
-        } else if (!strcmp(f, "--slots")) {
-            if (!csd_cli_int("export", f, value, 1, 4096, &v)) return 2;
-            a.slots = v;
-        } else {
-            fprintf(stderr, "cascadia export: unknown option '%s'\n%s", f, export_usage);
+        } else if (!parse_export_flag(f, value, &a)) {
             return 2;
+        } else {
+            i++;
         }
     }
-    if (!a.model_dir || !a.stages || !a.out) {
-        fprintf(stderr, "cascadia export: MODEL_DIR, --stages and --out are required\n%s",
-                export_usage);
-        return 2;
-    }
+    if (!check_args(&a)) return 2;
     csd_err err = {0};
     if (export_model(&a, &err)) {
         csd_cli_error("export", &err);
