@@ -64,6 +64,13 @@ set +e
 "$CASCADIA" bench "$M" -d 4 --concurrency 1,2 >/dev/null 2>"$WORK/err"; rc=$?
 set -e
 [ $rc -eq 2 ] && grep -q -- "--depth applies" "$WORK/err" || fail "-d with --concurrency: rc $rc, $(cat "$WORK/err")"
+# bad values are usage errors (exit 2) naming the flag, before the model is loaded
+for args in "-r 0" "-r 1001" "--concurrency 1,," "--concurrency 0" "-p -1" "--bogus 1"; do
+    flag=${args%% *}
+    # shellcheck disable=SC2086 # args is a list of words
+    rc=0; "$CASCADIA" bench "$M" $args >/dev/null 2>"$WORK/err" || rc=$?
+    [ $rc -eq 2 ] && grep -q -- "$flag" "$WORK/err" || fail "bench $args: rc $rc, $(cat "$WORK/err")"
+done
 # past the trained context (512 positions in the tiny preset): measured, with a warning
 trained=$(/usr/bin/python3 -c "import json;print(json.load(open('$M/config.json'))['max_position_embeddings'])")
 "$CASCADIA" bench "$M" -p 4 -n 4 -r 1 --membw-mib 0 -d "$trained" >/dev/null 2>"$WORK/err" \

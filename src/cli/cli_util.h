@@ -15,7 +15,7 @@ bool csd_cli_int(const char *cmd, const char *flag, const char *text, int64_t lo
                  int64_t *out);
 bool csd_cli_float(const char *cmd, const char *flag, const char *text, double lo, double hi,
                    double *out);
-/* Parses "1,2,3" into ids (csd_free *ids): decimal ids in [0, INT32_MAX] separated by a comma
+/* Parses "1,2,3" into ids (csd_free *ids): whole numbers in [0, INT32_MAX] separated by a comma
  * and/or blanks. An empty item (",," or a trailing comma), a sign or any other character is
  * refused with a message pointing at it; *ids stays NULL and *n 0. */
 bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids,

@@ -29,7 +29,7 @@ static const char *const bench_usage =
     "  -d, --depth N       tokens already in the cache before each pp/tg test (default 0), as\n"
     "                      llama-bench -d: the speed at a long context\n"
     "  -t, --threads N     threads (default: all cores)\n"
-    "  -r N                repetitions of each test (default 3)\n"
+    "  -r N                repetitions of each test (1 to 1000, default 3)\n"
     "  --json              one JSON object (a list with --concurrency) instead of the table\n"
     "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
     "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
@@ -80,62 +80,104 @@ static bool parse_levels(const char *text, csd_bench_args *a) {
     return ok;
 }
 
-/* Returns 0 to go on, -1 after --help, or the exit code. */
-static int parse_args(int argc, char **argv, csd_bench_args *a) {
+static void default_args(csd_bench_args *a) {
     memset(a, 0, sizeof *a);
     csd_model_opts_default(&a->model);
     csd_cli_fleet_init(&a->fleet);
     a->n_prompt = 512;
-    a->n_gen = -1;
+    a->n_gen = -1; /* 128, or 64 with --concurrency (finish_args) */
     a->reps = 3;
     a->seed = 42;
     a->membw_mib = 1024;
     a->peak_min_mib = 256;
     a->stream_prompt = 16;
+}
+
+/* A numeric flag of bench's own: 1 when f is one (value taken), 0 when not, -1 on a bad value. */
+static int parse_number_flag(const char *f, const char *value, csd_bench_args *a) {
+    const int64_t max = 1 << 20;
+    int64_t seed = 0, reps = 0;
+    const struct {
+        const char *flag;
+        int64_t lo, hi, *dst;
+    } flags[] = {
+        {"-p", 0, max, &a->n_prompt},
+        {"-n", 0, max, &a->n_gen},
+        {"-d", 0, max, &a->depth},
+        {"--depth", 0, max, &a->depth},
+        {"-r", 1, 1000, &reps},
+        {"--seed", 0, INT64_MAX, &seed},
+        {"--membw-mib", 0, max, &a->membw_mib},
+        {"--peak-min-mib", 0, max, &a->peak_min_mib},
+        {"--stream-prompt", 1, max, &a->stream_prompt},
+    };
+    for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
+        if (strcmp(f, flags[i].flag)) continue;
+        if (!csd_cli_int("bench", f, value, flags[i].lo, flags[i].hi, flags[i].dst)) return -1;
+        if (flags[i].dst == &reps) a->reps = (int)reps;
+        if (flags[i].dst == &seed) a->seed = (uint64_t)seed;
+        return 1;
+    }
+    return 0;
+}
+
+/* A flag with a value (or --insecure): 1 when taken (*takes: whether it used the value), -1 on a
+ * bad value or an unknown flag (message printed). */
+static int parse_flag(const char *f, const char *value, csd_bench_args *a, bool *takes) {
+    *takes = true;
+    if (!strcmp(f, "--concurrency")) {
+        if (value && parse_levels(value, a)) return 1;
+        if (!value) fprintf(stderr, "cascadia bench: --concurrency needs a value\n");
+        return -1;
+    }
+    int r = parse_number_flag(f, value, a);
+    if (r == 0) r = csd_cli_fleet_flag("bench", f, value, &a->fleet, takes);
+    if (r == 0)
+        r = csd_cli_model_flag("bench", !strcmp(f, "-t") ? "--threads" : f, value, &a->model);
+    if (r == 0) fprintf(stderr, "cascadia bench: unknown option '%s'\n%s", f, bench_usage);
+    return r == 1 ? 1 : -1;
+}
+
+/* What the flags need of each other, and the defaults that depend on them; false (message
+ * printed) when they do not fit. */
+static bool finish_args(csd_bench_args *a) {
+    if (!csd_cli_fleet_check("bench", &a->fleet)) return false;
+    if (a->fleet.fleet && a->model_dir) {
+        fprintf(stderr, "cascadia bench: give MODEL_DIR or --fleet/--manifest, not both\n");
+        return false;
+    }
+    if (!a->model_dir && !a->fleet.fleet) {
+        fprintf(stderr, "cascadia bench: MODEL_DIR (or --fleet/--manifest) is required\n%s",
+                bench_usage);
+        return false;
+    }
+    if (a->depth > 0 && (a->n_levels || a->fleet.fleet)) {
+        fprintf(stderr, "cascadia bench: --depth applies to the single-model pp/tg tests, not to "
+                        "--concurrency or --fleet\n");
+        return false;
+    }
+    if (a->n_gen < 0) a->n_gen = a->n_levels ? 64 : 128;
+    if (a->n_levels && a->n_gen < 2) {
+        fprintf(stderr, "cascadia bench: --concurrency needs -n >= 2\n");
+        return false;
+    }
+    return true;
+}
+
+/* Returns 0 to go on, -1 after --help, or the exit code. */
+static int parse_args(int argc, char **argv, csd_bench_args *a) {
+    default_args(a);
     for (int i = 1; i < argc; i++) {
-        const char *f = argv[i];
-        const char *value = i + 1 < argc ? argv[i + 1] : NULL;
-        int64_t v;
+        const char *f = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = false;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(bench_usage, stdout);
             return -1;
         } else if (!strcmp(f, "--json")) {
             a->json = true;
-        } else if (!strcmp(f, "-p") || !strcmp(f, "-n") || !strcmp(f, "-r") ||
-                   !strcmp(f, "--membw-mib") || !strcmp(f, "--peak-min-mib") ||
-                   !strcmp(f, "--seed") || !strcmp(f, "--stream-prompt") || !strcmp(f, "-d") ||
-                   !strcmp(f, "--depth")) {
-            int64_t hi = !strcmp(f, "--seed") ? INT64_MAX : 1 << 20;
-            int64_t lo = !strcmp(f, "-r") || !strcmp(f, "--stream-prompt") ? 1 : 0;
-            if (!csd_cli_int("bench", f, value, lo, hi, &v)) return 2;
-            if (!strcmp(f, "-p")) a->n_prompt = v;
-            else if (!strcmp(f, "-n")) a->n_gen = v;
-            else if (!strcmp(f, "-r")) a->reps = (int)(v < 1000 ? v : 1000);
-            else if (!strcmp(f, "--membw-mib")) a->membw_mib = v;
-            else if (!strcmp(f, "--peak-min-mib")) a->peak_min_mib = v;
-            else if (!strcmp(f, "--seed")) a->seed = (uint64_t)v;
-            else if (!strcmp(f, "-d") || !strcmp(f, "--depth")) a->depth = v;
-            else a->stream_prompt = v;
-            i++;
-        } else if (!strcmp(f, "--concurrency")) {
-            if (!value || !parse_levels(value, a)) return 2;
-            i++;
         } else if (f[0] == '-') {
-            bool takes = true;
-            int r = csd_cli_fleet_flag("bench", f, value, &a->fleet, &takes);
-            if (r == 1) {
-                i += takes;
-                continue;
-            }
-            if (r == 0)
-                r = csd_cli_model_flag("bench", !strcmp(f, "-t") ? "--threads" : f, value,
-                                       &a->model);
-            if (r < 0) return 2;
-            if (r == 0) {
-                fprintf(stderr, "cascadia bench: unknown option '%s'\n%s", f, bench_usage);
-                return 2;
-            }
-            i++;
+            if (parse_flag(f, value, a, &takes) < 0) return 2;
+            i += takes;
         } else if (!a->model_dir) {
             a->model_dir = f;
         } else {
@@ -143,27 +185,7 @@ static int parse_args(int argc, char **argv, csd_bench_args *a) {
             return 2;
         }
     }
-    if (!csd_cli_fleet_check("bench", &a->fleet)) return 2;
-    if (a->fleet.fleet && a->model_dir) {
-        fprintf(stderr, "cascadia bench: give MODEL_DIR or --fleet/--manifest, not both\n");
-        return 2;
-    }
-    if (!a->model_dir && !a->fleet.fleet) {
-        fprintf(stderr, "cascadia bench: MODEL_DIR (or --fleet/--manifest) is required\n%s",
-                bench_usage);
-        return 2;
-    }
-    if (a->depth > 0 && (a->n_levels || a->fleet.fleet)) {
-        fprintf(stderr, "cascadia bench: --depth applies to the single-model pp/tg tests, not to "
-                        "--concurrency or --fleet\n");
-        return 2;
-    }
-    if (a->n_gen < 0) a->n_gen = a->n_levels ? 64 : 128;
-    if (a->n_levels && a->n_gen < 2) {
-        fprintf(stderr, "cascadia bench: --concurrency needs -n >= 2\n");
-        return 2;
-    }
-    return 0;
+    return finish_args(a) ? 0 : 2;
 }
 
 /* What the single-model benchmark measured. */
