@@ -27,93 +27,110 @@ static bool is_ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A'
 
 static char other_case(char c) { return (char)(c >= 'a' && c <= 'z' ? c - 32 : c + 32); }
 
+/* The state of translate(): where it is in the pattern, and whether ASCII letters fold there. */
+typedef struct translator {
+    const char *p;
+    size_t n, i;
+    bool fold, in_class;
+    bool fold_stack[64]; /* fold outside each open group */
+    size_t depth;
+    csd_tok_buf *out;
+    csd_err *err;
+} translator;
+
+static int put(translator *t, const char *s, size_t len) { return csd_tok_buf_put(t->out, s, len); }
+
+/* A backslash escape at t->i (with at least one byte after the backslash). */
+static int translate_escape(translator *t) {
+    const char *at = t->p + t->i;
+    size_t left = t->n - t->i, len;
+    char e = at[1];
+    if (e == 's' || e == 'S') {
+        t->i += 2;
+        if (t->in_class && e == 'S')
+            return csd_err_set(t->err, CSD_EUNSUPPORTED, "pre-tokenizer regex: \\S inside a class");
+        if (t->in_class) return put(t, WS_CLASS_BODY, strlen(WS_CLASS_BODY));
+        if (e == 's') return put(t, "[" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 2);
+        return put(t, "[^" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 3);
+    }
+    if ((e == 'p' || e == 'P' || e == 'x') && left > 2 && at[2] == '{') {
+        /* \p{Name}, \x{HHHH}: copied whole, the name is not case-folded */
+        const char *close = memchr(at, '}', left);
+        len = close ? (size_t)(close - at) + 1 : left;
+    } else if ((e == 'p' || e == 'P') && left > 2) { /* \pL */
+        len = 3;
+    } else { /* any other escape, of one (UTF-8) character, is PCRE2's as well */
+        uint32_t cp;
+        len = 1 + csd_tok_utf8_next(at + 1, left - 1, &cp);
+    }
+    t->i += len;
+    return put(t, at, len);
+}
+
+/* One character inside [...]: a folded letter becomes both cases. */
+static int translate_class_char(translator *t) {
+    char c = t->p[t->i++];
+    if (c == ']') t->in_class = false;
+    if (!t->fold || !is_ascii_letter(c)) return put(t, &c, 1);
+    if (t->i < t->n && t->p[t->i] == '-')
+        return csd_err_set(t->err, CSD_EUNSUPPORTED,
+                           "pre-tokenizer regex: a range inside (?i:...)");
+    char two[2] = {c, other_case(c)};
+    return put(t, two, 2);
+}
+
+/* "[" at t->i, with a "^" and a literal leading "]" that may follow. */
+static int open_class(translator *t) {
+    t->in_class = true;
+    t->i++;
+    int rc = put(t, "[", 1);
+    if (!rc && t->i < t->n && t->p[t->i] == '^') {
+        rc = put(t, "^", 1);
+        t->i++;
+    }
+    if (!rc && t->i < t->n && t->p[t->i] == ']') { /* a leading ] is literal */
+        rc = put(t, "\\]", 2);
+        t->i++;
+    }
+    return rc;
+}
+
+/* Anything else outside a class: groups track folding, (?i: becomes (?:, a folded letter [xX]. */
+static int translate_char(translator *t) {
+    char c = t->p[t->i];
+    if (c == '(') {
+        if (t->depth == sizeof t->fold_stack / sizeof t->fold_stack[0])
+            return csd_err_set(t->err, CSD_EUNSUPPORTED, "pre-tokenizer regex nests too deeply");
+        t->fold_stack[t->depth++] = t->fold;
+        if (t->n - t->i >= 4 && memcmp(t->p + t->i, "(?i:", 4) == 0) {
+            t->fold = true;
+            t->i += 4;
+            return put(t, "(?:", 3);
+        }
+    } else if (c == ')' && t->depth > 0) {
+        t->fold = t->fold_stack[--t->depth];
+    }
+    t->i++;
+    if (!t->fold || !is_ascii_letter(c)) return put(t, &c, 1);
+    char cls[4] = {'[', c, other_case(c), ']'};
+    return put(t, cls, 4);
+}
+
 /* Rewrites an Oniguruma pattern for PCRE2: \s and \S become explicit White_Space classes, and
  * (?i:...) folds ASCII letters only (as the reference does) instead of full Unicode folding. */
 static int translate(const char *p, size_t n, csd_tok_buf *out, csd_err *err) {
-    bool fold_stack[64];
-    size_t depth = 0;
-    bool fold = false, in_class = false;
+    translator t = {.p = p, .n = n, .out = out, .err = err};
     int rc = 0;
-    for (size_t i = 0; i < n && !rc;) {
-        char c = p[i];
-        if (c == '\\' && i + 1 < n) {
-            char e = p[i + 1];
-            if (e == 's' || e == 'S') {
-                if (in_class && e == 'S')
-                    return csd_err_set(err, CSD_EUNSUPPORTED,
-                                       "pre-tokenizer regex: \\S inside a class");
-                if (in_class)
-                    rc = csd_tok_buf_put(out, WS_CLASS_BODY, strlen(WS_CLASS_BODY));
-                else if (e == 's')
-                    rc = csd_tok_buf_put(out, "[" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 2);
-                else
-                    rc = csd_tok_buf_put(out, "[^" WS_CLASS_BODY "]", strlen(WS_CLASS_BODY) + 3);
-                i += 2;
-            } else if ((e == 'p' || e == 'P' || e == 'x') && i + 2 < n && p[i + 2] == '{') {
-                /* \p{Name}, \x{HHHH}: copied whole, the name is not case-folded */
-                const char *close = memchr(p + i, '}', n - i);
-                size_t cl = close ? (size_t)(close - (p + i)) + 1 : n - i;
-                rc = csd_tok_buf_put(out, p + i, cl);
-                i += cl;
-            } else if ((e == 'p' || e == 'P') && i + 2 < n) { /* \pL */
-                rc = csd_tok_buf_put(out, p + i, 3);
-                i += 3;
-            } else {
-                uint32_t cp;
-                size_t cl = 1 + csd_tok_utf8_next(p + i + 1, n - i - 1, &cp);
-                rc = csd_tok_buf_put(out, p + i, cl);
-                i += cl;
-            }
-            continue;
-        }
-        if (in_class) {
-            if (c == ']') in_class = false;
-            if (fold && is_ascii_letter(c)) {
-                if (i + 1 < n && p[i + 1] == '-')
-                    return csd_err_set(err, CSD_EUNSUPPORTED,
-                                       "pre-tokenizer regex: a range inside (?i:...)");
-                char two[2] = {c, other_case(c)};
-                rc = csd_tok_buf_put(out, two, 2);
-            } else {
-                rc = csd_tok_buf_put(out, &c, 1);
-            }
-            i++;
-            continue;
-        }
-        if (c == '[') {
-            in_class = true;
-            rc = csd_tok_buf_put(out, "[", 1);
-            i++;
-            if (i < n && p[i] == '^') {
-                rc = rc ? rc : csd_tok_buf_put(out, "^", 1);
-                i++;
-            }
-            if (i < n && p[i] == ']') { /* a leading ] is literal */
-                rc = rc ? rc : csd_tok_buf_put(out, "\\]", 2);
-                i++;
-            }
-            continue;
-        }
-        if (c == '(') {
-            if (depth == sizeof fold_stack / sizeof fold_stack[0])
-                return csd_err_set(err, CSD_EUNSUPPORTED, "pre-tokenizer regex nests too deeply");
-            fold_stack[depth++] = fold;
-            if (n - i >= 4 && memcmp(p + i, "(?i:", 4) == 0) {
-                fold = true;
-                rc = csd_tok_buf_put(out, "(?:", 3);
-                i += 4;
-                continue;
-            }
-        } else if (c == ')' && depth > 0) {
-            fold = fold_stack[--depth];
-        }
-        if (fold && is_ascii_letter(c)) {
-            char cls[4] = {'[', c, other_case(c), ']'};
-            rc = csd_tok_buf_put(out, cls, 4);
-        } else {
-            rc = csd_tok_buf_put(out, &c, 1);
-        }
-        i++;
+    while (t.i < n && !rc) {
+        char c = p[t.i];
+        if (c == '\\' && t.i + 1 < n)
+            rc = translate_escape(&t);
+        else if (t.in_class)
+            rc = translate_class_char(&t);
+        else if (c == '[')
+            rc = open_class(&t);
+        else
+            rc = translate_char(&t);
     }
     return rc;
 }
