@@ -224,6 +224,76 @@ static bool str_contains(csd_chat_val hay, csd_chat_val needle) {
     return memmem(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
 }
 
+/* l ** r on numbers (and booleans), as the reference computes it. */
+static csd_chat_val eval_pow(csd_chat_rt *rt, csd_chat_val l, csd_chat_val r, uint32_t pos) {
+    double a = num_of(l), b = num_of(r);
+    if (a == 0 && b < 0) RAISE(rt, pos, "0.0 cannot be raised to a negative power");
+    double res = pow(a, b);
+    /* JS differs from C pow only where the base is +-1 and the exponent is not finite */
+    if ((a == 1 || a == -1) && !isfinite(b)) res = NAN;
+    if (!isfinite(res)) RAISE(rt, pos, "exponentiation result is not a finite real number");
+    bool isf = l.type == CSD_CHAT_V_FLOAT || r.type == CSD_CHAT_V_FLOAT || b < 0;
+    return isf ? csd_chat_v_float(res) : csd_chat_v_int(res);
+}
+
+static csd_chat_val number(double v, bool isf) {
+    return isf ? csd_chat_v_float(v) : csd_chat_v_int(v);
+}
+
+/* Arithmetic and comparison of two numbers; undefined for an operator numbers do not have. An int
+ * result stays an int unless a float took part (division always gives a float). */
+static csd_chat_val eval_numeric(int op, csd_chat_val l, csd_chat_val r) {
+    double a = l.u.num, b = r.u.num;
+    bool isf = l.type == CSD_CHAT_V_FLOAT || r.type == CSD_CHAT_V_FLOAT;
+    switch (op) {
+    case CSD_CHAT_OP_ADD:
+        return number(a + b, isf);
+    case CSD_CHAT_OP_SUB:
+        return number(a - b, isf);
+    case CSD_CHAT_OP_MUL:
+        return number(a * b, isf);
+    case CSD_CHAT_OP_DIV:
+        return number(a / b, true);
+    case CSD_CHAT_OP_FLOORDIV:
+        return number(floor(a / b), isf);
+    case CSD_CHAT_OP_MOD:
+        return number(fmod(a, b), isf);
+    case CSD_CHAT_OP_LT:
+        return csd_chat_v_bool(a < b);
+    case CSD_CHAT_OP_GT:
+        return csd_chat_v_bool(a > b);
+    case CSD_CHAT_OP_GE:
+        return csd_chat_v_bool(a >= b);
+    case CSD_CHAT_OP_LE:
+        return csd_chat_v_bool(a <= b);
+    default:
+        return csd_chat_v_undef();
+    }
+}
+
+static csd_chat_val join_arrays(csd_chat_rt *rt, csd_chat_val l, csd_chat_val r) {
+    size_t na = l.u.arr->n, nb = r.u.arr->n;
+    csd_chat_val v = csd_chat_v_arr(rt->arena, na + nb);
+    if (na) memcpy(v.u.arr->items, l.u.arr->items, na * sizeof(csd_chat_val));
+    if (nb) memcpy(v.u.arr->items + na, r.u.arr->items, nb * sizeof(csd_chat_val));
+    return v;
+}
+
+static bool is_membership(int op) { return op == CSD_CHAT_OP_IN || op == CSD_CHAT_OP_NOTIN; }
+
+/* l in r for an array r (strict equality), a string r (substring) or an object r (a key). */
+static csd_chat_val eval_membership(int op, csd_chat_val l, csd_chat_val r) {
+    bool in = false;
+    if (r.type == CSD_CHAT_V_ARR)
+        for (size_t i = 0; i < r.u.arr->n && !in; i++)
+            in = csd_chat_strict_eq(r.u.arr->items[i], l);
+    else if (r.type == CSD_CHAT_V_STR)
+        in = str_contains(r, l);
+    else
+        in = csd_chat_obj_get(r.u.obj, l.u.s.p, l.u.s.n) != NULL;
+    return csd_chat_v_bool(op == CSD_CHAT_OP_IN ? in : !in);
+}
+
 static csd_chat_val eval_binary(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *s) {
     csd_chat_val l = csd_chat_eval(rt, n->a, s);
     int op = n->op;
@@ -233,72 +303,28 @@ static csd_chat_val eval_binary(csd_chat_rt *rt, const csd_chat_node *n, csd_cha
     if (op == CSD_CHAT_OP_EQ) return csd_chat_v_bool(csd_chat_loose_eq(rt->arena, l, r, n->pos));
     if (op == CSD_CHAT_OP_NE) return csd_chat_v_bool(!csd_chat_loose_eq(rt->arena, l, r, n->pos));
     if (l.type == CSD_CHAT_V_UNDEF || r.type == CSD_CHAT_V_UNDEF) {
-        if (r.type == CSD_CHAT_V_UNDEF && (op == CSD_CHAT_OP_IN || op == CSD_CHAT_OP_NOTIN))
+        if (r.type == CSD_CHAT_V_UNDEF && is_membership(op))
             return csd_chat_v_bool(op == CSD_CHAT_OP_NOTIN);
         RAISE(rt, n->pos, "cannot perform operation %s on undefined values", csd_chat_op_name(op));
-    } else if (l.type == CSD_CHAT_V_NULL || r.type == CSD_CHAT_V_NULL) {
+    }
+    if (l.type == CSD_CHAT_V_NULL || r.type == CSD_CHAT_V_NULL)
         RAISE(rt, n->pos, "cannot perform operation %s on null values", csd_chat_op_name(op));
-    } else if (op == CSD_CHAT_OP_CONCAT) {
-        return concat(rt, l, r, n->pos);
-    } else if (op == CSD_CHAT_OP_POW && numeric_like(l) && numeric_like(r)) {
-        double a = num_of(l), b = num_of(r);
-        if (a == 0 && b < 0) RAISE(rt, n->pos, "0.0 cannot be raised to a negative power");
-        double res = pow(a, b);
-        /* JS differs from C pow only where the base is +-1 and the exponent is not finite */
-        if ((a == 1 || a == -1) && !isfinite(b)) res = NAN;
-        if (!isfinite(res)) RAISE(rt, n->pos, "exponentiation result is not a finite real number");
-        bool isf = l.type == CSD_CHAT_V_FLOAT || r.type == CSD_CHAT_V_FLOAT || b < 0;
-        return isf ? csd_chat_v_float(res) : csd_chat_v_int(res);
-    } else if (is_num(l) && is_num(r)) {
-        double a = l.u.num, b = r.u.num;
-        bool isf = l.type == CSD_CHAT_V_FLOAT || r.type == CSD_CHAT_V_FLOAT;
-        switch (op) {
-        case CSD_CHAT_OP_ADD: return isf ? csd_chat_v_float(a + b) : csd_chat_v_int(a + b);
-        case CSD_CHAT_OP_SUB: return isf ? csd_chat_v_float(a - b) : csd_chat_v_int(a - b);
-        case CSD_CHAT_OP_MUL: return isf ? csd_chat_v_float(a * b) : csd_chat_v_int(a * b);
-        case CSD_CHAT_OP_DIV: return csd_chat_v_float(a / b);
-        case CSD_CHAT_OP_FLOORDIV: {
-            double q = floor(a / b);
-            return isf ? csd_chat_v_float(q) : csd_chat_v_int(q);
-        }
-        case CSD_CHAT_OP_MOD: {
-            double m = fmod(a, b);
-            return isf ? csd_chat_v_float(m) : csd_chat_v_int(m);
-        }
-        case CSD_CHAT_OP_LT: return csd_chat_v_bool(a < b);
-        case CSD_CHAT_OP_GT: return csd_chat_v_bool(a > b);
-        case CSD_CHAT_OP_GE: return csd_chat_v_bool(a >= b);
-        case CSD_CHAT_OP_LE: return csd_chat_v_bool(a <= b);
-        default: break;
-        }
+    if (op == CSD_CHAT_OP_CONCAT) return concat(rt, l, r, n->pos);
+    if (op == CSD_CHAT_OP_POW && numeric_like(l) && numeric_like(r))
+        return eval_pow(rt, l, r, n->pos);
+    if (is_num(l) && is_num(r)) {
+        csd_chat_val v = eval_numeric(op, l, r);
+        if (v.type != CSD_CHAT_V_UNDEF) return v;
     } else if (l.type == CSD_CHAT_V_ARR && r.type == CSD_CHAT_V_ARR) {
-        if (op == CSD_CHAT_OP_ADD) {
-            size_t na = l.u.arr->n, nb = r.u.arr->n;
-            csd_chat_val v = csd_chat_v_arr(rt->arena, na + nb);
-            if (na) memcpy(v.u.arr->items, l.u.arr->items, na * sizeof(csd_chat_val));
-            if (nb) memcpy(v.u.arr->items + na, r.u.arr->items, nb * sizeof(csd_chat_val));
-            return v;
-        }
-    } else if (r.type == CSD_CHAT_V_ARR) {
-        if (op == CSD_CHAT_OP_IN || op == CSD_CHAT_OP_NOTIN) {
-            bool member = false;
-            for (size_t i = 0; i < r.u.arr->n && !member; i++)
-                member = csd_chat_strict_eq(r.u.arr->items[i], l);
-            return csd_chat_v_bool(op == CSD_CHAT_OP_IN ? member : !member);
-        }
+        if (op == CSD_CHAT_OP_ADD) return join_arrays(rt, l, r);
+    } else if (r.type == CSD_CHAT_V_ARR && is_membership(op)) {
+        return eval_membership(op, l, r);
     }
     if ((l.type == CSD_CHAT_V_STR || r.type == CSD_CHAT_V_STR) && op == CSD_CHAT_OP_ADD)
         return concat(rt, l, r, n->pos);
-    if (l.type == CSD_CHAT_V_STR && r.type == CSD_CHAT_V_STR &&
-        (op == CSD_CHAT_OP_IN || op == CSD_CHAT_OP_NOTIN)) {
-        bool in = str_contains(r, l);
-        return csd_chat_v_bool(op == CSD_CHAT_OP_IN ? in : !in);
-    }
-    if (l.type == CSD_CHAT_V_STR && r.type == CSD_CHAT_V_OBJ &&
-        (op == CSD_CHAT_OP_IN || op == CSD_CHAT_OP_NOTIN)) {
-        bool in = csd_chat_obj_get(r.u.obj, l.u.s.p, l.u.s.n) != NULL;
-        return csd_chat_v_bool(op == CSD_CHAT_OP_IN ? in : !in);
-    }
+    if (is_membership(op) && l.type == CSD_CHAT_V_STR &&
+        (r.type == CSD_CHAT_V_STR || r.type == CSD_CHAT_V_OBJ))
+        return eval_membership(op, l, r);
     RAISE(rt, n->pos, "unknown operator \"%s\" between %s and %s", csd_chat_op_name(op),
           csd_chat_type_name(l.type), csd_chat_type_name(r.type));
 }

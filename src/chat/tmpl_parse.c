@@ -473,36 +473,79 @@ static csd_chat_node *parse_expression(parser *P) {
     return x;
 }
 
+/* JS Number(): any digit count is fine (huge values become 1e+63 or Infinity). */
+static csd_chat_node *parse_number(parser *P, const csd_chat_tok *tk) {
+    char *buf = csd_chat_arena_strndup(P->a, tk->p, tk->n);
+    csd_chat_node *x =
+        mk(P, memchr(tk->p, '.', tk->n) ? CSD_CHAT_N_FLOAT : CSD_CHAT_N_INT, tk->pos);
+    x->num = strtod(buf, NULL);
+    return x;
+}
+
+/* A string literal; adjacent ones are joined ("a" "b" is "ab"). */
+static csd_chat_node *parse_string(parser *P, const csd_chat_tok *tk) {
+    csd_chat_node *x = mk(P, CSD_CHAT_N_STR, tk->pos);
+    if (!is(P, CSD_CHAT_T_STR)) {
+        x->s = tk->p;
+        x->slen = tk->n;
+        return x;
+    }
+    csd_chat_buf b;
+    csd_chat_buf_init(&b, P->a, SIZE_MAX / 2);
+    csd_chat_buf_put(&b, tk->p, tk->n);
+    while (is(P, CSD_CHAT_T_STR)) {
+        csd_chat_buf_put(&b, P->t[P->cur].p, P->t[P->cur].n);
+        P->cur++;
+    }
+    x->s = b.p ? b.p : "";
+    x->slen = b.len;
+    return x;
+}
+
+/* [a, b, ...] after the "[" (commas optional, as in the reference). */
+static csd_chat_node *parse_array(parser *P, const csd_chat_tok *tk) {
+    enter(P);
+    csd_chat_node *x = mk(P, CSD_CHAT_N_ARRAY, tk->pos);
+    nvec v = {0};
+    while (!is(P, CSD_CHAT_T_RBRACKET)) {
+        nv_push(P, &v, parse_expression(P));
+        if (is(P, CSD_CHAT_T_COMMA)) P->cur++;
+    }
+    P->cur++;
+    set_list(x, &v);
+    leave(P);
+    return x;
+}
+
+/* {key: value, ...} after the "{": the list holds keys and values in turn. */
+static csd_chat_node *parse_object(parser *P, const csd_chat_tok *tk) {
+    enter(P);
+    csd_chat_node *x = mk(P, CSD_CHAT_N_OBJECT, tk->pos);
+    nvec v = {0};
+    while (!is(P, CSD_CHAT_T_RBRACE)) {
+        nv_push(P, &v, parse_expression(P));
+        expect(P, CSD_CHAT_T_COLON, "':' between key and value in object literal");
+        nv_push(P, &v, parse_expression(P));
+        if (is(P, CSD_CHAT_T_COMMA)) P->cur++;
+    }
+    P->cur++;
+    set_list(x, &v);
+    leave(P);
+    return x;
+}
+
 static csd_chat_node *parse_primary(parser *P) {
     if (P->cur >= P->n) perr(P, "expected an expression", NULL);
     const csd_chat_tok *tk = &P->t[P->cur++];
     switch (tk->type) {
-    case CSD_CHAT_T_NUM: {
-        /* JS Number(): any digit count is fine (huge values become 1e+63 or Infinity) */
-        char *buf = csd_chat_arena_strndup(P->a, tk->p, tk->n);
-        csd_chat_node *x =
-            mk(P, memchr(tk->p, '.', tk->n) ? CSD_CHAT_N_FLOAT : CSD_CHAT_N_INT, tk->pos);
-        x->num = strtod(buf, NULL);
-        return x;
-    }
-    case CSD_CHAT_T_STR: {
-        csd_chat_node *x = mk(P, CSD_CHAT_N_STR, tk->pos);
-        if (!is(P, CSD_CHAT_T_STR)) {
-            x->s = tk->p;
-            x->slen = tk->n;
-            return x;
-        }
-        csd_chat_buf b;
-        csd_chat_buf_init(&b, P->a, SIZE_MAX / 2);
-        csd_chat_buf_put(&b, tk->p, tk->n);
-        while (is(P, CSD_CHAT_T_STR)) {
-            csd_chat_buf_put(&b, P->t[P->cur].p, P->t[P->cur].n);
-            P->cur++;
-        }
-        x->s = b.p ? b.p : "";
-        x->slen = b.len;
-        return x;
-    }
+    case CSD_CHAT_T_NUM:
+        return parse_number(P, tk);
+    case CSD_CHAT_T_STR:
+        return parse_string(P, tk);
+    case CSD_CHAT_T_LBRACKET:
+        return parse_array(P, tk);
+    case CSD_CHAT_T_LBRACE:
+        return parse_object(P, tk);
     case CSD_CHAT_T_IDENT: {
         csd_chat_node *x = mk(P, CSD_CHAT_N_IDENT, tk->pos);
         x->s = tk->p;
@@ -513,34 +556,6 @@ static csd_chat_node *parse_primary(parser *P) {
         enter(P);
         csd_chat_node *x = parse_sequence(P, false);
         expect(P, CSD_CHAT_T_RPAREN, "')'");
-        leave(P);
-        return x;
-    }
-    case CSD_CHAT_T_LBRACKET: {
-        enter(P);
-        csd_chat_node *x = mk(P, CSD_CHAT_N_ARRAY, tk->pos);
-        nvec v = {0};
-        while (!is(P, CSD_CHAT_T_RBRACKET)) {
-            nv_push(P, &v, parse_expression(P));
-            if (is(P, CSD_CHAT_T_COMMA)) P->cur++;
-        }
-        P->cur++;
-        set_list(x, &v);
-        leave(P);
-        return x;
-    }
-    case CSD_CHAT_T_LBRACE: {
-        enter(P);
-        csd_chat_node *x = mk(P, CSD_CHAT_N_OBJECT, tk->pos);
-        nvec v = {0};
-        while (!is(P, CSD_CHAT_T_RBRACE)) {
-            nv_push(P, &v, parse_expression(P));
-            expect(P, CSD_CHAT_T_COLON, "':' between key and value in object literal");
-            nv_push(P, &v, parse_expression(P));
-            if (is(P, CSD_CHAT_T_COMMA)) P->cur++;
-        }
-        P->cur++;
-        set_list(x, &v);
         leave(P);
         return x;
     }
@@ -581,87 +596,105 @@ static void expect_end(parser *P, const char *name) {
     expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
 }
 
+/* {% set target = value %} or the block form {% set target %}...{% endset %} (after "set"). */
+static csd_chat_node *parse_set(parser *P, uint32_t pos) {
+    csd_chat_node *x = mk(P, CSD_CHAT_N_SET, pos);
+    x->a = parse_sequence(P, false);
+    if (is(P, CSD_CHAT_T_EQUALS)) {
+        P->cur++;
+        x->b = parse_sequence(P, false);
+    } else {
+        expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+        nvec body = {0};
+        parse_body(P, &body, (const char *const[]){"endset", NULL}, "{% endset %}");
+        set_list(x, &body);
+        expect(P, CSD_CHAT_T_OPEN_STMT, "'{%'");
+        expect_ident(P, "endset");
+    }
+    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+    return x;
+}
+
+/* {% macro name(params) %}...{% endmacro %} (after "macro"). */
+static csd_chat_node *parse_macro(parser *P, uint32_t pos) {
+    csd_chat_node *x = mk(P, CSD_CHAT_N_MACRO, pos);
+    csd_chat_node *name = parse_primary(P);
+    if (name->kind != CSD_CHAT_N_IDENT)
+        csd_chat_raise(P->a->fail, CSD_EFORMAT, name->pos, "expected identifier after macro");
+    x->s = name->s;
+    x->slen = name->slen;
+    nvec params = {0}, body = {0};
+    parse_args(P, &params, true);
+    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+    parse_body(P, &body, (const char *const[]){"endmacro", NULL}, "{% endmacro %}");
+    set_list(x, &body);
+    set_list2(x, &params);
+    expect_end(P, "endmacro");
+    return x;
+}
+
+/* {% for target in iterable %}...[{% else %}...]{% endfor %} (after "for"). */
+static csd_chat_node *parse_for(parser *P, uint32_t pos) {
+    csd_chat_node *x = mk(P, CSD_CHAT_N_FOR, pos);
+    x->a = parse_sequence(P, true);
+    if (x->a->kind != CSD_CHAT_N_IDENT && x->a->kind != CSD_CHAT_N_TUPLE)
+        csd_chat_raise(P->a->fail, CSD_EFORMAT, x->a->pos,
+                       "expected identifier/tuple for the loop variable");
+    if (!is_ident(P, "in")) perr(P, "expected `in` keyword following loop variable", NULL);
+    P->cur++;
+    x->b = parse_expression(P);
+    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+    nvec body = {0}, alt = {0};
+    parse_body(P, &body, (const char *const[]){"endfor", "else", NULL}, "{% endfor %}");
+    if (is_statement(P, (const char *const[]){"else", NULL})) {
+        P->cur += 2;
+        expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+        parse_body(P, &alt, (const char *const[]){"endfor", NULL}, "{% endfor %}");
+    }
+    set_list(x, &body);
+    set_list2(x, &alt);
+    expect_end(P, "endfor");
+    return x;
+}
+
+/* {% filter name[(args)] %}...{% endfilter %} (after "filter"). */
+static csd_chat_node *parse_filter_block(parser *P, uint32_t pos) {
+    csd_chat_node *x = mk(P, CSD_CHAT_N_FILTER_STMT, pos);
+    csd_chat_node *f = parse_primary(P);
+    if (f->kind == CSD_CHAT_N_IDENT && is(P, CSD_CHAT_T_LPAREN)) f = parse_call(P, f);
+    x->b = f;
+    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+    nvec body = {0};
+    parse_body(P, &body, (const char *const[]){"endfilter", NULL}, "{% endfilter %}");
+    set_list(x, &body);
+    expect_end(P, "endfilter");
+    return x;
+}
+
 static csd_chat_node *parse_statement(parser *P) {
     const csd_chat_tok *open = expect(P, CSD_CHAT_T_OPEN_STMT, "'{%'");
     if (!is(P, CSD_CHAT_T_IDENT)) perr(P, "unknown statement", NULL);
     const csd_chat_tok *nt = &P->t[P->cur];
     uint32_t pos = open->pos;
-    csd_chat_node *x;
-    if (tok_is_ident(nt, "set")) {
-        P->cur++;
-        x = mk(P, CSD_CHAT_N_SET, pos);
-        x->a = parse_sequence(P, false);
-        if (is(P, CSD_CHAT_T_EQUALS)) {
-            P->cur++;
-            x->b = parse_sequence(P, false);
-        } else {
-            expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-            nvec body = {0};
-            parse_body(P, &body, (const char *const[]){"endset", NULL}, "{% endset %}");
-            set_list(x, &body);
-            expect(P, CSD_CHAT_T_OPEN_STMT, "'{%'");
-            expect_ident(P, "endset");
-        }
-        expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-    } else if (tok_is_ident(nt, "if")) {
-        P->cur++;
-        x = parse_if(P, pos);
-        expect_end(P, "endif");
-    } else if (tok_is_ident(nt, "macro")) {
-        P->cur++;
-        x = mk(P, CSD_CHAT_N_MACRO, pos);
-        csd_chat_node *name = parse_primary(P);
-        if (name->kind != CSD_CHAT_N_IDENT)
-            csd_chat_raise(P->a->fail, CSD_EFORMAT, name->pos, "expected identifier after macro");
-        x->s = name->s;
-        x->slen = name->slen;
-        nvec params = {0}, body = {0};
-        parse_args(P, &params, true);
-        expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-        parse_body(P, &body, (const char *const[]){"endmacro", NULL}, "{% endmacro %}");
-        set_list(x, &body);
-        set_list2(x, &params);
-        expect_end(P, "endmacro");
-    } else if (tok_is_ident(nt, "for")) {
-        P->cur++;
-        x = mk(P, CSD_CHAT_N_FOR, pos);
-        x->a = parse_sequence(P, true);
-        if (x->a->kind != CSD_CHAT_N_IDENT && x->a->kind != CSD_CHAT_N_TUPLE)
-            csd_chat_raise(P->a->fail, CSD_EFORMAT, x->a->pos,
-                           "expected identifier/tuple for the loop variable");
-        if (!is_ident(P, "in")) perr(P, "expected `in` keyword following loop variable", NULL);
-        P->cur++;
-        x->b = parse_expression(P);
-        expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-        nvec body = {0}, alt = {0};
-        parse_body(P, &body, (const char *const[]){"endfor", "else", NULL}, "{% endfor %}");
-        if (is_statement(P, (const char *const[]){"else", NULL})) {
-            P->cur += 2;
-            expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-            parse_body(P, &alt, (const char *const[]){"endfor", NULL}, "{% endfor %}");
-        }
-        set_list(x, &body);
-        set_list2(x, &alt);
-        expect_end(P, "endfor");
-    } else if (tok_is_ident(nt, "break") || tok_is_ident(nt, "continue")) {
-        x = mk(P, tok_is_ident(nt, "break") ? CSD_CHAT_N_BREAK : CSD_CHAT_N_CONTINUE, pos);
+    if (tok_is_ident(nt, "break") || tok_is_ident(nt, "continue")) {
+        csd_chat_node *x =
+            mk(P, tok_is_ident(nt, "break") ? CSD_CHAT_N_BREAK : CSD_CHAT_N_CONTINUE, pos);
         P->cur++;
         expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-    } else if (tok_is_ident(nt, "filter")) {
-        P->cur++;
-        x = mk(P, CSD_CHAT_N_FILTER_STMT, pos);
-        csd_chat_node *f = parse_primary(P);
-        if (f->kind == CSD_CHAT_N_IDENT && is(P, CSD_CHAT_T_LPAREN)) f = parse_call(P, f);
-        x->b = f;
-        expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-        nvec body = {0};
-        parse_body(P, &body, (const char *const[]){"endfilter", NULL}, "{% endfilter %}");
-        set_list(x, &body);
-        expect_end(P, "endfilter");
-    } else {
-        perr(P, "unknown or unsupported statement", NULL);
+        return x;
     }
-    return x;
+    P->cur++; /* the keyword */
+    if (tok_is_ident(nt, "set")) return parse_set(P, pos);
+    if (tok_is_ident(nt, "macro")) return parse_macro(P, pos);
+    if (tok_is_ident(nt, "for")) return parse_for(P, pos);
+    if (tok_is_ident(nt, "filter")) return parse_filter_block(P, pos);
+    if (tok_is_ident(nt, "if")) {
+        csd_chat_node *x = parse_if(P, pos);
+        expect_end(P, "endif");
+        return x;
+    }
+    P->cur--; /* the error points at the keyword */
+    perr(P, "unknown or unsupported statement", NULL);
 }
 
 static csd_chat_node *parse_any(parser *P) {
