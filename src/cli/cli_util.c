@@ -77,10 +77,10 @@ bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_
     while (ok && *p) {
         ok = parse_id(&p, &out[*n]) && (*p == '\0' || *p == ' ' || *p == ',') && skip_separator(&p);
         if (!ok)
-            fprintf(
-                stderr,
-                "cascadia %s: %s expects whole numbers (0 to %d) separated by commas: '%s' at '%s'\n",
-                cmd, flag, INT32_MAX, text, p);
+            fprintf(stderr,
+                    "cascadia %s: %s expects whole numbers (0 to %d) separated by commas: "
+                    "'%s' at '%s'\n",
+                    cmd, flag, INT32_MAX, text, p);
         *n += ok;
     }
     if (ok && *n == 0) {
