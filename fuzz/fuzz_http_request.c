@@ -20,6 +20,8 @@ static void check(const csd_http_req *r, const uint8_t *data, size_t size) {
         r->n_stop < 0 || r->n_stop > CSD_HTTP_MAX_STOP || r->top_logprobs < 0 ||
         r->top_logprobs > CSD_HTTP_MAX_TOP_LOGPROBS || (r->top_logprobs > 0 && !r->logprobs))
         __builtin_trap();
+    /* what the parser accepts, the sampler accepts (logit_bias ids inside the vocabulary) */
+    if (csd_sampler_params_check(sp, 5000, NULL) != 0) __builtin_trap();
     if (r->kind == CSD_HTTP_KIND_CHAT) {
         if (!json_is_array(r->messages) || json_array_size(r->messages) == 0) __builtin_trap();
     } else if (!r->prompt == !r->prompt_ids) {

@@ -224,6 +224,52 @@ assert st == 405, err
 PY
 echo "ok   /tokenize and /detokenize"
 
+# --- logit_bias: +100 forces a token, -100 bans one, through the whole server ---
+/usr/bin/python3 - "$BASE" "$CASCADIA" <<'PY' || fail "logit_bias"
+import json, subprocess, sys, urllib.error, urllib.request
+base, cascadia = sys.argv[1], sys.argv[2]
+def post(path, body):
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": "Bearer secret"})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e)
+text = "Once upon a time"
+greedy = {"prompt": text, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+st, plain = post("/v1/completions", greedy)
+assert st == 200, plain
+forced = post("/tokenize", {"content": " time"})[1]["tokens"][-1]
+st, out = post("/v1/completions", dict(greedy, logit_bias={str(forced): 100}))
+def forced_text(n):  # a text's first piece loses its leading space when detokenized alone
+    return post("/detokenize", {"tokens": [forced] * n})[1]["content"].strip()
+want = forced_text(6)
+assert st == 200 and out["choices"][0]["text"].strip() == want and out["usage"]["completion_tokens"] == 6, (out, want)
+# ban the greedy token: the runner-up comes instead (both from `cascadia logits` on the same ids)
+ids = post("/tokenize", {"prompt": text})[1]["tokens"]
+top = subprocess.run([cascadia, "logits", "tiny", "--ids", ",".join(map(str, ids)), "--top", "2"],
+                     capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+best, runner_up = [int(kv.split("=")[0]) for kv in top.split(": ", 1)[1].split()]
+def piece(i):
+    return post("/detokenize", {"tokens": [i]})[1]["content"].strip()
+first = {"prompt": ids, "max_tokens": 1, "temperature": 0}
+st, unbiased = post("/v1/completions", first)
+assert st == 200 and unbiased["choices"][0]["text"].strip() == piece(best), (unbiased, top)
+assert piece(best) != piece(runner_up), top  # else the check below proves nothing
+st, banned = post("/v1/completions", dict(first, logit_bias={str(best): -100}))
+assert st == 200 and banned["choices"][0]["text"].strip() == piece(runner_up), (banned, top)
+# chat requests take it too
+st, chat = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                         "max_tokens": 3, "temperature": 0, "ignore_eos": True,
+                                         "logit_bias": {str(forced): 100}})
+assert st == 200 and chat["choices"][0]["message"]["content"].strip() == forced_text(3), chat
+st, err = post("/v1/completions", dict(greedy, logit_bias={"99999999": 1}))
+assert st == 400 and err["error"]["param"] == "logit_bias", err
+PY
+echo "ok   logit_bias"
+
 # --- SIGTERM shuts down cleanly ---
 kill -TERM "$PID_main"
 for _ in $(seq 1 100); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; done

@@ -182,6 +182,21 @@ for i in $(seq 1 8); do
 done
 echo "ok: 8 concurrent requests over 2 replicas, identical answers"; passed=$((passed + 1))
 grep -q "2 micro-batch(es) in flight (--micro-batches)" "$WORK/serve.log" || fail "--micro-batches 2 not applied"
+# greedy with a logit_bias: the last stage must send the logits back, not its own argmax
+/usr/bin/python3 - "http://127.0.0.1:$port" <<'PY' || fail "logit_bias through the fleet"
+import json, sys, urllib.request
+def post(path, body):
+    req = urllib.request.Request(sys.argv[1] + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+forced = post("/tokenize", {"content": " time"})["tokens"][-1]
+want = post("/detokenize", {"tokens": [forced] * 4})["content"].strip()
+got = post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
+                               "ignore_eos": True, "logit_bias": {str(forced): 100}})
+assert got["choices"][0]["text"].strip() == want, (got, want)
+PY
+echo "ok: logit_bias forces a token through the fleet"; passed=$((passed + 1))
 # different prompts and seeds, sampled: each alone, then all at once (batched with each other in
 # every stage): a user's answer never depends on who else is served
 ask() { curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \

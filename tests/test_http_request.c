@@ -350,6 +350,60 @@ static void test_completion_errors(void **state) {
     expect_error(COMP, "{\"prompt\":\"x\",\"n\":2}", 400, "n");
 }
 
+/* logit_bias: token-id keys (vocab 1000 here) with biases in [-100, 100], as OpenAI. */
+static void test_logit_bias(void **state) {
+    (void)state;
+    csd_http_req r;
+    csd_http_error e;
+    assert_int_equal(
+        parse(&r, CHAT, "{" MSGS ",\"logit_bias\":{\"5\":-100,\"999\":2.5,\"0\":100}}", &e), 0);
+    assert_int_equal(r.sampling.n_logit_bias, 3);
+    float want[1000] = {0}, got[1000] = {0};
+    want[5] = -100, want[999] = 2.5f, want[0] = 100;
+    for (int i = 0; i < r.sampling.n_logit_bias; i++)
+        got[r.sampling.logit_bias[i].id] = r.sampling.logit_bias[i].bias;
+    assert_memory_equal(got, want, sizeof want);
+    csd_http_req_fini(&r);
+    assert_int_equal(parse(&r, COMP, "{\"prompt\":\"x\",\"logit_bias\":{}}", &e), 0);
+    assert_int_equal(r.sampling.n_logit_bias, 0);
+    csd_http_req_fini(&r);
+    expect_chat_error("\"logit_bias\":[1]", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"1000\":1}", "logit_bias"); /* outside the vocabulary */
+    expect_chat_error("\"logit_bias\":{\"-1\":1}", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"01\":1}", "logit_bias"); /* would alias "1" */
+    expect_chat_error("\"logit_bias\":{\"1x\":1}", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"\":1}", "logit_bias");
+    /* a NUL in a key: jansson refuses the body (invalid_json) before any field is read */
+    expect_error(CHAT, "{" MSGS ",\"logit_bias\":{\"1\\u0000\":1}}", 400, "");
+    expect_chat_error("\"logit_bias\":{\"99999999999\":1}", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"1\":100.5}", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"1\":-101}", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"1\":\"5\"}", "logit_bias");
+    expect_chat_error("\"logit_bias\":{\"1\":null}", "logit_bias");
+    expect_error(COMP, "{\"prompt\":\"x\",\"logit_bias\":{\"1000\":1}}", 400, "logit_bias");
+    /* as many tokens as the sampler holds, and one more (vocab unknown: 0) */
+    for (int extra = 0; extra < 2; extra++) {
+        int keys = CSD_SAMPLER_MAX_LOGIT_BIAS + extra;
+        size_t cap = 16 * (size_t)keys + 128, n;
+        char *body = malloc(cap);
+        assert_non_null(body);
+        n = (size_t)snprintf(body, cap, "{" MSGS ",\"logit_bias\":{");
+        for (int i = 0; i < keys; i++)
+            n += (size_t)snprintf(body + n, cap - n, "%s\"%d\":1", i ? "," : "", i);
+        snprintf(body + n, cap - n, "}}");
+        int rc = csd_http_req_parse(&r, CHAT, body, strlen(body), 0, &e);
+        if (extra == 0) {
+            assert_int_equal(rc, 0);
+            assert_int_equal(r.sampling.n_logit_bias, keys);
+        } else {
+            assert_int_not_equal(rc, 0);
+            assert_string_equal(e.param, "logit_bias");
+        }
+        csd_http_req_fini(&r);
+        free(body);
+    }
+}
+
 static void test_error_json(void **state) {
     (void)state;
     csd_http_error e;
@@ -484,6 +538,7 @@ int main(void) {
         cmocka_unit_test(test_body_errors),
         cmocka_unit_test(test_completion_prompt_forms),
         cmocka_unit_test(test_completion_errors),
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_error_json),
         cmocka_unit_test(test_error_json_bad_utf8),
         cmocka_unit_test(test_stop_text),

@@ -1,5 +1,6 @@
-/* The sampler: greedy is argmax, a seed reproduces a draw, top-k 1 is greedy, and the top
- * logprobs are the k largest in order with log-softmax values (checked against brute force). */
+/* The sampler: greedy is argmax, a seed reproduces a draw, top-k 1 is greedy, logit bias moves
+ * the choice (and is checked), and the top logprobs are the k largest in order with log-softmax
+ * values (checked against brute force). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -76,10 +77,55 @@ static void test_greedy_seed_topk(void **state) {
     assert_int_equal(draw(&p, x), best);
 }
 
+static void test_logit_bias(void **state) {
+    (void)state;
+    float x[V];
+    fill(x, 5);
+    int32_t best = 0, second = -1;
+    for (int i = 1; i < V; i++) best = x[i] > x[best] ? i : best;
+    for (int i = 0; i < V; i++)
+        if (i != best && (second < 0 || x[i] > x[second])) second = i;
+    csd_sampler_params p;
+    csd_sampler_params_default(&p);
+    p.temperature = 0;
+    assert_true(csd_sampler_is_plain_argmax(&p));
+    p.n_logit_bias = 1;
+    p.logit_bias[0] = (csd_logit_bias){best, -100.0f}; /* banned: the runner-up wins */
+    assert_false(csd_sampler_is_plain_argmax(&p));     /* a fleet must send the logits */
+    assert_int_equal(draw(&p, x), second);
+    int32_t worst = 0;
+    for (int i = 1; i < V; i++) worst = x[i] < x[worst] ? i : worst;
+    p.logit_bias[0] = (csd_logit_bias){worst, 100.0f}; /* forced, even when sampling hot */
+    assert_int_equal(draw(&p, x), worst);
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    for (uint64_t seed = 1; seed <= 20; seed++) {
+        p.seed = seed;
+        assert_int_equal(draw(&p, x), worst);
+    }
+    /* refused: outside the vocabulary, out of range, too many */
+    csd_sampler *s = NULL;
+    p.logit_bias[0] = (csd_logit_bias){V, 1.0f};
+    assert_int_equal(csd_sampler_create(&s, &p, V, NULL), CSD_ERANGE);
+    p.logit_bias[0] = (csd_logit_bias){-1, 1.0f};
+    assert_int_equal(csd_sampler_create(&s, &p, V, NULL), CSD_ERANGE);
+    p.logit_bias[0] = (csd_logit_bias){1, NAN};
+    assert_int_equal(csd_sampler_create(&s, &p, V, NULL), CSD_ERANGE);
+    p.logit_bias[0] = (csd_logit_bias){1, 100.5f};
+    assert_int_equal(csd_sampler_create(&s, &p, V, NULL), CSD_ERANGE);
+    p.logit_bias[0] = (csd_logit_bias){1, 1.0f};
+    p.n_logit_bias = CSD_SAMPLER_MAX_LOGIT_BIAS + 1;
+    assert_int_equal(csd_sampler_create(&s, &p, V, NULL), CSD_ERANGE);
+    assert_null(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_top_logprobs_brute_force),
         cmocka_unit_test(test_greedy_seed_topk),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

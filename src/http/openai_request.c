@@ -209,6 +209,51 @@ static int parse_sampling(const json_t *root, csd_http_req *r, csd_http_error *e
     return csd_http_read_bool(root, "ignore_eos", &r->ignore_eos, e);
 }
 
+/* A logit_bias key: a token id below hi, written in decimal digits without leading zeros (so two
+ * keys never name one token). */
+static bool parse_bias_key(const char *key, size_t len, int64_t hi, int32_t *id) {
+    int64_t v = 0;
+    if (len == 0 || len > 10 || (len > 1 && key[0] == '0')) return false;
+    for (size_t i = 0; i < len; i++) {
+        if (key[i] < '0' || key[i] > '9') return false;
+        v = v * 10 + (key[i] - '0');
+    }
+    if (v >= hi) return false;
+    *id = (int32_t)v;
+    return true;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI. */
+static int parse_logit_bias(const json_t *root, int32_t vocab, csd_http_req *r, csd_http_error *e) {
+    json_t *v = member(root, "logit_bias"), *bias;
+    if (!v) return 0;
+    if (!json_is_object(v)) return csd_http_bad_type(e, "logit_bias", "an object");
+    if (json_object_size(v) > CSD_SAMPLER_MAX_LOGIT_BIAS)
+        return csd_http_error_set(e, 400, NULL, "logit_bias", "invalid_value",
+                                  "'logit_bias' holds at most %d tokens",
+                                  CSD_SAMPLER_MAX_LOGIT_BIAS);
+    int64_t hi = vocab > 0 ? vocab : INT32_MAX;
+    const char *key;
+    size_t key_len;
+    csd_sampler_params *sp = &r->sampling;
+    json_object_keylen_foreach(v, key, key_len, bias) {
+        csd_logit_bias *b = &sp->logit_bias[sp->n_logit_bias];
+        if (!parse_bias_key(key, key_len, hi, &b->id))
+            return csd_http_error_set(e, 400, NULL, "logit_bias", "invalid_value",
+                                      "'logit_bias' keys must be token ids in [0, %lld), got "
+                                      "'%.32s'",
+                                      (long long)hi, key);
+        double d = json_is_number(bias) ? json_number_value(bias) : NAN;
+        if (!(d >= -100 && d <= 100))
+            return csd_http_error_set(e, 400, NULL, "logit_bias", "invalid_value",
+                                      "'logit_bias' of token %d must be a number in [-100, 100]",
+                                      (int)b->id);
+        b->bias = (float)d;
+        sp->n_logit_bias++;
+    }
+    return 0;
+}
+
 static int add_stop(csd_http_req *r, const json_t *s, const char *field, csd_http_error *e) {
     if (!json_is_string(s)) return csd_http_bad_type(e, field, "a string or an array of strings");
     size_t len = json_string_length(s);
@@ -541,6 +586,7 @@ int csd_http_req_parse_object(csd_http_req *req, int kind, const json_t *root, i
     if ((rc = read_string(root, "user", &req->user, e))) goto fail;
     if ((rc = parse_stream(root, req, e))) goto fail;
     if ((rc = parse_sampling(root, req, e))) goto fail;
+    if ((rc = parse_logit_bias(root, vocab_size, req, e))) goto fail;
     if ((rc = parse_stop(root, req, e))) goto fail;
     if ((rc = parse_response_format(root, e))) goto fail;
     rc = kind == CSD_HTTP_KIND_CHAT ? parse_chat(root, req, e)

@@ -33,7 +33,7 @@ void csd_sampler_params_default(csd_sampler_params *p) {
     p->seed = 0x5eed;
 }
 
-int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err) {
+int csd_sampler_params_check(const csd_sampler_params *p, int32_t vocab, csd_err *err) {
     if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))
         return csd_err_set(err, CSD_ERANGE, "temperature must be in [0, 100]");
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
@@ -49,6 +49,18 @@ int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err) {
         return csd_err_set(err, CSD_ERANGE, "frequency_penalty must be in [-2, 2]");
     if (p->penalty_last_n < 0 || p->penalty_last_n > 1 << 20)
         return csd_err_set(err, CSD_ERANGE, "penalty_last_n must be in [0, 2^20]");
+    if (p->n_logit_bias < 0 || p->n_logit_bias > CSD_SAMPLER_MAX_LOGIT_BIAS)
+        return csd_err_set(err, CSD_ERANGE, "logit_bias holds at most %d tokens",
+                           CSD_SAMPLER_MAX_LOGIT_BIAS);
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        const csd_logit_bias *b = &p->logit_bias[i];
+        if (b->id < 0 || (vocab > 0 && b->id >= vocab))
+            return csd_err_set(err, CSD_ERANGE, "logit_bias token %d is outside the vocabulary",
+                               (int)b->id);
+        if (!(b->bias >= -100.0f && b->bias <= 100.0f))
+            return csd_err_set(err, CSD_ERANGE, "logit_bias of token %d must be in [-100, 100]",
+                               (int)b->id);
+    }
     return 0;
 }
 
@@ -80,9 +92,9 @@ static double next_unit(uint64_t s[4]) {
 int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t vocab,
                        csd_err *err) {
     *out = NULL;
-    int rc = csd_sampler_params_check(p, err);
-    if (rc) return rc;
     if (vocab <= 0) return csd_err_set(err, CSD_EINVAL, "vocabulary size %d", vocab);
+    int rc = csd_sampler_params_check(p, vocab, err);
+    if (rc) return rc;
     csd_sampler *s = csd_alloc(sizeof *s);
     if (!s) return csd_err_set(err, CSD_ENOMEM, "sampler");
     s->p = *p;
@@ -119,6 +131,11 @@ void csd_sampler_accept(csd_sampler *s, int32_t id) {
     s->recent[s->head] = id;
     s->counts[id]++;
     s->head = (s->head + 1) % s->p.penalty_last_n;
+}
+
+static void apply_logit_bias(const csd_sampler *s, float *logits) {
+    for (int32_t i = 0; i < s->p.n_logit_bias; i++)
+        logits[s->p.logit_bias[i].id] += s->p.logit_bias[i].bias;
 }
 
 static void apply_penalties(csd_sampler *s, float *logits) {
@@ -188,11 +205,12 @@ static void sort_desc(cand *c, int32_t n) { /* insertion sort: n is small after 
 
 bool csd_sampler_is_plain_argmax(const csd_sampler_params *p) {
     return p->temperature <= 0.0f && p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
-           p->frequency_penalty == 0.0f;
+           p->frequency_penalty == 0.0f && p->n_logit_bias == 0;
 }
 
 int32_t csd_sampler_sample(csd_sampler *s, float *logits) {
     const csd_sampler_params *p = &s->p;
+    apply_logit_bias(s, logits);
     apply_penalties(s, logits);
     if (p->temperature <= 0.0f) return argmax(logits, s->vocab);
     int32_t n = s->vocab;

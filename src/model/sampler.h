@@ -1,7 +1,8 @@
 /* sampler: turns a logits row into the next token. Greedy, temperature, top-k, top-p, min-p,
  * repetition/presence/frequency penalties over the last penalty_last_n tokens (prompt included, as
  * llama.cpp does), and a seeded generator so a seed reproduces a run exactly. Per sequence; all
- * memory is allocated at creation. Order: penalties, top-k, temperature, top-p, min-p, draw. */
+ * memory is allocated at creation. Order: logit bias, penalties, top-k, temperature, top-p, min-p,
+ * draw. */
 #ifndef CSD_SAMPLER_H
 #define CSD_SAMPLER_H
 
@@ -9,6 +10,14 @@
 #include <stdint.h>
 
 #include "core/err.h"
+
+/* Added to one token's logit before anything else (OpenAI's logit_bias: -100 bans a token in
+ * practice, +100 forces it). */
+typedef struct csd_logit_bias {
+    int32_t id;
+    float bias; /* in [-100, 100] */
+} csd_logit_bias;
+#define CSD_SAMPLER_MAX_LOGIT_BIAS 1024
 
 typedef struct csd_sampler_params {
     float temperature;        /* <= 0: greedy (argmax after penalties) */
@@ -20,13 +29,15 @@ typedef struct csd_sampler_params {
     float frequency_penalty;  /* 0: off; subtracted per occurrence */
     int32_t penalty_last_n;   /* window of recent tokens the penalties look at */
     uint64_t seed;
+    int32_t n_logit_bias; /* entries of logit_bias in use (ids distinct) */
+    csd_logit_bias logit_bias[CSD_SAMPLER_MAX_LOGIT_BIAS];
 } csd_sampler_params;
 
 void csd_sampler_params_default(csd_sampler_params *p);
-/* Checks ranges; the message names the field. */
-int csd_sampler_params_check(const csd_sampler_params *p, csd_err *err);
-/* True when sampling is the plain argmax of the logits (greedy, no penalties): a fleet's last
- * stage may then send back the token id instead of the logits row. */
+/* Checks ranges (logit bias ids against vocab when vocab > 0); the message names the field. */
+int csd_sampler_params_check(const csd_sampler_params *p, int32_t vocab, csd_err *err);
+/* True when sampling is the plain argmax of the logits (greedy, no penalties, no logit bias): a
+ * fleet's last stage may then send back the token id instead of the logits row. */
 bool csd_sampler_is_plain_argmax(const csd_sampler_params *p);
 
 typedef struct csd_sampler csd_sampler;
