@@ -257,64 +257,76 @@ static int send_simple(csd_conn *c, int type, uint32_t req, const uint8_t *paylo
     return csd_conn_send(c, &h, payload, len, err);
 }
 
+/* Connects stage i, checks who it is (handshake), and adds one PING round trip to *rtt. */
+static int connect_stage(fleet *f, int i, double *rtt, csd_err *err) {
+    const csd_fleet_opts *o = &f->opts;
+    int rc = csd_conn_connect(&f->conns[i], o->addrs[i], o->link.timeout_ms, err);
+    if (rc) return rc;
+    csd_wire_hello expect = {0}, peer;
+    expect.proto_version = CSD_WIRE_VERSION;
+    expect.role = CSD_WIRE_ROLE_COORD;
+    expect.stage_index = o->first_remote_stage + (uint32_t)i;
+    expect.layer_begin = o->layer_ranges[i][0];
+    expect.layer_end = o->layer_ranges[i][1];
+    memcpy(expect.model_hash, o->model_hash, CSD_WIRE_HASH_SIZE);
+    rc = csd_conn_handshake_client(f->conns[i], &o->link, &expect, &peer, err);
+    if (rc) {
+        csd_err_prefix(err, "stage %u at %s: ", expect.stage_index, o->addrs[i]);
+        return rc;
+    }
+    /* measure the round trip while the link is quiet */
+    uint8_t ping[CSD_WIRE_PING_SIZE];
+    size_t len = 0;
+    uint64_t t0 = csd_now_ns();
+    csd_wire_encode_ping(ping, sizeof ping, t0, &len, NULL);
+    csd_netbuf buf = {0};
+    csd_wire_hdr h;
+    rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
+    if (!rc)
+        rc = csd_conn_recv(f->conns[i], &h, &buf,
+                           o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
+    if (!rc && h.type != CSD_WIRE_PONG)
+        rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
+    *rtt += (double)(csd_now_ns() - t0) * 1e-9;
+    csd_netbuf_fini(&buf);
+    return rc;
+}
+
+/* Tells stage i to forward to stage i + 1 (ROUTE), then PINGs: the PONG means routed. */
+static int route_stage(fleet *f, int i, csd_err *err) {
+    const csd_fleet_opts *o = &f->opts;
+    uint8_t route[CSD_WIRE_MAX_ROUTE + 8], ping[CSD_WIRE_PING_SIZE];
+    size_t len = 0;
+    int rc = csd_wire_encode_route(route, sizeof route, o->addrs[i + 1], &len, err);
+    if (!rc) rc = send_simple(f->conns[i], CSD_WIRE_ROUTE, 0, route, len, err);
+    csd_wire_encode_ping(ping, sizeof ping, 0, &len, NULL);
+    if (!rc) rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
+    csd_netbuf buf = {0};
+    csd_wire_hdr h;
+    if (!rc) rc = csd_conn_recv(f->conns[i], &h, &buf, 30000, err);
+    if (!rc && h.type == CSD_WIRE_ERROR) {
+        csd_wire_error e;
+        if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
+            rc = csd_err_set(err, CSD_EMISMATCH, "stage at %s could not reach %s: %s", o->addrs[i],
+                             o->addrs[i + 1], e.text);
+        else
+            rc = CSD_EPROTO;
+    } else if (!rc && h.type != CSD_WIRE_PONG) {
+        rc = csd_err_set(err, CSD_EPROTO, "stage at %s answered ROUTE with message type %u",
+                         o->addrs[i], (unsigned)h.type);
+    }
+    csd_netbuf_fini(&buf);
+    return rc;
+}
+
 /* Connects every stage, checks who it is, routes each to the next, and waits until the chain
  * answers a PING end to end. */
 static int connect_chain(fleet *f, csd_err *err) {
     const csd_fleet_opts *o = &f->opts;
     int rc = 0;
     double rtt = 0;
-    for (int i = 0; i < o->n_addrs && !rc; i++) {
-        rc = csd_conn_connect(&f->conns[i], o->addrs[i], o->link.timeout_ms, err);
-        if (rc) break;
-        csd_wire_hello expect = {0}, peer;
-        expect.proto_version = CSD_WIRE_VERSION;
-        expect.role = CSD_WIRE_ROLE_COORD;
-        expect.stage_index = o->first_remote_stage + (uint32_t)i;
-        expect.layer_begin = o->layer_ranges[i][0];
-        expect.layer_end = o->layer_ranges[i][1];
-        memcpy(expect.model_hash, o->model_hash, CSD_WIRE_HASH_SIZE);
-        rc = csd_conn_handshake_client(f->conns[i], &o->link, &expect, &peer, err);
-        if (rc) {
-            csd_err_prefix(err, "stage %u at %s: ", expect.stage_index, o->addrs[i]);
-            break;
-        }
-        /* measure the round trip while the link is quiet */
-        uint8_t ping[CSD_WIRE_PING_SIZE];
-        size_t len = 0;
-        uint64_t t0 = csd_now_ns();
-        csd_wire_encode_ping(ping, sizeof ping, t0, &len, NULL);
-        csd_netbuf buf = {0};
-        csd_wire_hdr h;
-        rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
-        if (!rc)
-            rc = csd_conn_recv(f->conns[i], &h, &buf,
-                               o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
-        if (!rc && h.type != CSD_WIRE_PONG)
-            rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
-        rtt += (double)(csd_now_ns() - t0) * 1e-9;
-        csd_netbuf_fini(&buf);
-    }
-    for (int i = 0; i + 1 < o->n_addrs && !rc; i++) { /* ROUTE, then PING: the PONG means routed */
-        uint8_t route[CSD_WIRE_MAX_ROUTE + 8];
-        size_t len = 0;
-        rc = csd_wire_encode_route(route, sizeof route, o->addrs[i + 1], &len, err);
-        if (!rc) rc = send_simple(f->conns[i], CSD_WIRE_ROUTE, 0, route, len, err);
-        uint8_t ping[CSD_WIRE_PING_SIZE];
-        csd_wire_encode_ping(ping, sizeof ping, 0, &len, NULL);
-        if (!rc) rc = send_simple(f->conns[i], CSD_WIRE_PING, 0, ping, len, err);
-        csd_netbuf buf = {0};
-        csd_wire_hdr h;
-        if (!rc) rc = csd_conn_recv(f->conns[i], &h, &buf, 30000, err);
-        if (!rc && h.type == CSD_WIRE_ERROR) {
-            csd_wire_error e;
-            if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
-                rc = csd_err_set(err, CSD_EMISMATCH, "stage at %s could not reach %s: %s",
-                                 o->addrs[i], o->addrs[i + 1], e.text);
-            else
-                rc = CSD_EPROTO;
-        }
-        csd_netbuf_fini(&buf);
-    }
+    for (int i = 0; i < o->n_addrs && !rc; i++) rc = connect_stage(f, i, &rtt, err);
+    for (int i = 0; i + 1 < o->n_addrs && !rc; i++) rc = route_stage(f, i, err);
     if (rc) {
         close_links(f);
         return rc;

@@ -191,6 +191,83 @@ static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) 
 }
 
 /* ---- decoder ---- */
+/* Metaspace: the replacement character (default U+2581) decodes to a space; a prefix space is
+ * stripped at the start unless prepend_scheme is "never" (or add_prefix_space false). */
+static int parse_metaspace_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
+    const char *rep = "\xE2\x96\x81";
+    const json_t *r = json_object_get(d, "replacement");
+    if (json_is_string(r)) rep = json_string_value(r);
+    const json_t *scheme = json_object_get(d, "prepend_scheme");
+    bool prefix = true;
+    if (json_is_string(scheme))
+        prefix = strcmp(json_string_value(scheme), "never") != 0;
+    else if (get_bool(d, "add_prefix_space", true, &prefix, "Metaspace", err))
+        return CSD_EFORMAT;
+    tok->dec_kind = CSD_TOK_DEC_SP;
+    tok->dec_strip_start = prefix ? 1 : 0;
+    if (dup_str(rep, &tok->dec_from, err) || dup_str(" ", &tok->dec_to, err)) return CSD_ENOMEM;
+    return 0;
+}
+
+/* A Sequence's Replace step: one String pattern replaced by content. */
+static int parse_replace_step(csd_tok *tok, const json_t *x, csd_err *err) {
+    const json_t *ps = json_object_get(json_object_get(x, "pattern"), "String");
+    const json_t *c = json_object_get(x, "content");
+    if (!json_is_string(ps) || !json_is_string(c) || json_string_length(ps) == 0)
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "tokenizer.json: decoder Replace supports only a String pattern");
+    if (dup_str(json_string_value(ps), &tok->dec_from, err) ||
+        dup_str(json_string_value(c), &tok->dec_to, err))
+        return CSD_ENOMEM;
+    return 0;
+}
+
+/* A Sequence's Strip step: only what Llama/Mistral tokenizers use (one leading space at most). */
+static int parse_strip_step(csd_tok *tok, const json_t *x, csd_err *err) {
+    const json_t *c = json_object_get(x, "content");
+    const json_t *start = json_object_get(x, "start"), *stop = json_object_get(x, "stop");
+    json_int_t a = json_is_integer(start) ? json_integer_value(start) : 0;
+    json_int_t b = json_is_integer(stop) ? json_integer_value(stop) : 0;
+    if (!json_is_string(c) || strcmp(json_string_value(c), " ") != 0 || a < 0 || a > 1 || b != 0)
+        return csd_err_set(
+            err, CSD_EUNSUPPORTED,
+            "tokenizer.json: decoder Strip supports content \" \", start 0-1, stop 0");
+    tok->dec_strip_start = (int)a;
+    return 0;
+}
+
+/* Sequence: Replace -> ByteFallback -> Fuse -> Strip, each optional, in this order. */
+static int parse_sequence_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
+    const json_t *list = json_object_get(d, "decoders");
+    if (!json_is_array(list))
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: decoder Sequence needs a decoders array");
+    tok->dec_kind = CSD_TOK_DEC_SP;
+    int stage = 0, rc = 0;
+    for (size_t i = 0; i < json_array_size(list) && !rc; i++) {
+        const json_t *x = json_array_get(list, i);
+        const char *t;
+        if (!json_is_object(x) || get_str(x, "type", &t, "decoder", err))
+            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: decoder %zu must have a type", i);
+        if (strcmp(t, "Replace") == 0 && stage == 0 && !tok->dec_from) {
+            rc = parse_replace_step(tok, x, err);
+        } else if (strcmp(t, "ByteFallback") == 0 && stage <= 1) {
+            tok->dec_byte_fallback = true;
+            stage = 2;
+        } else if (strcmp(t, "Fuse") == 0 && stage <= 2) {
+            stage = 3;
+        } else if (strcmp(t, "Strip") == 0 && stage == 3) {
+            rc = parse_strip_step(tok, x, err);
+            stage = 4;
+        } else {
+            return csd_err_set(
+                err, CSD_EUNSUPPORTED,
+                "tokenizer.json: decoder step '%.32s' at position %zu is not supported", t, i);
+        }
+    }
+    return rc;
+}
+
 static int parse_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
     if (!d || json_is_null(d)) return 0;
     const char *type;
@@ -201,69 +278,10 @@ static int parse_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
         tok->dec_kind = CSD_TOK_DEC_BYTELEVEL;
         return 0;
     }
-    if (strcmp(type, "Metaspace") == 0) {
-        const char *rep = "\xE2\x96\x81";
-        const json_t *r = json_object_get(d, "replacement");
-        if (json_is_string(r)) rep = json_string_value(r);
-        const json_t *scheme = json_object_get(d, "prepend_scheme");
-        bool prefix = true;
-        if (json_is_string(scheme))
-            prefix = strcmp(json_string_value(scheme), "never") != 0;
-        else if (get_bool(d, "add_prefix_space", true, &prefix, "Metaspace", err))
-            return CSD_EFORMAT;
-        tok->dec_kind = CSD_TOK_DEC_SP;
-        tok->dec_strip_start = prefix ? 1 : 0;
-        if (dup_str(rep, &tok->dec_from, err) || dup_str(" ", &tok->dec_to, err)) return CSD_ENOMEM;
-        return 0;
-    }
-    if (strcmp(type, "Sequence") != 0)
-        return csd_err_set(err, CSD_EUNSUPPORTED,
-                           "tokenizer.json: decoder '%.64s' is not supported", type);
-    const json_t *list = json_object_get(d, "decoders");
-    if (!json_is_array(list))
-        return csd_err_set(err, CSD_EFORMAT,
-                           "tokenizer.json: decoder Sequence needs a decoders array");
-    tok->dec_kind = CSD_TOK_DEC_SP;
-    int stage = 0; /* Replace -> ByteFallback -> Fuse -> Strip, in this order */
-    for (size_t i = 0; i < json_array_size(list); i++) {
-        const json_t *x = json_array_get(list, i);
-        const char *t;
-        if (!json_is_object(x) || get_str(x, "type", &t, "decoder", err))
-            return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: decoder %zu must have a type", i);
-        if (strcmp(t, "Replace") == 0 && stage == 0 && !tok->dec_from) {
-            const json_t *ps = json_object_get(json_object_get(x, "pattern"), "String");
-            const json_t *c = json_object_get(x, "content");
-            if (!json_is_string(ps) || !json_is_string(c) || json_string_length(ps) == 0)
-                return csd_err_set(
-                    err, CSD_EUNSUPPORTED,
-                    "tokenizer.json: decoder Replace supports only a String pattern");
-            if (dup_str(json_string_value(ps), &tok->dec_from, err) ||
-                dup_str(json_string_value(c), &tok->dec_to, err))
-                return CSD_ENOMEM;
-        } else if (strcmp(t, "ByteFallback") == 0 && stage <= 1) {
-            tok->dec_byte_fallback = true;
-            stage = 2;
-        } else if (strcmp(t, "Fuse") == 0 && stage <= 2) {
-            stage = 3;
-        } else if (strcmp(t, "Strip") == 0 && stage == 3) {
-            const json_t *c = json_object_get(x, "content");
-            const json_t *start = json_object_get(x, "start"), *stop = json_object_get(x, "stop");
-            json_int_t a = json_is_integer(start) ? json_integer_value(start) : 0;
-            json_int_t b = json_is_integer(stop) ? json_integer_value(stop) : 0;
-            if (!json_is_string(c) || strcmp(json_string_value(c), " ") != 0 || a < 0 || a > 1 ||
-                b != 0)
-                return csd_err_set(
-                    err, CSD_EUNSUPPORTED,
-                    "tokenizer.json: decoder Strip supports content \" \", start 0-1, stop 0");
-            tok->dec_strip_start = (int)a;
-            stage = 4;
-        } else {
-            return csd_err_set(
-                err, CSD_EUNSUPPORTED,
-                "tokenizer.json: decoder step '%.32s' at position %zu is not supported", t, i);
-        }
-    }
-    return 0;
+    if (strcmp(type, "Metaspace") == 0) return parse_metaspace_decoder(tok, d, err);
+    if (strcmp(type, "Sequence") == 0) return parse_sequence_decoder(tok, d, err);
+    return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: decoder '%.64s' is not supported",
+                       type);
 }
 
 /* ---- post-processor: the ids TemplateProcessing puts around a single sequence ---- */
