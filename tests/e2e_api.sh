@@ -164,10 +164,10 @@ else
     echo "note: $CSD_SHARED_DIR/tokenizers/qwen3 absent, real chat template not exercised"
 fi
 
-# --- /tokenize and /detokenize (llama-server's and vLLM's helper endpoints) ---
-/usr/bin/python3 - "$BASE" <<'PY' || fail "/tokenize, /detokenize"
-import json, sys, urllib.error, urllib.request
-base = sys.argv[1]
+# --- /tokenize and /detokenize (llama-server's and vLLM's helper endpoints), then logit_bias ---
+/usr/bin/python3 - "$BASE" "$CASCADIA" <<'PY' || fail "/tokenize, /detokenize, logit_bias"
+import json, subprocess, sys, urllib.error, urllib.request
+base, cascadia = sys.argv[1], sys.argv[2]
 def post(path, body, key="secret", method="POST"):
     req = urllib.request.Request(base + path, data=json.dumps(body).encode() if body is not None else None,
                                  method=method, headers={"Content-Type": "application/json",
@@ -221,26 +221,10 @@ st, err = post("/tokenize", {"prompt": text}, key="wrong")
 assert st == 401, err
 st, err = post("/tokenize", None, method="GET")
 assert st == 405, err
-PY
-echo "ok   /tokenize and /detokenize"
+print("ok   /tokenize and /detokenize")
 
-# --- logit_bias: +100 forces a token, -100 bans one, through the whole server ---
-/usr/bin/python3 - "$BASE" "$CASCADIA" <<'PY' || fail "logit_bias"
-import json, subprocess, sys, urllib.error, urllib.request
-base, cascadia = sys.argv[1], sys.argv[2]
-def post(path, body):
-    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json",
-                                          "Authorization": "Bearer secret"})
-    try:
-        with urllib.request.urlopen(req) as r:
-            return r.status, json.load(r)
-    except urllib.error.HTTPError as e:
-        return e.code, json.load(e)
-text = "Once upon a time"
+# logit_bias: +100 forces a token, -100 bans one, through the whole server
 greedy = {"prompt": text, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
-st, plain = post("/v1/completions", greedy)
-assert st == 200, plain
 forced = post("/tokenize", {"content": " time"})[1]["tokens"][-1]
 st, out = post("/v1/completions", dict(greedy, logit_bias={str(forced): 100}))
 def forced_text(n):  # a text's first piece loses its leading space when detokenized alone
@@ -267,8 +251,8 @@ st, chat = post("/v1/chat/completions", {"messages": [{"role": "user", "content"
 assert st == 200 and chat["choices"][0]["message"]["content"].strip() == forced_text(3), chat
 st, err = post("/v1/completions", dict(greedy, logit_bias={"99999999": 1}))
 assert st == 400 and err["error"]["param"] == "logit_bias", err
+print("ok   logit_bias")
 PY
-echo "ok   logit_bias"
 
 # --- SIGTERM shuts down cleanly ---
 kill -TERM "$PID_main"

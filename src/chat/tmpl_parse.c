@@ -596,6 +596,15 @@ static void expect_end(parser *P, const char *name) {
     expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
 }
 
+/* The rest of a block statement after its head: "%}", the body into x's list, "{% END %}". */
+static void parse_block(parser *P, csd_chat_node *x, const char *end, const char *end_text) {
+    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
+    nvec body = {0};
+    parse_body(P, &body, (const char *const[]){end, NULL}, end_text);
+    set_list(x, &body);
+    expect_end(P, end);
+}
+
 /* {% set target = value %} or the block form {% set target %}...{% endset %} (after "set"). */
 static csd_chat_node *parse_set(parser *P, uint32_t pos) {
     csd_chat_node *x = mk(P, CSD_CHAT_N_SET, pos);
@@ -623,13 +632,10 @@ static csd_chat_node *parse_macro(parser *P, uint32_t pos) {
         csd_chat_raise(P->a->fail, CSD_EFORMAT, name->pos, "expected identifier after macro");
     x->s = name->s;
     x->slen = name->slen;
-    nvec params = {0}, body = {0};
+    nvec params = {0};
     parse_args(P, &params, true);
-    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-    parse_body(P, &body, (const char *const[]){"endmacro", NULL}, "{% endmacro %}");
-    set_list(x, &body);
     set_list2(x, &params);
-    expect_end(P, "endmacro");
+    parse_block(P, x, "endmacro", "{% endmacro %}");
     return x;
 }
 
@@ -663,11 +669,7 @@ static csd_chat_node *parse_filter_block(parser *P, uint32_t pos) {
     csd_chat_node *f = parse_primary(P);
     if (f->kind == CSD_CHAT_N_IDENT && is(P, CSD_CHAT_T_LPAREN)) f = parse_call(P, f);
     x->b = f;
-    expect(P, CSD_CHAT_T_CLOSE_STMT, "'%}'");
-    nvec body = {0};
-    parse_body(P, &body, (const char *const[]){"endfilter", NULL}, "{% endfilter %}");
-    set_list(x, &body);
-    expect_end(P, "endfilter");
+    parse_block(P, x, "endfilter", "{% endfilter %}");
     return x;
 }
 
