@@ -123,7 +123,8 @@ void csd_shard_close(csd_shard *s) {
     csd_free(s);
 }
 
-static int decode_header(csd_shard *s, csd_err *err) {
+/* Magic, version, header size, reserved bytes and file size: what the file is. */
+static int decode_identity(csd_shard *s, csd_err *err) {
     const uint8_t *b = s->buf;
     const char *L = s->label;
     csd_shard_header *h = &s->hdr;
@@ -152,6 +153,14 @@ static int decode_header(csd_shard *s, csd_err *err) {
         return csd_err_set(err, CSD_EFORMAT, "%s: %s: file is %zu bytes, its header says %llu", L,
                            s->len < h->file_bytes ? "truncated" : "trailing bytes", s->len,
                            (unsigned long long)h->file_bytes);
+    return 0;
+}
+
+/* Which stage of how many, its layers, and whether it holds the embeddings and the head. */
+static int decode_stage(csd_shard *s, csd_err *err) {
+    const uint8_t *b = s->buf;
+    const char *L = s->label;
+    csd_shard_header *h = &s->hdr;
     h->stage_index = get_u32(b + H_STAGE_INDEX);
     h->stage_count = get_u32(b + H_STAGE_COUNT);
     if (h->stage_count < 1 || h->stage_count > CSD_SHARD_MAX_STAGES ||
@@ -177,6 +186,16 @@ static int decode_header(csd_shard *s, csd_err *err) {
             "%s: embeddings/head flags (%d/%d) disagree with layers [%lld, %lld) of %lld", L,
             h->has_embed, h->has_head, (long long)h->layer_begin, (long long)h->layer_end,
             (long long)h->n_layers);
+    return 0;
+}
+
+static int decode_header(csd_shard *s, csd_err *err) {
+    const uint8_t *b = s->buf;
+    const char *L = s->label;
+    csd_shard_header *h = &s->hdr;
+    int rc = decode_identity(s, err);
+    if (!rc) rc = decode_stage(s, err);
+    if (rc) return rc;
     uint32_t precision = get_u32(b + H_PRECISION);
     if (precision >= CSD_DTYPE_COUNT)
         return csd_err_set(err, CSD_EFORMAT, "%s: unknown precision %u", L, precision);
@@ -203,77 +222,94 @@ static int offset_cmp(const void *a, const void *b) {
     return x->offset < y->offset ? -1 : x->offset > y->offset;
 }
 
+/* A table entry's name: printable ASCII, NUL-terminated and NUL-padded to the field's end. */
+static int decode_name(const csd_shard *s, int i, const uint8_t *e, char *name, csd_err *err) {
+    const char *L = s->label;
+    size_t name_len = strnlen((const char *)e + E_NAME, CSD_SHARD_NAME_BYTES);
+    if (name_len == 0 || name_len == CSD_SHARD_NAME_BYTES)
+        return csd_err_set(err, CSD_EFORMAT, "%s: tensor %d: name empty or not NUL-terminated", L,
+                           i);
+    for (size_t k = name_len; k < CSD_SHARD_NAME_BYTES; k++)
+        if (e[E_NAME + k])
+            return csd_err_set(err, CSD_EFORMAT, "%s: tensor %d: name not NUL-padded", L, i);
+    for (size_t k = 0; k < name_len; k++)
+        if (e[E_NAME + k] < 0x21 || e[E_NAME + k] > 0x7e)
+            return csd_err_set(err, CSD_EFORMAT, "%s: tensor %d: name has a non-printable byte", L,
+                               i);
+    memcpy(name, e + E_NAME, name_len);
+    name[name_len] = '\0';
+    return 0;
+}
+
+/* Table entry i into s->tensors[i]: a known dtype, a shape in range, and bytes inside the data
+ * section at the required alignment. */
+static int decode_entry(csd_shard *s, int i, uint64_t table_offset, uint64_t data_offset,
+                        csd_err *err) {
+    const char *L = s->label;
+    const uint8_t *e = s->buf + table_offset + (uint64_t)i * CSD_SHARD_ENTRY_BYTES;
+    csd_shard_tensor *t = &s->tensors[i];
+    int rc = decode_name(s, i, e, t->name, err);
+    if (rc) return rc;
+    uint32_t dtype = get_u32(e + E_DTYPE);
+    uint64_t rows = get_u64(e + E_ROWS), cols = get_u64(e + E_COLS);
+    uint64_t off = get_u64(e + E_OFFSET), nbytes = get_u64(e + E_NBYTES);
+    if (dtype >= CSD_DTYPE_COUNT || get_u32(e + E_RESERVED) != 0)
+        return csd_err_set(err, CSD_EFORMAT, "%s: tensor '%s': unknown dtype %u", L, t->name,
+                           dtype);
+    if (rows < 1 || cols < 1 || rows > (uint64_t)MAX_TENSOR_SIDE ||
+        cols > (uint64_t)MAX_TENSOR_SIDE)
+        return csd_err_set(err, CSD_EFORMAT, "%s: tensor '%s': shape [%llu, %llu] out of range", L,
+                           t->name, (unsigned long long)rows, (unsigned long long)cols);
+    if (off % CSD_SHARD_ALIGN != 0 || off < data_offset || off > s->len || nbytes > s->len - off)
+        return csd_err_set(
+            err, CSD_EFORMAT,
+            "%s: tensor '%s': bytes [%llu, +%llu) misaligned or outside the data section "
+            "[%llu, %zu)",
+            L, t->name, (unsigned long long)off, (unsigned long long)nbytes,
+            (unsigned long long)data_offset, s->len);
+    t->dtype = (int)dtype;
+    t->rows = (int64_t)rows;
+    t->cols = (int64_t)cols;
+    t->offset = off;
+    t->nbytes = (size_t)nbytes;
+    t->checksum = get_u64(e + E_CHECKSUM);
+    t->data = s->buf + off;
+    return 0;
+}
+
+/* No name twice, no two tensors' bytes overlapping (sorts s->by_name and by_off). */
+static int check_distinct(csd_shard *s, const csd_shard_tensor **by_off, csd_err *err) {
+    const char *L = s->label;
+    qsort_r(s->by_name, (size_t)s->n, sizeof *s->by_name, name_cmp_ctx_sort, s->tensors);
+    for (int i = 1; i < s->n; i++)
+        if (!strcmp(s->tensors[s->by_name[i]].name, s->tensors[s->by_name[i - 1]].name))
+            return csd_err_set(err, CSD_EFORMAT, "%s: tensor '%s' appears twice", L,
+                               s->tensors[s->by_name[i]].name);
+    qsort(by_off, (size_t)s->n, sizeof *by_off, offset_cmp);
+    for (int i = 1; i < s->n; i++)
+        if (by_off[i - 1]->offset + by_off[i - 1]->nbytes > by_off[i]->offset)
+            return csd_err_set(err, CSD_EFORMAT, "%s: tensors '%s' and '%s' overlap", L,
+                               by_off[i - 1]->name, by_off[i]->name);
+    return 0;
+}
+
 /* Decodes and checks the table entries (sections already known to lie inside the file). */
 static int decode_table(csd_shard *s, uint64_t table_offset, uint64_t data_offset, csd_err *err) {
-    const char *L = s->label;
-    s->tensors = csd_alloc_array((size_t)(s->n ? s->n : 1), sizeof *s->tensors);
-    s->by_name = csd_alloc_array((size_t)(s->n ? s->n : 1), sizeof *s->by_name);
-    const csd_shard_tensor **by_off = csd_alloc_array((size_t)(s->n ? s->n : 1), sizeof *by_off);
+    size_t n = (size_t)(s->n ? s->n : 1);
+    s->tensors = csd_alloc_array(n, sizeof *s->tensors);
+    s->by_name = csd_alloc_array(n, sizeof *s->by_name);
+    const csd_shard_tensor **by_off = csd_alloc_array(n, sizeof *by_off);
     if (!s->tensors || !s->by_name || !by_off) {
         csd_free(by_off);
-        return csd_err_set(err, CSD_ENOMEM, "%s: table of %d tensors", L, s->n);
+        return csd_err_set(err, CSD_ENOMEM, "%s: table of %d tensors", s->label, s->n);
     }
     int rc = 0;
     for (int i = 0; i < s->n && !rc; i++) {
-        const uint8_t *e = s->buf + table_offset + (uint64_t)i * CSD_SHARD_ENTRY_BYTES;
-        csd_shard_tensor *t = &s->tensors[i];
-        size_t name_len = strnlen((const char *)e + E_NAME, CSD_SHARD_NAME_BYTES);
-        if (name_len == 0 || name_len == CSD_SHARD_NAME_BYTES) {
-            rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor %d: name empty or not NUL-terminated", L,
-                             i);
-            break;
-        }
-        for (size_t k = name_len; k < CSD_SHARD_NAME_BYTES && !rc; k++)
-            if (e[E_NAME + k])
-                rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor %d: name not NUL-padded", L, i);
-        for (size_t k = 0; k < name_len && !rc; k++)
-            if (e[E_NAME + k] < 0x21 || e[E_NAME + k] > 0x7e)
-                rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor %d: name has a non-printable byte",
-                                 L, i);
-        if (rc) break;
-        memcpy(t->name, e + E_NAME, name_len);
-        t->name[name_len] = '\0';
-        uint32_t dtype = get_u32(e + E_DTYPE);
-        uint64_t rows = get_u64(e + E_ROWS), cols = get_u64(e + E_COLS);
-        uint64_t off = get_u64(e + E_OFFSET), nbytes = get_u64(e + E_NBYTES);
-        if (dtype >= CSD_DTYPE_COUNT || get_u32(e + E_RESERVED) != 0)
-            rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor '%s': unknown dtype %u", L, t->name,
-                             dtype);
-        else if (rows < 1 || cols < 1 || rows > (uint64_t)MAX_TENSOR_SIDE ||
-                 cols > (uint64_t)MAX_TENSOR_SIDE)
-            rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor '%s': shape [%llu, %llu] out of range",
-                             L, t->name, (unsigned long long)rows, (unsigned long long)cols);
-        else if (off % CSD_SHARD_ALIGN != 0 || off < data_offset || off > s->len ||
-                 nbytes > s->len - off)
-            rc = csd_err_set(
-                err, CSD_EFORMAT,
-                "%s: tensor '%s': bytes [%llu, +%llu) misaligned or outside the data section "
-                "[%llu, %zu)",
-                L, t->name, (unsigned long long)off, (unsigned long long)nbytes,
-                (unsigned long long)data_offset, s->len);
-        if (rc) break;
-        t->dtype = (int)dtype;
-        t->rows = (int64_t)rows;
-        t->cols = (int64_t)cols;
-        t->offset = off;
-        t->nbytes = (size_t)nbytes;
-        t->checksum = get_u64(e + E_CHECKSUM);
-        t->data = s->buf + off;
+        rc = decode_entry(s, i, table_offset, data_offset, err);
         s->by_name[i] = i;
-        by_off[i] = t;
+        by_off[i] = &s->tensors[i];
     }
-    if (!rc && s->n > 1) {
-        qsort_r(s->by_name, (size_t)s->n, sizeof *s->by_name, name_cmp_ctx_sort, s->tensors);
-        for (int i = 1; i < s->n && !rc; i++)
-            if (!strcmp(s->tensors[s->by_name[i]].name, s->tensors[s->by_name[i - 1]].name))
-                rc = csd_err_set(err, CSD_EFORMAT, "%s: tensor '%s' appears twice", L,
-                                 s->tensors[s->by_name[i]].name);
-        qsort(by_off, (size_t)s->n, sizeof *by_off, offset_cmp);
-        for (int i = 1; i < s->n && !rc; i++)
-            if (by_off[i - 1]->offset + by_off[i - 1]->nbytes > by_off[i]->offset)
-                rc = csd_err_set(err, CSD_EFORMAT, "%s: tensors '%s' and '%s' overlap", L,
-                                 by_off[i - 1]->name, by_off[i]->name);
-    }
+    if (!rc && s->n > 1) rc = check_distinct(s, by_off, err);
     csd_free(by_off);
     return rc;
 }
