@@ -71,75 +71,77 @@ done:
     return rc;
 }
 
+/* Checks fd is a regular file of at most CSD_FLEET_KEY_FILE_MAX bytes that only its owner can
+ * read. */
+static int check_key_file(int fd, const char *path, csd_err *err) {
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        return csd_err_set(err, CSD_EIO, "%s: stat: %s", path, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return csd_err_set(err, CSD_EINVAL, "%s: key file is not a regular file", path);
+    if (st.st_mode & 077)
+        return csd_err_set(err, CSD_EAUTH,
+                           "%s: key file mode %03o is readable by others; chmod 600 it", path,
+                           (unsigned)(st.st_mode & 0777));
+    if (st.st_size > (off_t)CSD_FLEET_KEY_FILE_MAX)
+        return csd_err_set(err, CSD_EFORMAT, "%s: key file is %lld bytes, limit %u", path,
+                           (long long)st.st_size, CSD_FLEET_KEY_FILE_MAX);
+    return 0;
+}
+
+/* Reads the key file into text (NUL-terminated, at most CSD_FLEET_KEY_FILE_MAX bytes) after
+ * check_key_file; *n is its length. */
+static int read_key_file(const char *path, char *text, size_t *n, csd_err *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0)
+        return csd_err_set(err, CSD_EIO, "%s: cannot open key file: %s", path, strerror(errno));
+    int rc = check_key_file(fd, path, err);
+    *n = 0;
+    while (!rc && *n < CSD_FLEET_KEY_FILE_MAX) {
+        ssize_t r = read(fd, text + *n, CSD_FLEET_KEY_FILE_MAX - *n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) rc = csd_err_set(err, CSD_EIO, "%s: read: %s", path, strerror(errno));
+        if (r <= 0) break;
+        *n += (size_t)r;
+    }
+    close(fd);
+    text[*n] = '\0';
+    return rc;
+}
+
+static bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* The key in text[0..n) (blanks around it ignored): 64 hex digits or base64 of 32 bytes. */
+static bool decode_key_text(const char *text, size_t n, csd_fleet_key *key) {
+    size_t b = 0, e = n, got = 0;
+    while (b < e && is_blank(text[b])) b++;
+    while (e > b && is_blank(text[e - 1])) e--;
+    const char *end = NULL;
+    uint8_t bin[CSD_FLEET_KEY_SIZE + 1];
+    bool ok = e - b == 2 * CSD_FLEET_KEY_SIZE &&
+              sodium_hex2bin(bin, sizeof bin, text + b, e - b, NULL, &got, &end) == 0 &&
+              end == text + e && got == CSD_FLEET_KEY_SIZE;
+    if (!ok)
+        ok = sodium_base642bin(bin, sizeof bin, text + b, e - b, NULL, &got, &end,
+                               sodium_base64_VARIANT_ORIGINAL) == 0 &&
+             end == text + e && got == CSD_FLEET_KEY_SIZE;
+    if (ok) memcpy(key->bytes, bin, CSD_FLEET_KEY_SIZE);
+    sodium_memzero(bin, sizeof bin);
+    return ok;
+}
+
 int csd_fleet_key_load(const char *path, csd_fleet_key *key, csd_err *err) {
     int rc = sodium_ready(err);
     if (rc) return rc;
     char text[CSD_FLEET_KEY_FILE_MAX + 1];
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) return csd_err_set(err, CSD_EIO, "%s: cannot open key file: %s", path,
-                                   strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = csd_err_set(err, CSD_EIO, "%s: stat: %s", path, strerror(errno));
-        close(fd);
-        return rc;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return csd_err_set(err, CSD_EINVAL, "%s: key file is not a regular file", path);
-    }
-    if (st.st_mode & 077) {
-        close(fd);
-        return csd_err_set(err, CSD_EAUTH,
-                           "%s: key file mode %03o is readable by others; chmod 600 it", path,
-                           (unsigned)(st.st_mode & 0777));
-    }
-    if (st.st_size > (off_t)CSD_FLEET_KEY_FILE_MAX) {
-        close(fd);
-        return csd_err_set(err, CSD_EFORMAT, "%s: key file is %lld bytes, limit %u", path,
-                           (long long)st.st_size, CSD_FLEET_KEY_FILE_MAX);
-    }
     size_t n = 0;
-    while (n < CSD_FLEET_KEY_FILE_MAX) {
-        ssize_t r = read(fd, text + n, CSD_FLEET_KEY_FILE_MAX - n);
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) {
-            rc = csd_err_set(err, CSD_EIO, "%s: read: %s", path, strerror(errno));
-            close(fd);
-            sodium_memzero(text, sizeof text);
-            return rc;
-        }
-        if (r == 0) break;
-        n += (size_t)r;
-    }
-    close(fd);
-    text[n] = '\0';
-    /* Trim surrounding whitespace. */
-    size_t b = 0, e = n;
-    while (b < e && (text[b] == ' ' || text[b] == '\t' || text[b] == '\n' || text[b] == '\r')) b++;
-    while (e > b && (text[e - 1] == ' ' || text[e - 1] == '\t' || text[e - 1] == '\n' ||
-                     text[e - 1] == '\r'))
-        e--;
-    size_t got = 0;
-    const char *end = NULL;
-    uint8_t bin[CSD_FLEET_KEY_SIZE + 1];
-    rc = CSD_EFORMAT;
-    if (e - b == 2 * CSD_FLEET_KEY_SIZE &&
-        sodium_hex2bin(bin, sizeof bin, text + b, e - b, NULL, &got, &end) == 0 &&
-        end == text + e && got == CSD_FLEET_KEY_SIZE)
-        rc = 0;
-    else if (sodium_base642bin(bin, sizeof bin, text + b, e - b, NULL, &got, &end,
-                               sodium_base64_VARIANT_ORIGINAL) == 0 &&
-             end == text + e && got == CSD_FLEET_KEY_SIZE)
-        rc = 0;
-    if (rc == 0) memcpy(key->bytes, bin, CSD_FLEET_KEY_SIZE);
-    sodium_memzero(bin, sizeof bin);
+    rc = read_key_file(path, text, &n, err);
+    if (!rc && !decode_key_text(text, n, key))
+        rc =
+            csd_err_set(err, CSD_EFORMAT,
+                        "%s: not a fleet key (expected 64 hex digits or base64 of 32 bytes)", path);
     sodium_memzero(text, sizeof text);
-    if (rc)
-        return csd_err_set(err, CSD_EFORMAT,
-                           "%s: not a fleet key (expected 64 hex digits or base64 of 32 bytes)",
-                           path);
-    return 0;
+    return rc;
 }
 
 void csd_fleet_key_fingerprint(const csd_fleet_key *key, char out[17]) {
