@@ -372,6 +372,58 @@ int csd_manifest_validate(const csd_manifest *m, bool deep, csd_err *err) {
 
 /* ---- writing ---- */
 
+/* One stage's object (NULL when out of memory). */
+static json_t *stage_json(const csd_manifest_stage *s, int index) {
+    json_t *o = json_object();
+    if (!o) return NULL;
+    char sum[17];
+    snprintf(sum, sizeof sum, "%016llx", (unsigned long long)s->checksum);
+    json_object_set_new(o, "index", json_integer(index));
+    json_object_set_new(o, "file", json_string(s->file));
+    json_object_set_new(o, "layer_begin", json_integer(s->layer_begin));
+    json_object_set_new(o, "layer_end", json_integer(s->layer_end));
+    json_object_set_new(o, "has_embed", json_boolean(s->has_embed));
+    json_object_set_new(o, "has_head", json_boolean(s->has_head));
+    json_object_set_new(o, "bytes", json_integer((json_int_t)s->bytes));
+    json_object_set_new(o, "checksum", json_string(sum));
+    json_object_set_new(o, "weight_bytes", json_integer((json_int_t)s->weight_bytes));
+    json_object_set_new(o, "kv_bytes_per_token", json_integer((json_int_t)s->kv_bytes_per_token));
+    json_object_set_new(o, "memory_bytes", json_integer((json_int_t)s->memory_bytes));
+    json_object_set_new(o, "machine_bytes", json_integer((json_int_t)s->machine_bytes));
+    return o;
+}
+
+/* The manifest's root object around cfg (the model config as JSON; a reference is taken), or
+ * NULL when out of memory. */
+static json_t *manifest_json(const csd_manifest *m, json_t *cfg) {
+    char hash[2 * CSD_SHARD_HASH_BYTES + 1];
+    csd_shard_hash_hex(m->model_hash, hash);
+    json_t *root = json_object(), *files = json_array(), *stages = json_array();
+    bool ok = root && files && stages;
+    for (int i = 0; ok && i < m->n_files; i++)
+        ok = json_array_append_new(files, json_string(m->files[i])) == 0;
+    for (int i = 0; ok && i < m->n_stages; i++)
+        ok = json_array_append_new(stages, stage_json(&m->stages[i], i)) == 0;
+    if (ok) {
+        json_object_set_new(root, "format", json_string("cascadia-manifest"));
+        json_object_set_new(root, "version", json_integer(CSD_MANIFEST_VERSION));
+        json_object_set_new(root, "shard_version", json_integer(CSD_SHARD_VERSION));
+        json_object_set_new(root, "kernel_layout", json_integer(CSD_SHARD_KERNEL_LAYOUT));
+        json_object_set_new(root, "precision", json_string(csd_dtype_name(m->precision)));
+        json_object_set_new(root, "kv_dtype", json_string(csd_dtype_name(m->kv_dtype)));
+        json_object_set_new(root, "ctx", json_integer(m->ctx));
+        json_object_set_new(root, "slots", json_integer(m->slots));
+        json_object_set_new(root, "model_hash", json_string(hash));
+        json_object_set(root, "config", cfg);
+        json_object_set(root, "files", files);
+        json_object_set(root, "stages", stages);
+    }
+    json_decref(files);
+    json_decref(stages);
+    if (!ok) json_decref(root);
+    return ok ? root : NULL;
+}
+
 int csd_manifest_write(const csd_manifest *m, const char *dir, csd_err *err) {
     char *cfg_text = NULL;
     int rc = csd_model_config_to_json(&m->cfg, &cfg_text, err);
@@ -379,68 +431,19 @@ int csd_manifest_write(const csd_manifest *m, const char *dir, csd_err *err) {
     json_error_t jerr;
     json_t *cfg = json_loads(cfg_text, 0, &jerr);
     csd_free(cfg_text);
-    char hash[2 * CSD_SHARD_HASH_BYTES + 1];
-    csd_shard_hash_hex(m->model_hash, hash);
-    json_t *root = json_object(), *files = json_array(), *stages = json_array();
-    if (!cfg || !root || !files || !stages) {
-        rc = csd_err_set(err, CSD_ENOMEM, "manifest JSON");
-        goto done;
-    }
-    json_object_set_new(root, "format", json_string("cascadia-manifest"));
-    json_object_set_new(root, "version", json_integer(CSD_MANIFEST_VERSION));
-    json_object_set_new(root, "shard_version", json_integer(CSD_SHARD_VERSION));
-    json_object_set_new(root, "kernel_layout", json_integer(CSD_SHARD_KERNEL_LAYOUT));
-    json_object_set_new(root, "precision", json_string(csd_dtype_name(m->precision)));
-    json_object_set_new(root, "kv_dtype", json_string(csd_dtype_name(m->kv_dtype)));
-    json_object_set_new(root, "ctx", json_integer(m->ctx));
-    json_object_set_new(root, "slots", json_integer(m->slots));
-    json_object_set_new(root, "model_hash", json_string(hash));
-    json_object_set(root, "config", cfg);
-    for (int i = 0; i < m->n_files; i++) json_array_append_new(files, json_string(m->files[i]));
-    json_object_set(root, "files", files);
-    for (int i = 0; i < m->n_stages; i++) {
-        const csd_manifest_stage *s = &m->stages[i];
-        char sum[17];
-        snprintf(sum, sizeof sum, "%016llx", (unsigned long long)s->checksum);
-        json_t *o = json_object();
-        if (!o) {
-            rc = csd_err_set(err, CSD_ENOMEM, "manifest JSON");
-            goto done;
-        }
-        json_object_set_new(o, "index", json_integer(i));
-        json_object_set_new(o, "file", json_string(s->file));
-        json_object_set_new(o, "layer_begin", json_integer(s->layer_begin));
-        json_object_set_new(o, "layer_end", json_integer(s->layer_end));
-        json_object_set_new(o, "has_embed", json_boolean(s->has_embed));
-        json_object_set_new(o, "has_head", json_boolean(s->has_head));
-        json_object_set_new(o, "bytes", json_integer((json_int_t)s->bytes));
-        json_object_set_new(o, "checksum", json_string(sum));
-        json_object_set_new(o, "weight_bytes", json_integer((json_int_t)s->weight_bytes));
-        json_object_set_new(o, "kv_bytes_per_token",
-                            json_integer((json_int_t)s->kv_bytes_per_token));
-        json_object_set_new(o, "memory_bytes", json_integer((json_int_t)s->memory_bytes));
-        json_object_set_new(o, "machine_bytes", json_integer((json_int_t)s->machine_bytes));
-        json_array_append_new(stages, o);
-    }
-    json_object_set(root, "stages", stages);
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (!text) {
-        rc = csd_err_set(err, CSD_ENOMEM, "manifest JSON");
-        goto done;
-    }
+    json_t *root = cfg ? manifest_json(m, cfg) : NULL;
+    json_decref(cfg);
+    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(root);
+    if (!text) return csd_err_set(err, CSD_ENOMEM, "manifest JSON");
     char path[PATH_CAP];
-    if (csd_path_join(path, sizeof path, dir, CSD_MANIFEST_FILE))
+    if (csd_path_join(path, sizeof path, dir, CSD_MANIFEST_FILE)) {
         rc = csd_err_set(err, CSD_ERANGE, "%s: path too long", dir);
-    else {
+    } else {
         size_t len = strlen(text);
         text[len] = '\n'; /* json_dumps leaves room for its NUL: reuse it for a final newline */
         rc = csd_file_write_all(path, text, len + 1, err);
     }
     free(text);
-done:
-    json_decref(cfg);
-    json_decref(files);
-    json_decref(stages);
-    json_decref(root);
     return rc;
 }
