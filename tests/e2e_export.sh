@@ -110,4 +110,16 @@ if err=$("$CASCADIA" run "$WORK/auto" --precision int8 -p hi -n 2 2>&1); then fa
 has "$err" "the export is int4" "precision mismatch"
 ok
 
+# run --logit-bias: +100 forces a token, -100 bans the greedy one; bad values are refused
+forced=$(ids "$M" --precision int4 --logit-bias 300=100) || fail "run --logit-bias: $(cat "$WORK/run.err")"
+[ "$forced" = "$(printf '300 %.0s' $(seq 12) | xargs)" ] || fail "--logit-bias 300=100 gave: $forced"
+first=${want%% *}
+banned=$(ids "$M" --precision int4 --logit-bias "$first-100") || fail "run --logit-bias ban"
+[ "${banned%% *}" != "$first" ] || fail "--logit-bias $first-100 still starts with $first: $banned"
+rc=0; "$CASCADIA" run "$M" -p hi -n 1 --logit-bias 300=101 >/dev/null 2>&1 || rc=$?
+[ $rc -eq 2 ] || fail "--logit-bias 300=101: rc $rc, want 2"
+if err=$("$CASCADIA" run "$M" -p hi -n 1 --logit-bias 99999999=1 2>&1); then fail "a bias outside the vocabulary accepted"; fi
+has "$err" "outside the vocabulary" "logit bias outside the vocabulary"
+ok
+
 echo "$pass passed, 0 failed"

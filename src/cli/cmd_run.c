@@ -1,6 +1,7 @@
 /* cmd_run: `cascadia run MODEL_DIR -p TEXT`: generate on this machine and stream the text.
  * Prints the prompt and its continuation to stdout (like llama2.c and llama-cli), token rates to
  * stderr; --print-ids prints the generated ids instead of text. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@ static const char *const run_usage =
     "  --repeat-penalty R  (default 1.0 = off)\n"
     "  --presence-penalty F, --frequency-penalty F   (default 0)\n"
     "  --seed S            sampling seed (default 24301)\n"
+    "  --logit-bias ID=B   add B (-100..100) to token ID's logit; repeatable (also ID+B, ID-B)\n"
     "  --ignore-eos        keep generating past end-of-text\n"
     "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
@@ -39,6 +41,32 @@ typedef struct run_args {
     bool print_ids;
     csd_cli_fleet fleet;
 } run_args;
+
+/* --logit-bias ID=BIAS, or llama-cli's ID+BIAS / ID-BIAS; a repeated ID replaces its bias. */
+static bool parse_logit_bias(const char *value, csd_sampler_params *sp) {
+    size_t digits = value ? strspn(value, "0123456789") : 0;
+    char *end = NULL;
+    long long id = digits && digits <= 10 ? strtoll(value, NULL, 10) : -1;
+    const char *b = value && digits ? value + digits + (value[digits] == '=') : NULL;
+    double bias = b && (*b == '+' || *b == '-' || (*b >= '0' && *b <= '9')) ? strtod(b, &end) : NAN;
+    if (id < 0 || id > INT32_MAX || !end || *end || !(bias >= -100 && bias <= 100)) {
+        fprintf(stderr,
+                "cascadia run: --logit-bias expects ID=BIAS (or ID+BIAS, ID-BIAS) with BIAS in "
+                "[-100, 100], got '%s'\n",
+                value ? value : "");
+        return false;
+    }
+    int32_t i = 0;
+    while (i < sp->n_logit_bias && sp->logit_bias[i].id != (int32_t)id) i++;
+    if (i == CSD_SAMPLER_MAX_LOGIT_BIAS) {
+        fprintf(stderr, "cascadia run: at most %d --logit-bias tokens\n",
+                CSD_SAMPLER_MAX_LOGIT_BIAS);
+        return false;
+    }
+    sp->logit_bias[i] = (csd_logit_bias){(int32_t)id, (float)bias};
+    if (i == sp->n_logit_bias) sp->n_logit_bias++;
+    return true;
+}
 
 static int parse_sampling_flag(const char *flag, const char *value, csd_sampler_params *sp) {
     double d;
@@ -67,6 +95,8 @@ static int parse_sampling_flag(const char *flag, const char *value, csd_sampler_
     } else if (!strcmp(flag, "--seed")) {
         if (!csd_cli_int("run", flag, value, 0, INT64_MAX, &v)) return -1;
         sp->seed = (uint64_t)v;
+    } else if (!strcmp(flag, "--logit-bias")) {
+        if (!parse_logit_bias(value, sp)) return -1;
     } else {
         return 0;
     }
