@@ -284,6 +284,34 @@ static void install_signals(void) {
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill the server */
 }
 
+static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl,
+                      const char *model_name, csd_http_server **srv, csd_err *err) {
+    csd_http_opts o;
+    csd_http_opts_default(&o);
+    o.host = a->host;
+    o.port = a->port;
+    o.api_key = a->api_key;
+    o.model_name = model_name;
+    o.max_body = a->max_body;
+    int rc = csd_http_server_create(srv, &o, tok, tmpl, err);
+    if (!rc)
+        fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s\n", a->host,
+                csd_http_server_port(*srv), model_name, a->api_key ? "on" : "off");
+    return rc;
+}
+
+static int start_engine(const serve_args *a, const csd_tok *tok, serve_backend *b,
+                        csd_engine **engine, csd_err *err) {
+    int32_t eog[CSD_CLI_MAX_EOG];
+    int n_eog = csd_cli_collect_eog(tok, eog, CSD_CLI_MAX_EOG);
+    csd_engine_opts eo;
+    csd_engine_opts_default(&eo);
+    eo.parallel = a->parallel;
+    eo.queue_max = a->queue_max;
+    eo.prefix_cache = a->prefix_cache;
+    return csd_engine_create(engine, b->pipes, b->n_pipes, eog, n_eog, &eo, err);
+}
+
 int csd_cmd_serve(int argc, char **argv) {
     serve_args a;
     int rc = parse_args(argc, argv, &a);
@@ -305,31 +333,10 @@ int csd_cmd_serve(int argc, char **argv) {
 
     rc = csd_tok_load(&tok, a.model_dir, &err);
     if (!rc) rc = load_template(&a, tok, &tmpl, &err);
-    if (!rc) {
-        csd_http_opts o;
-        csd_http_opts_default(&o);
-        o.host = a.host;
-        o.port = a.port;
-        o.api_key = a.api_key;
-        o.model_name = model_name;
-        o.max_body = a.max_body;
-        rc = csd_http_server_create(&srv, &o, tok, tmpl, &err);
-    }
-    if (!rc) {
-        fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s\n", a.host,
-                csd_http_server_port(srv), model_name, a.api_key ? "on" : "off");
-        rc = build_pipelines(&a, &b, &err);
-    }
-    if (!rc && !g_stop_signal) {
-        int32_t eog[CSD_CLI_MAX_EOG];
-        int n_eog = csd_cli_collect_eog(tok, eog, CSD_CLI_MAX_EOG);
-        csd_engine_opts eo;
-        csd_engine_opts_default(&eo);
-        eo.parallel = a.parallel;
-        eo.queue_max = a.queue_max;
-        eo.prefix_cache = a.prefix_cache;
-        rc = csd_engine_create(&engine, b.pipes, b.n_pipes, eog, n_eog, &eo, &err);
-    }
+    /* listening first: /health answers 503 "loading" while the weights load */
+    if (!rc) rc = start_http(&a, tok, tmpl, model_name, &srv, &err);
+    if (!rc) rc = build_pipelines(&a, &b, &err);
+    if (!rc && !g_stop_signal) rc = start_engine(&a, tok, &b, &engine, &err);
     if (!rc && engine) {
         csd_http_server_set_engine(srv, engine);
         fprintf(stderr, "cascadia serve: ready (context %lld tokens, %d parallel)\n",
