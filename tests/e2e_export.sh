@@ -118,8 +118,11 @@ banned=$(ids "$M" --precision int4 --logit-bias "$first-100") || fail "run --log
 [ "${banned%% *}" != "$first" ] || fail "--logit-bias $first-100 still starts with $first: $banned"
 rc=0; "$CASCADIA" run "$M" -p hi -n 1 --logit-bias 300=101 >/dev/null 2>&1 || rc=$?
 [ $rc -eq 2 ] || fail "--logit-bias 300=101: rc $rc, want 2"
-if err=$("$CASCADIA" run "$M" -p hi -n 1 --logit-bias 99999999=1 2>&1); then fail "a bias outside the vocabulary accepted"; fi
-has "$err" "outside the vocabulary" "logit bias outside the vocabulary"
+# refused before anything is printed (no echoed prompt on stdout)
+if "$CASCADIA" run "$M" -p hi -n 1 --logit-bias 99999999=1 >"$WORK/out" 2>"$WORK/err"; then
+    fail "a bias outside the vocabulary accepted"; fi
+has "$(cat "$WORK/err")" "outside the vocabulary" "logit bias outside the vocabulary"
+[ ! -s "$WORK/out" ] || fail "run printed '$(cat "$WORK/out")' before refusing the bias"
 ok
 
 echo "$pass passed, 0 failed"

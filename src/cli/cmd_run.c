@@ -198,7 +198,9 @@ static void print_stats(const csd_gen_stats *st) {
 static int generate_text(const run_args *a, csd_pipeline *pipe, const csd_tok *tok, csd_err *err) {
     int32_t *ids = NULL;
     size_t n_ids = 0;
-    int rc = csd_tok_encode(tok, a->prompt, strlen(a->prompt), true, false, &ids, &n_ids, err);
+    /* before the prompt is echoed: a --logit-bias id outside the model's vocabulary */
+    int rc = csd_sampler_params_check(&a->gen.sampling, (int32_t)pipe->cfg.vocab_size, err);
+    if (!rc) rc = csd_tok_encode(tok, a->prompt, strlen(a->prompt), true, false, &ids, &n_ids, err);
     if (rc) return rc;
     run_output *out = csd_alloc(sizeof *out);
     if (!out) {
