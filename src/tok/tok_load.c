@@ -120,6 +120,54 @@ static int parse_normalizer(csd_tok *tok, const json_t *n, int depth, csd_err *e
 }
 
 /* ---- pre-tokenizer ---- */
+/* Split: a Regex (translated for PCRE2) or a literal String, Isolated or Removed, maybe
+ * inverted. */
+static int parse_split_step(csd_tok *tok, const json_t *p, csd_tok_pre_step *st, csd_err *err) {
+    const json_t *pat = json_object_get(p, "pattern");
+    const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
+    const json_t *src = json_is_string(re) ? re : lit;
+    if (!json_is_string(src))
+        return csd_err_set(err, CSD_EFORMAT,
+                           "tokenizer.json: Split needs a Regex or String pattern");
+    const json_t *beh = json_object_get(p, "behavior");
+    const char *b = json_is_string(beh) ? json_string_value(beh) : "Isolated";
+    if (strcmp(b, "Isolated") != 0 && strcmp(b, "Removed") != 0)
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "tokenizer.json: Split behavior '%.32s' is not supported", b);
+    st->removed = strcmp(b, "Removed") == 0;
+    if (get_bool(p, "invert", false, &st->invert, "Split", err)) return CSD_EFORMAT;
+    st->kind = CSD_TOK_PRE_SPLIT;
+    return csd_tok_regex_compile(tok, json_string_value(src), json_string_length(src), src == re,
+                                 &st->code, err);
+}
+
+/* ByteLevel: bytes to GPT-2's printable alphabet, split by its built-in regex unless use_regex is
+ * false. */
+static int parse_bytelevel_step(csd_tok *tok, const json_t *p, csd_tok_pre_step *st, csd_err *err) {
+    bool use_regex;
+    st->kind = CSD_TOK_PRE_BYTELEVEL;
+    if (get_bool(p, "add_prefix_space", false, &st->add_prefix_space, "ByteLevel", err) ||
+        get_bool(p, "use_regex", true, &use_regex, "ByteLevel", err))
+        return CSD_EFORMAT;
+    if (!use_regex) return 0;
+    st->invert = true; /* the reference keeps only the matches of its built-in regex */
+    return csd_tok_regex_compile_gpt2(tok, &st->code, err);
+}
+
+/* Metaspace: spaces become the replacement character, prepended per prepend_scheme. */
+static int parse_metaspace_step(const json_t *p, csd_tok_pre_step *st, csd_err *err) {
+    const json_t *r = json_object_get(p, "replacement");
+    const json_t *scheme = json_object_get(p, "prepend_scheme");
+    const char *sc = json_is_string(scheme) ? json_string_value(scheme) : "always";
+    st->kind = CSD_TOK_PRE_METASPACE;
+    st->prepend = strcmp(sc, "first") == 0   ? CSD_TOK_PREPEND_FIRST
+                  : strcmp(sc, "never") == 0 ? CSD_TOK_PREPEND_NEVER
+                                             : CSD_TOK_PREPEND_ALWAYS;
+    if (dup_str(json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81", &st->replacement, err))
+        return CSD_ENOMEM;
+    return 0;
+}
+
 static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) {
     if (!p || json_is_null(p)) return 0;
     const char *type;
@@ -128,10 +176,13 @@ static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) 
                            "tokenizer.json: pre_tokenizer must be an object with a type");
     if (strcmp(type, "Sequence") == 0) {
         const json_t *list = json_object_get(p, "pretokenizers");
-        if (!json_is_array(list) || depth > 4)
+        if (!json_is_array(list))
             return csd_err_set(
                 err, CSD_EFORMAT,
                 "tokenizer.json: pre_tokenizer Sequence needs a pretokenizers array");
+        if (depth > 4)
+            return csd_err_set(err, CSD_EUNSUPPORTED,
+                               "tokenizer.json: pre_tokenizer Sequences nest too deeply");
         for (size_t i = 0; i < json_array_size(list); i++) {
             int rc = parse_pretok(tok, json_array_get(list, i), depth + 1, err);
             if (rc) return rc;
@@ -142,50 +193,16 @@ static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) 
         return csd_err_set(err, CSD_EUNSUPPORTED, "tokenizer.json: too many pre-tokenizer steps");
     csd_tok_pre_step *st = &tok->pre[tok->n_pre];
     int rc;
-    if (strcmp(type, "Split") == 0) {
-        const json_t *pat = json_object_get(p, "pattern");
-        const json_t *re = json_object_get(pat, "Regex"), *lit = json_object_get(pat, "String");
-        const json_t *src = json_is_string(re) ? re : lit;
-        if (!json_is_string(src))
-            return csd_err_set(err, CSD_EFORMAT,
-                               "tokenizer.json: Split needs a Regex or String pattern");
-        const json_t *beh = json_object_get(p, "behavior");
-        const char *b = json_is_string(beh) ? json_string_value(beh) : "Isolated";
-        if (strcmp(b, "Isolated") != 0 && strcmp(b, "Removed") != 0)
-            return csd_err_set(err, CSD_EUNSUPPORTED,
-                               "tokenizer.json: Split behavior '%.32s' is not supported", b);
-        st->removed = strcmp(b, "Removed") == 0;
-        if (get_bool(p, "invert", false, &st->invert, "Split", err)) return CSD_EFORMAT;
-        st->kind = CSD_TOK_PRE_SPLIT;
-        rc = csd_tok_regex_compile(tok, json_string_value(src), json_string_length(src), src == re,
-                                   &st->code, err);
-        if (rc) return rc;
-    } else if (strcmp(type, "ByteLevel") == 0) {
-        bool use_regex;
-        st->kind = CSD_TOK_PRE_BYTELEVEL;
-        if (get_bool(p, "add_prefix_space", false, &st->add_prefix_space, "ByteLevel", err) ||
-            get_bool(p, "use_regex", true, &use_regex, "ByteLevel", err))
-            return CSD_EFORMAT;
-        if (use_regex) {
-            st->invert = true; /* the reference keeps only the matches of its built-in regex */
-            rc = csd_tok_regex_compile_gpt2(tok, &st->code, err);
-            if (rc) return rc;
-        }
-    } else if (strcmp(type, "Metaspace") == 0) {
-        const json_t *r = json_object_get(p, "replacement");
-        const json_t *scheme = json_object_get(p, "prepend_scheme");
-        const char *sc = json_is_string(scheme) ? json_string_value(scheme) : "always";
-        st->kind = CSD_TOK_PRE_METASPACE;
-        st->prepend = strcmp(sc, "first") == 0   ? CSD_TOK_PREPEND_FIRST
-                      : strcmp(sc, "never") == 0 ? CSD_TOK_PREPEND_NEVER
-                                                 : CSD_TOK_PREPEND_ALWAYS;
-        if (dup_str(json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81", &st->replacement,
-                    err))
-            return CSD_ENOMEM;
-    } else {
+    if (strcmp(type, "Split") == 0)
+        rc = parse_split_step(tok, p, st, err);
+    else if (strcmp(type, "ByteLevel") == 0)
+        rc = parse_bytelevel_step(tok, p, st, err);
+    else if (strcmp(type, "Metaspace") == 0)
+        rc = parse_metaspace_step(p, st, err);
+    else
         return csd_err_set(err, CSD_EUNSUPPORTED,
                            "tokenizer.json: pre_tokenizer '%.64s' is not supported", type);
-    }
+    if (rc) return rc;
     tok->n_pre++;
     return 0;
 }
