@@ -21,25 +21,17 @@ static bool grow(char **buf, size_t n, size_t *cap) {
 bool csd_cli_read_stdin(const char *cmd, char **out, size_t *len) {
     size_t cap = 1 << 16, n = 0;
     char *buf = csd_alloc(cap);
-    const char *problem = NULL;
-    for (;;) {
-        if (!buf) {
-            problem = "out of memory";
-            break;
-        }
+    const char *problem = buf ? NULL : "out of memory";
+    while (!problem) {
         if (n + 1 >= cap && cap >= CSD_CLI_STDIN_MAX) {
             problem = "stdin is larger than 256 MiB";
-            break;
-        }
-        if (n + 1 >= cap && !grow(&buf, n, &cap)) {
+        } else if (n + 1 >= cap && !grow(&buf, n, &cap)) {
             problem = "out of memory";
-            break;
-        }
-        size_t r = fread(buf + n, 1, cap - n - 1, stdin);
-        n += r;
-        if (r == 0) {
-            if (ferror(stdin)) problem = "cannot read stdin";
-            break;
+        } else {
+            size_t r = fread(buf + n, 1, cap - n - 1, stdin);
+            n += r;
+            if (r == 0 && ferror(stdin)) problem = "cannot read stdin";
+            if (r == 0) break;
         }
     }
     if (problem) {
