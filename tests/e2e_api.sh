@@ -107,8 +107,13 @@ CTX=$(curl -s -H "Authorization: Bearer secret" "$BASE/v1/models" |
       /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["max_model_len"])')
 
 # --- the OpenAI client suite ---
+FINGERPRINT=$("$CASCADIA" version --json | /usr/bin/python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print("cascadia-%s-%s" % (v["version"], v["commit"]))')
 CSD_BASE="$BASE" CSD_KEY=secret CSD_MODEL=tiny CSD_CTX="$CTX" CSD_RUN_PROMPT="$RUN_PROMPT" \
     CSD_RUN_FILE="$WORK/run.txt" CSD_RUN_N="$RUN_N" CSD_BUSY_BASE="http://127.0.0.1:$PORT_busy" \
+    CSD_FINGERPRINT="$FINGERPRINT" \
     CSD_LOAD_N="${CSD_LOAD_N:-200}" CSD_LOAD_CONC="${CSD_LOAD_CONC:-16}" \
     node "$REF/api_test.mjs" || { tail -40 "$WORK/main.log"; fail "api_test.mjs failed (server log above)"; }
 

@@ -54,7 +54,17 @@ assert abs(r["membw_gbs"] - max(rates.values())) <= 1e-6 * r["membw_gbs"], (r["m
 assert abs(rates[r["membw_source"]] - r["membw_gbs"]) <= 1e-6 * r["membw_gbs"], (r, rates)
 assert r["roofline_fraction"] <= 1 + 1e-9 and r["paired_membw_gbs"] <= r["membw_gbs"], r
 PY
+# every result says which binary and CPU made it: the JSON's fields, the table's last line
+"$CASCADIA" version --json > "$WORK/version.json" || fail "version --json"
+/usr/bin/python3 - "$WORK/d0.json" "$WORK/version.json" <<'PY' || fail "bench --json build fields"
+import json, sys
+r, v = (json.load(open(p)) for p in sys.argv[1:3])
+assert r["version"] == v["version"] and r["build_commit"] == v["commit"], (r, v)
+assert r["cpu"], r
+PY
 "$CASCADIA" bench "$M" -p 16 -n 8 -r 1 --membw-mib 64 -d 40 > "$WORK/table" 2>/dev/null || fail "bench -d 40"
+tail -1 "$WORK/table" | grep -q "^build: cascadia [0-9.]* (commit [0-9a-z-]*), .*; CPU: ." ||
+    fail "no build line under the table: $(tail -1 "$WORK/table")"
 grep -q "| pp16 @ d40 |" "$WORK/table" || fail "no pp16 @ d40 row: $(cat "$WORK/table")"
 grep -q "| tg8 @ d40 |" "$WORK/table" || fail "no tg8 @ d40 row: $(cat "$WORK/table")"
 grep -q "MiB KV cache read per token" "$WORK/table" || fail "roofline line without the KV cache"
@@ -93,5 +103,6 @@ assert [l["concurrency"] for l in levels] == [1, 2], levels
 assert levels[0]["speedup_vs_1"] == 1 and all(l["aggregate_tps"] > 0 for l in levels), levels
 assert abs(levels[1]["speedup_vs_1"] - levels[1]["aggregate_tps"] / levels[0]["aggregate_tps"]) < 1e-6
 assert all(l["per_stream_tps"] > 0 and l["ttft_s"] > 0 and l["step_ms"] > 0 for l in levels), levels
+assert all(l["build_commit"] and l["version"] and l["cpu"] for l in levels), levels
 PY
 echo "8 passed, 0 failed"

@@ -18,13 +18,22 @@ FLAGS=(-std=c11 -O2 -Wall -Wextra -Wpedantic -Wshadow -Werror -D_DEFAULT_SOURCE 
 NEON_FLAGS=(-march=armv8.2-a+dotprod) # CMakeLists.txt's CSD_FLAGS_neon
 isa_flags() { case "$1" in *_neon.c) echo "${NEON_FLAGS[@]}" ;; esac; }
 
+# build_info.c gets what CMake gives it: the generated commit header and three strings.
+mkdir -p "$WORK/generated"
+cmake -DSOURCE_DIR="$CSD_SOURCE_DIR" -DOUT="$WORK/generated/csd_build_commit.h" \
+    -P cmake/build_commit.cmake || fail "cmake/build_commit.cmake failed"
+BUILD_INFO_FLAGS=(-I"$WORK/generated" -DCSD_VERSION='"0"' -DCSD_BUILD_TYPE='"Release"'
+                  -DCSD_BUILD_ARCH='"aarch64"')
+
 # Every file once; the kernels' and core's objects are kept for the links below.
 n=0
 objs=()
 while read -r f; do
     o="$WORK/$(echo "${f%.c}" | tr / _).o"
+    extra=()
+    [ "$f" = src/core/build_info.c ] && extra=("${BUILD_INFO_FLAGS[@]}")
     # shellcheck disable=SC2046 # isa_flags prints zero or more flags
-    "$CC_ARM" "${FLAGS[@]}" $(isa_flags "$f") -c "$f" -o "$o" 2>"$WORK/err" ||
+    "$CC_ARM" "${FLAGS[@]}" "${extra[@]}" $(isa_flags "$f") -c "$f" -o "$o" 2>"$WORK/err" ||
         fail "$f does not build for aarch64: $(head -5 "$WORK/err")"
     case "$f" in src/kern/* | src/core/*) objs+=("$o") ;; esac
     n=$((n + 1))
@@ -85,6 +94,12 @@ echo "$summary" | grep -q "out of $n_unit\$" || fail "expected $n_unit unit test
 if grep -q "Not Run\|Skipped" "$WORK/ctest.out"; then grep "Not Run\|Skipped" "$WORK/ctest.out"; fi
 echo "ok   the $n_unit unit tests pass on aarch64 under qemu ($summary)"
 
+# `cascadia version` there names the target and the tables qemu's default CPU runs.
+qemu-aarch64 "$WORK/arm/cascadia" version >"$WORK/version" 2>&1 || fail "cascadia version failed on aarch64"
+grep -q "^built: .*, aarch64$" "$WORK/version" && grep -q "^kernels:  neon (this CPU runs: ref neon)$" "$WORK/version" ||
+    fail "cascadia version on aarch64: $(cat "$WORK/version")"
+echo "ok   cascadia version on aarch64 names the target and the NEON table"
+
 # Under qemu the aarch64 cascadia generates stories260K greedily with the NEON table: f32, f16 and
 # bf16 weights give golden.json's ids, int8 and int4 give exactly the ids the native binary gives
 # (both tables compute the same float sequence in the quantized kernels).
@@ -103,4 +118,4 @@ for p in f32 f16 bf16 int8 int4; do
     [ "$got" = "$want" ] || fail "--precision $p on aarch64: ids '$got', want '$want'"
 done
 echo "ok   cascadia built for aarch64 generates stories260K under qemu with NEON: f32/f16/bf16 golden, int8/int4 as native"
-echo "6 passed, 0 failed"
+echo "7 passed, 0 failed"

@@ -76,6 +76,7 @@ assert d["mode"] == "fleet" and d["stages"] == 3 and d["local_stage"] is False, 
 assert d["n_gen"] == 4 and d["pp_tps"] > 0 and d["tg_tps"] > 0, d
 parts = d["remote_compute_ms"] + d["network_wait_ms"] + d["coordinator_ms"] + d["local_compute_ms"]
 assert abs(parts - d["ms_per_token"]) <= 0.05 * d["ms_per_token"] + 0.01, (parts, d)
+assert d["build_commit"] and d["version"] and d["cpu"], d
 PY
             echo "ok: bench --fleet --json"; passed=$((passed + 1))
         fi

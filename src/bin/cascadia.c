@@ -40,6 +40,7 @@ int main(int argc, char **argv) {
         usage(stdout);
         return 0;
     }
+    if (strcmp(argv[1], "--version") == 0) return csd_cmd_version(argc - 1, argv + 1);
     for (const csd_command *c = csd_commands; c->name; c++)
         if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
     fprintf(stderr, "cascadia: unknown command '%s'\n\n", argv[1]);

@@ -190,6 +190,7 @@ static void print_levels_json(const csd_bench_args *a, const char *where, int th
         csd_cli_json_set_real(o, "ttft_s", res[i].ttft_s);
         csd_cli_json_set_real(o, "step_ms", res[i].step_ms);
         csd_cli_json_set_real(o, "load_avg", res[i].load_avg);
+        csd_cli_bench_json_build(o);
         json_array_append_new(all, o);
     }
     if (!csd_cli_json_print(all)) fprintf(stderr, "cascadia bench: cannot write the JSON result\n");
@@ -374,6 +375,7 @@ static void print_fleet_json(const csd_bench_args *a, int stages, int threads,
         csd_cli_json_set_real(o, "coordinator_pct", 100 * r->coord_ms / T);
         csd_cli_json_set_real(o, "rtt_ms", r->rtt_ms);
         csd_cli_json_set_real(o, "load_avg", r->load_avg);
+        csd_cli_bench_json_build(o);
     }
     if (!csd_cli_json_print(o)) fprintf(stderr, "cascadia bench: cannot write the JSON result\n");
 }

@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cli_json.h"
 #include "core/err.h"
 #include "core/pool.h"
 #include "fleet_setup.h"
@@ -50,6 +51,12 @@ void csd_cli_bench_random_ids(int32_t *ids, int64_t n, int64_t vocab, uint64_t *
 /* The 1-minute load average (/proc/loadavg), or -1 where there is none: printed next to every
  * figure, since a benchmark on a shared machine means little without it. */
 double csd_cli_bench_loadavg(void);
+
+/* Which binary and machine made a result, so that figures copied into docs/ can be traced back:
+ * o gets "version", "build_commit" and "cpu"; the text form is the table's last line
+ * (llama-bench's "build:" line). */
+void csd_cli_bench_json_build(json_t *o);
+void csd_cli_bench_print_build(void);
 
 /* Mean and sample standard deviation of v[0..n). */
 void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd);

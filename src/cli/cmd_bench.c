@@ -14,8 +14,10 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "core/alloc.h"
+#include "core/build_info.h"
 #include "core/clock.h"
 #include "core/dtype.h"
+#include "core/host_info.h"
 #include "model/weight_stream.h"
 
 static const char *const bench_usage =
@@ -55,6 +57,19 @@ double csd_cli_bench_loadavg(void) {
     if (f && fscanf(f, "%lf", &l) != 1) l = -1;
     if (f) fclose(f);
     return l;
+}
+
+void csd_cli_bench_json_build(json_t *o) {
+    char cpu[128];
+    csd_cli_json_set_text(o, "version", csd_version());
+    csd_cli_json_set_text(o, "build_commit", csd_build_commit());
+    csd_cli_json_set_text(o, "cpu", csd_host_cpu_name(cpu, sizeof cpu));
+}
+
+void csd_cli_bench_print_build(void) {
+    char cpu[128];
+    printf("build: cascadia %s (commit %s), %s, %s; CPU: %s\n", csd_version(), csd_build_commit(),
+           csd_build_compiler(), csd_build_type(), csd_host_cpu_name(cpu, sizeof cpu));
 }
 
 void csd_cli_bench_stats(const double *v, int n, double *mean, double *sd) {
@@ -463,6 +478,7 @@ static void print_result_json(const csd_bench_args *a, const csd_model *m, const
         return;
     }
     csd_cli_json_set_text(o, "model", base_name(a->model_dir));
+    csd_cli_bench_json_build(o);
     csd_cli_json_set_real(o, "pp_tps", r->pp_tps);
     csd_cli_json_set_real(o, "pp_sd", r->pp_sd);
     csd_cli_json_set_real(o, "tg_tps", r->tg_tps);
@@ -540,40 +556,53 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);
 }
 
+/* The single-model benchmark: prompt processing, generation and the roofline. */
+static int bench_one_model(csd_bench_args *a) {
+    csd_err err = {0};
+    csd_model *model = NULL;
+    /* llama-bench's sizing: the context holds the longest test, one batch holds the prompt */
+    if (a->model.max_ctx <= 0) a->model.max_ctx = a->depth + a->n_prompt + a->n_gen + 16;
+    if (a->n_prompt > CSD_MODEL_DEFAULT_MAX_BATCH) a->model.max_batch = a->n_prompt;
+    uint64_t t0 = csd_now_ns();
+    int rc = csd_model_open(&model, a->model_dir, &a->model, &err);
+    if (!rc) {
+        fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n",
+                a->model_dir, (double)(csd_now_ns() - t0) * 1e-9,
+                csd_dtype_name(csd_model_precision(model)),
+                (double)csd_model_weight_bytes(model) / (1 << 20),
+                csd_pool_size(csd_model_pool(model)), csd_kern_name());
+        int64_t trained = csd_model_cfg(model)->max_seq_len,
+                longest = a->depth + a->n_prompt + a->n_gen;
+        if (trained > 0 && longest > trained) /* as llama-bench: measured anyway, but say so */
+            fprintf(stderr,
+                    "cascadia bench: warning: -d %lld + -p %lld + -n %lld = %lld tokens is past "
+                    "the model's trained context of %lld (max_position_embeddings)\n",
+                    (long long)a->depth, (long long)a->n_prompt, (long long)a->n_gen,
+                    (long long)longest, (long long)trained);
+        bench_result res;
+        memset(&res, 0, sizeof res);
+        rc = bench_model(model, a, &res, &err);
+        if (!rc) print_result(a, model, &res);
+    }
+    if (rc) csd_cli_error("bench", &err);
+    csd_model_destroy(model);
+    return rc ? 1 : 0;
+}
+
 int csd_cmd_bench(int argc, char **argv) {
     csd_bench_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc < 0 ? 0 : rc;
     csd_kern_init();
-    if (a.n_levels) return csd_cli_bench_concurrency(&a);
-    if (a.fleet.fleet) return csd_cli_bench_fleet(&a);
-    csd_err err = {0};
-    csd_model *model = NULL;
-    /* llama-bench's sizing: the context holds the longest test, one batch holds the prompt */
-    if (a.model.max_ctx <= 0) a.model.max_ctx = a.depth + a.n_prompt + a.n_gen + 16;
-    if (a.n_prompt > CSD_MODEL_DEFAULT_MAX_BATCH) a.model.max_batch = a.n_prompt;
-    uint64_t t0 = csd_now_ns();
-    rc = csd_model_open(&model, a.model_dir, &a.model, &err);
-    if (!rc) {
-        fprintf(stderr, "loaded %s in %.2f s: %s weights (%.1f MiB), %d threads, kernels %s\n",
-                a.model_dir, (double)(csd_now_ns() - t0) * 1e-9,
-                csd_dtype_name(csd_model_precision(model)),
-                (double)csd_model_weight_bytes(model) / (1 << 20),
-                csd_pool_size(csd_model_pool(model)), csd_kern_name());
-        int64_t trained = csd_model_cfg(model)->max_seq_len,
-                longest = a.depth + a.n_prompt + a.n_gen;
-        if (trained > 0 && longest > trained) /* as llama-bench: measured anyway, but say so */
-            fprintf(stderr,
-                    "cascadia bench: warning: -d %lld + -p %lld + -n %lld = %lld tokens is past "
-                    "the model's trained context of %lld (max_position_embeddings)\n",
-                    (long long)a.depth, (long long)a.n_prompt, (long long)a.n_gen,
-                    (long long)longest, (long long)trained);
-        bench_result res;
-        memset(&res, 0, sizeof res);
-        rc = bench_model(model, &a, &res, &err);
-        if (!rc) print_result(&a, model, &res);
+    if (a.n_levels)
+        rc = csd_cli_bench_concurrency(&a);
+    else if (a.fleet.fleet)
+        rc = csd_cli_bench_fleet(&a);
+    else
+        rc = bench_one_model(&a);
+    if (rc == 0 && !a.json) {
+        printf("\n");
+        csd_cli_bench_print_build();
     }
-    if (rc) csd_cli_error("bench", &err);
-    csd_model_destroy(model);
-    return rc ? 1 : 0;
+    return rc;
 }

@@ -16,6 +16,7 @@
 #include "coord/engine.h"
 #include "coord/pipeline.h"
 #include "core/alloc.h"
+#include "core/build_info.h"
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "http/server.h"
@@ -295,8 +296,9 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
     o.max_body = a->max_body;
     int rc = csd_http_server_create(srv, &o, tok, tmpl, err);
     if (!rc)
-        fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s\n", a->host,
-                csd_http_server_port(*srv), model_name, a->api_key ? "on" : "off");
+        fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s build=%s\n",
+                a->host, csd_http_server_port(*srv), model_name, a->api_key ? "on" : "off",
+                csd_build_fingerprint());
     return rc;
 }
 

@@ -7,6 +7,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "core/build_info.h"
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "model/shard_model.h"
@@ -99,7 +100,7 @@ static void print_banner(const csd_model *model, const csd_shard_header *h,
             "worker: stage %u of %u, layers [%lld, %lld)%s%s, %s, loaded in %.2f s\n"
             "worker: memory: weights %.1f MiB, KV %.1f KiB/token (%s) = %.1f MiB per "
             "%lld-token request, cap %.0f MiB\n"
-            "worker: listening on port %u (%s)\n",
+            "worker: listening on port %u (%s, build %s)\n",
             h->stage_index, h->stage_count, (long long)h->layer_begin, (long long)h->layer_end,
             h->has_embed ? " +embeddings" : "", h->has_head ? " +head" : "",
             csd_dtype_name(h->precision), (double)(csd_now_ns() - t0) * 1e-9,
@@ -107,7 +108,8 @@ static void print_banner(const csd_model *model, const csd_shard_header *h,
             csd_dtype_name(csd_model_kv_dtype(model)),
             kv_tok * (double)csd_model_max_ctx(model) / (1 << 20),
             (long long)csd_model_max_ctx(model), (double)cap / (1 << 20),
-            csd_stage_server_port(server), a->stage.link.insecure ? "insecure" : "encrypted");
+            csd_stage_server_port(server), a->stage.link.insecure ? "insecure" : "encrypted",
+            csd_build_fingerprint());
 }
 
 int csd_cmd_worker(int argc, char **argv) {

@@ -21,5 +21,7 @@ const csd_command csd_commands[] = {
      csd_cmd_synth},
     {"tokenize", "read text on stdin, print token ids", csd_cmd_tokenize},
     {"detokenize", "read token ids on stdin, print text", csd_cmd_detokenize},
+    {"version", "print the version, commit, build and the kernels this CPU runs (also --version)",
+     csd_cmd_version},
     {NULL, NULL, NULL},
 };

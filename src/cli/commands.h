@@ -25,5 +25,6 @@ int csd_cmd_serve(int argc, char **argv);
 int csd_cmd_keygen(int argc, char **argv);
 int csd_cmd_bench(int argc, char **argv);
 int csd_cmd_perplexity(int argc, char **argv);
+int csd_cmd_version(int argc, char **argv);
 
 #endif

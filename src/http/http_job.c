@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/build_info.h"
 #include "core/err.h"
 #include "core/log.h"
 #include "http_internal.h"
@@ -119,9 +120,10 @@ void csd_http_job_release(csd_http_job *j) {
 
 static json_t *chunk_base(const csd_http_job *j) {
     bool chat = j->kind == CSD_HTTP_KIND_CHAT;
-    json_t *c = json_pack("{s:s, s:s, s:I, s:s}", "id", j->id, "object",
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:s}", "id", j->id, "object",
                           chat ? "chat.completion.chunk" : "text_completion", "created",
-                          (json_int_t)j->created, "model", j->model);
+                          (json_int_t)j->created, "model", j->model, "system_fingerprint",
+                          csd_build_fingerprint());
     if (c && j->include_usage) json_object_set_new(c, "usage", json_null());
     return c;
 }
@@ -431,12 +433,13 @@ char *csd_http_job_response(csd_http_job *j, int *status) {
         choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", text, "logprobs",
                            j->lp ? j->lp : json_null(), "finish_reason", finish_name(res->end));
     }
-    json_t *root = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:{s:I, s:I, s:I}}", "id", j->id,
-                             "object", chat ? "chat.completion" : "text_completion", "created",
-                             (json_int_t)j->created, "model", j->model, "choices", choice, "usage",
-                             "prompt_tokens", (json_int_t)res->prompt_tokens, "completion_tokens",
-                             (json_int_t)res->completion_tokens, "total_tokens",
-                             (json_int_t)(res->prompt_tokens + res->completion_tokens));
+    json_t *root =
+        json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:{s:I, s:I, s:I}}", "id", j->id, "object",
+                  chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created,
+                  "model", j->model, "system_fingerprint", csd_build_fingerprint(), "choices",
+                  choice, "usage", "prompt_tokens", (json_int_t)res->prompt_tokens,
+                  "completion_tokens", (json_int_t)res->completion_tokens, "total_tokens",
+                  (json_int_t)(res->prompt_tokens + res->completion_tokens));
     pthread_mutex_unlock(&j->mu);
     if (root) s = json_dumps(root, JSON_COMPACT);
     json_decref(root);

@@ -150,6 +150,14 @@ const csd_kern_ops *csd_kern_ops_current(void) {
 const char *csd_kern_init(void) { return csd_kern_ops_current()->name; }
 const char *csd_kern_name(void) { return csd_kern_ops_current()->name; }
 
+int csd_kern_available(const char **names, int cap) {
+    pthread_once(&init_once, init_tables);
+    int n = 0;
+    for (int i = 0; i < TABLE_COUNT && n < cap; i++)
+        if (table_ok[i]) names[n++] = table_names[i];
+    return n;
+}
+
 const csd_kern_ops *csd_kern_table(const char *name) {
     pthread_once(&init_once, init_tables);
     for (int i = 0; i < TABLE_COUNT; i++)

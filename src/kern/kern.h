@@ -26,6 +26,9 @@ typedef struct csd_qmat {
 /* Selects the kernel table once (thread-safe, idempotent). Returns its name. */
 const char *csd_kern_init(void);
 const char *csd_kern_name(void);
+/* Names of the tables this CPU runs (compiled in and supported), worst first, at most cap of
+ * them; returns how many. CSD_KERN can force any of these. */
+int csd_kern_available(const char **names, int cap);
 
 /* Bytes needed to store a rows x cols matrix in dtype. */
 size_t csd_qmat_bytes(int dtype, int64_t rows, int64_t cols);
