@@ -84,6 +84,7 @@ run_llama() { # gguf-type round
 }
 
 log "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+log "$("$CASCADIA" version | head -1), commit $("$CASCADIA" version | sed -n 's/^commit: *//p')"
 if [ -x "$LLAMA_REF_HOME/membw" ]; then
     log "membw (llama-ref's STREAM-like test, load $(load)):"
     "$LLAMA_REF_HOME/membw" 1024 "1,$T" 3 | tee "$OUT/membw.txt" >&2
@@ -127,5 +128,17 @@ for pair in pairs:
     print("| %s | %s | %.2f | %.2f | %.2fx | %.2f | %.2f | %.2fx | %.1f%%, %.1f%% | %.1f%% | %s |" % (
         o, l.upper(), opp, lpp, opp / lpp if rl else float("nan"), otg, ltg, otg / ltg if rl else float("nan"),
         roof, paired, ceiling, loads))
+# The targets are about one engine beside the other in the same minutes: each round's ratios too.
+print("\n| round | pair | pp ratio | tg ratio | roofline (ours): peak, paired |")
+print("| ---: | --- | ---: | ---: | ---: |")
+for pair in pairs:
+    o, l = pair.split(":")
+    theirs = {f[2]: f for f in rows.get(("llama", l), [])}
+    for f in rows.get(("ours", o), []):
+        t = theirs.get(f[2])
+        pp = float(f[3]) / float(t[3]) if t and t[3] else float("nan")
+        tg = float(f[4]) / float(t[4]) if t and t[4] else float("nan")
+        print("| %s | %s / %s | %.2fx | %.2fx | %.1f%%, %.1f%% |" % (
+            f[2], o, l.upper(), pp, tg, float(f[6]), float(f[9])))
 print("\n(-t %s, -r %s per run; rounds averaged; raw rows in %s)" % (T, R, res))
 EOF

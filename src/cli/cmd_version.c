@@ -3,6 +3,7 @@
  * CPU runs, and the versions of the file formats and the wire protocol it reads and speaks. The
  * last line is what decides whether machines can share a fleet: the same wire protocol and shard
  * versions, whatever their kernels. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -51,13 +52,13 @@ static void print_text(const char **tables, int n_tables) {
 }
 
 int csd_cmd_version(int argc, char **argv) {
-    int json = 0;
+    bool json = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             version_usage(stdout);
             return 0;
         } else if (strcmp(argv[i], "--json") == 0) {
-            json = 1;
+            json = true;
         } else {
             fprintf(stderr, "cascadia version: unknown argument '%s'\n\n", argv[i]);
             version_usage(stderr);
