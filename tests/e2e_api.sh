@@ -120,6 +120,9 @@ CSD_BASE="$BASE" CSD_KEY=secret CSD_MODEL=tiny CSD_CTX="$CTX" CSD_RUN_PROMPT="$R
 # --- /metrics is valid Prometheus text ---
 curl -s "$BASE/metrics" >"$WORK/metrics.txt"
 grep -q '^cascadia_active_requests 0$' "$WORK/metrics.txt" || fail "active requests not back to 0"
+build_info=$(echo "$FINGERPRINT" | sed 's/^cascadia-\([^-]*\)-\(.*\)$/cascadia_build_info{version="\1",commit="\2"} 1/')
+grep -qxF "$build_info" "$WORK/metrics.txt" ||
+    fail "no '$build_info' in /metrics: $(grep build_info "$WORK/metrics.txt")"
 if command -v promtool >/dev/null; then
     promtool check metrics <"$WORK/metrics.txt" || fail "promtool check metrics"
     echo "ok   promtool check metrics"

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include "core/alloc.h"
+#include "core/build_info.h"
 #include "core/clock.h"
 #include "core/log.h"
 #include "http_internal.h"
@@ -151,8 +152,7 @@ static bool route_is_post(int route) {
 static bool same_secret(const char *a, const char *b) {
     size_t la = strlen(a), lb = strlen(b);
     unsigned char diff = (unsigned char)(la != lb);
-    for (size_t i = 0; i < la; i++)
-        diff |= (unsigned char)(a[i] ^ b[lb ? i % lb : 0]);
+    for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a[i] ^ b[lb ? i % lb : 0]);
     return diff == 0;
 }
 
@@ -161,8 +161,7 @@ static bool authorized(const csd_http_server *s, struct MHD_Connection *c, int r
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
-    while (*h == ' ')
-        h++;
+    while (*h == ' ') h++;
     return same_secret(h, s->api_key);
 }
 
@@ -222,66 +221,86 @@ static void metric(csd_http_buf *b, const char *name, const char *type, const ch
     if (n > 0) csd_http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+/* The engine's counters and gauges (zeros while the model loads). */
+static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, int ready,
+                                  long long client_cancels) {
+    metric(b, "cascadia_ready", "gauge", "1 when the model is loaded and a pipeline can serve.",
+           "cascadia_ready %d\n", ready);
+    metric(b, "cascadia_requests_total", "counter", "Generation requests admitted to the engine.",
+           "cascadia_requests_total %lld\n", (long long)st->requests_total);
+    metric(b, "cascadia_requests_rejected_total", "counter",
+           "Generation requests refused because every slot and the queue were full (HTTP 429).",
+           "cascadia_requests_rejected_total %lld\n", (long long)st->requests_rejected);
+    metric(b, "cascadia_requests_client_cancelled_total", "counter",
+           "Requests cancelled because the client disconnected.",
+           "cascadia_requests_client_cancelled_total %lld\n", client_cancels);
+    metric(b, "cascadia_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+           "cascadia_prompt_tokens_total %lld\n", (long long)st->prompt_tokens_total);
+    metric(b, "cascadia_completion_tokens_total", "counter", "Generated tokens.",
+           "cascadia_completion_tokens_total %lld\n", (long long)st->completion_tokens_total);
+    metric(b, "cascadia_time_to_first_token_seconds", "summary",
+           "Time from submission to the first generated token.",
+           "cascadia_time_to_first_token_seconds_sum %.9f\n"
+           "cascadia_time_to_first_token_seconds_count %lld\n",
+           st->ttft_sum_s, (long long)st->ttft_count);
+    metric(b, "cascadia_inter_token_latency_seconds", "summary",
+           "Time between consecutive generated tokens of a request->",
+           "cascadia_inter_token_latency_seconds_sum %.9f\n"
+           "cascadia_inter_token_latency_seconds_count %lld\n",
+           st->itl_sum_s, (long long)st->itl_count);
+    metric(b, "cascadia_step_duration_seconds", "summary", "Duration of batched forward steps.",
+           "cascadia_step_duration_seconds_sum %.9f\ncascadia_step_duration_seconds_count %lld\n",
+           st->step_sum_s, (long long)st->step_count);
+    metric(b, "cascadia_queue_depth", "gauge", "Requests waiting for a slot.",
+           "cascadia_queue_depth %d\n", st->queue_depth);
+    metric(b, "cascadia_active_requests", "gauge", "Requests holding a slot (prefill or decode).",
+           "cascadia_active_requests %d\n", st->active);
+    metric(b, "cascadia_slots", "gauge", "Request slots over all pipelines.", "cascadia_slots %d\n",
+           st->slots);
+    metric(b, "cascadia_prefix_cache_hits_total", "counter",
+           "Requests that started from a cached prompt prefix instead of recomputing it.",
+           "cascadia_prefix_cache_hits_total %lld\n", (long long)st->prefix_hits);
+    metric(b, "cascadia_prefix_cache_tokens_total", "counter",
+           "Prompt tokens reused from the prefix cache (not recomputed).",
+           "cascadia_prefix_cache_tokens_total %lld\n", (long long)st->prefix_tokens);
+    metric(b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
+           "cascadia_prefix_cache_entries %d\n", st->prefix_entries);
+}
+
+/* Responses by status code: a code appears once it has been sent. */
+static void append_http_metrics(csd_http_buf *b, csd_http_server *s) {
+    char line[128];
+    static const char http_head[] =
+        "# HELP cascadia_http_responses_total HTTP responses by status code.\n"
+        "# TYPE cascadia_http_responses_total counter\n";
+    csd_http_buf_append(b, http_head, sizeof http_head - 1);
+    for (int code = 100; code < 600; code++) {
+        long long n = atomic_load(&s->http_by_code[code]);
+        if (!n) continue;
+        int len = snprintf(line, sizeof line, "cascadia_http_responses_total{code=\"%d\"} %lld\n",
+                           code, n);
+        csd_http_buf_append(b, line, (size_t)len);
+    }
+}
+
+/* Prometheus' build_info convention: a constant 1 whose labels say which binary is serving. */
+static void append_build_info(csd_http_buf *b) {
+    metric(b, "cascadia_build_info", "gauge",
+           "Always 1; the labels name the version and the git commit of this server.",
+           "cascadia_build_info{version=\"%s\",commit=\"%s\"} 1\n", csd_version(),
+           csd_build_commit());
+}
+
 static enum MHD_Result handle_metrics(csd_http_server *s, struct MHD_Connection *c) {
     csd_engine_stats st;
     memset(&st, 0, sizeof st);
     csd_engine *e = atomic_load(&s->engine);
     if (e) csd_engine_get_stats(e, &st);
     csd_http_buf b = {0};
-    metric(&b, "cascadia_ready", "gauge", "1 when the model is loaded and a pipeline can serve.",
-           "cascadia_ready %d\n", e && csd_engine_ready(e) ? 1 : 0);
-    metric(&b, "cascadia_requests_total", "counter", "Generation requests admitted to the engine.",
-           "cascadia_requests_total %lld\n", (long long)st.requests_total);
-    metric(&b, "cascadia_requests_rejected_total", "counter",
-           "Generation requests refused because every slot and the queue were full (HTTP 429).",
-           "cascadia_requests_rejected_total %lld\n", (long long)st.requests_rejected);
-    metric(&b, "cascadia_requests_client_cancelled_total", "counter",
-           "Requests cancelled because the client disconnected.",
-           "cascadia_requests_client_cancelled_total %lld\n",
-           (long long)atomic_load(&s->client_cancels));
-    metric(&b, "cascadia_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
-           "cascadia_prompt_tokens_total %lld\n", (long long)st.prompt_tokens_total);
-    metric(&b, "cascadia_completion_tokens_total", "counter", "Generated tokens.",
-           "cascadia_completion_tokens_total %lld\n", (long long)st.completion_tokens_total);
-    metric(&b, "cascadia_time_to_first_token_seconds", "summary",
-           "Time from submission to the first generated token.",
-           "cascadia_time_to_first_token_seconds_sum %.9f\n"
-           "cascadia_time_to_first_token_seconds_count %lld\n",
-           st.ttft_sum_s, (long long)st.ttft_count);
-    metric(&b, "cascadia_inter_token_latency_seconds", "summary",
-           "Time between consecutive generated tokens of a request.",
-           "cascadia_inter_token_latency_seconds_sum %.9f\n"
-           "cascadia_inter_token_latency_seconds_count %lld\n",
-           st.itl_sum_s, (long long)st.itl_count);
-    metric(&b, "cascadia_step_duration_seconds", "summary", "Duration of batched forward steps.",
-           "cascadia_step_duration_seconds_sum %.9f\ncascadia_step_duration_seconds_count %lld\n",
-           st.step_sum_s, (long long)st.step_count);
-    metric(&b, "cascadia_queue_depth", "gauge", "Requests waiting for a slot.",
-           "cascadia_queue_depth %d\n", st.queue_depth);
-    metric(&b, "cascadia_active_requests", "gauge", "Requests holding a slot (prefill or decode).",
-           "cascadia_active_requests %d\n", st.active);
-    metric(&b, "cascadia_slots", "gauge", "Request slots over all pipelines.",
-           "cascadia_slots %d\n", st.slots);
-    metric(&b, "cascadia_prefix_cache_hits_total", "counter",
-           "Requests that started from a cached prompt prefix instead of recomputing it.",
-           "cascadia_prefix_cache_hits_total %lld\n", (long long)st.prefix_hits);
-    metric(&b, "cascadia_prefix_cache_tokens_total", "counter",
-           "Prompt tokens reused from the prefix cache (not recomputed).",
-           "cascadia_prefix_cache_tokens_total %lld\n", (long long)st.prefix_tokens);
-    metric(&b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
-           "cascadia_prefix_cache_entries %d\n", st.prefix_entries);
-    char line[128];
-    static const char http_head[] =
-        "# HELP cascadia_http_responses_total HTTP responses by status code.\n"
-        "# TYPE cascadia_http_responses_total counter\n";
-    csd_http_buf_append(&b, http_head, sizeof http_head - 1);
-    for (int code = 100; code < 600; code++) {
-        long long n = atomic_load(&s->http_by_code[code]);
-        if (!n) continue;
-        int len = snprintf(line, sizeof line, "cascadia_http_responses_total{code=\"%d\"} %lld\n",
-                           code, n);
-        csd_http_buf_append(&b, line, (size_t)len);
-    }
+    append_engine_metrics(&b, &st, e && csd_engine_ready(e) ? 1 : 0,
+                          (long long)atomic_load(&s->client_cancels));
+    append_http_metrics(&b, s);
+    append_build_info(&b);
     enum MHD_Result ret = send_body(s, c, 200, "text/plain; version=0.0.4; charset=utf-8",
                                     b.data ? b.data : "", b.len, NULL, NULL);
     csd_http_buf_fini(&b);
@@ -633,14 +652,20 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     switch (cs->route) {
     case ROUTE_CHAT:
-    case ROUTE_COMPLETIONS: return handle_generate(s, c, cs->route, cs);
+    case ROUTE_COMPLETIONS:
+        return handle_generate(s, c, cs->route, cs);
     case ROUTE_MODELS:
-    case ROUTE_MODEL_ONE: return handle_models(s, c, url, cs->route);
-    case ROUTE_HEALTH: return handle_health(s, c);
-    case ROUTE_METRICS: return handle_metrics(s, c);
+    case ROUTE_MODEL_ONE:
+        return handle_models(s, c, url, cs->route);
+    case ROUTE_HEALTH:
+        return handle_health(s, c);
+    case ROUTE_METRICS:
+        return handle_metrics(s, c);
     case ROUTE_TOKENIZE:
-    case ROUTE_DETOKENIZE: return handle_tokenizer(s, c, cs->route, cs);
-    default: return MHD_NO;
+    case ROUTE_DETOKENIZE:
+        return handle_tokenizer(s, c, cs->route, cs);
+    default:
+        return MHD_NO;
     }
 }
 
@@ -662,8 +687,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
-    while (n && msg[n - 1] == '\n')
-        msg[--n] = 0;
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
     CSD_LOGD("microhttpd: %s", msg);
 }
 
