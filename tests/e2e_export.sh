@@ -49,6 +49,11 @@ has "$man" "precision       int8" "inspect manifest"
 has "$man" "stage-0.shard    [0, 2)" "inspect manifest"
 has "$man" "stage-1.shard    [2, 4)" "inspect manifest"
 has "$man" "check           ok" "inspect manifest"
+build=$("$CASCADIA" version --json | /usr/bin/python3 -c '
+import json, sys
+v = json.load(sys.stdin)
+print("cascadia-%s-%s" % (v["version"], v["commit"]))')
+has "$man" "exported by     $build" "inspect manifest"
 dir=$("$CASCADIA" inspect "$WORK/exp") || fail "inspect dir failed"
 [ "$dir" = "$man" ] || fail "inspect DIR and DIR/manifest.json differ"
 shard=$("$CASCADIA" inspect "$WORK/exp/stage-1.shard") || fail "inspect shard failed"

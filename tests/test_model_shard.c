@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/build_info.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
 #include "kern/kern.h"
@@ -535,6 +536,36 @@ static void test_manifest_detects_tampering(void **state) {
     expect_invalid(path, 0, "");
 }
 
+/* "exported_by" names the build that wrote the manifest. A manifest without it (written before
+ * the field) still loads; a value that is not short printable text is refused. */
+static void test_manifest_exported_by(void **state) {
+    (void)state;
+    csd_manifest_destroy(export_to("eb1", CSD_DTYPE_F32, 2));
+    char d1[600], d2[600];
+    snprintf(d1, sizeof d1, "%s/eb1", g_root);
+    snprintf(d2, sizeof d2, "%s/eb2", g_root);
+    csd_manifest *m = NULL;
+    csd_err err = {0};
+    if (csd_manifest_load(&m, d1, &err)) fail_msg("load: %s", err.msg);
+    assert_string_equal(m->exported_by, csd_build_fingerprint());
+    csd_manifest_destroy(m);
+    reset(d2, d1);
+    run("sed -i '/\"exported_by\"/d' '%s/manifest.json'%s", d2, "");
+    if (csd_manifest_load(&m, d2, &err)) fail_msg("load without exported_by: %s", err.msg);
+    assert_string_equal(m->exported_by, "");
+    csd_manifest_destroy(m);
+    expect_invalid(d2, 0, "");
+    static const char *const bad[] = {
+        "\"a b\"", "\"\"", "17", "null",
+        "\"0123456789012345678901234567890123456789012345678901234567890123\""};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        reset(d2, d1);
+        run("sed -i 's/\"exported_by\": \"[^\"]*\"/\"exported_by\": %s/' '%s/manifest.json'",
+            bad[i], d2);
+        expect_invalid(d2, CSD_EFORMAT, "\"exported_by\" must be");
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_llama_f32),
@@ -551,6 +582,7 @@ int main(void) {
         cmocka_unit_test(test_table_mismatch),
         cmocka_unit_test(test_export_manifest_and_chain),
         cmocka_unit_test(test_manifest_detects_tampering),
+        cmocka_unit_test(test_manifest_exported_by),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

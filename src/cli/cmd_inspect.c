@@ -140,6 +140,7 @@ static int inspect_manifest(const char *path) {
     }
     char b1[32], b2[32], b3[32], b4[32];
     printf("export          %s\n", m->dir);
+    printf("exported by     %s\n", m->exported_by[0] ? m->exported_by : "(not recorded)");
     printf("precision       %s\n", csd_dtype_name(m->precision));
     print_hash("model hash", m->model_hash);
     printf("files          ");

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "core/alloc.h"
+#include "core/build_info.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
 
@@ -107,6 +108,22 @@ static int parse_stage(const json_t *js, int i, csd_manifest_stage *s, csd_err *
     if (!rc) rc = get_int(js, "machine_bytes", 0, U64_FIELD_MAX, &v, where, err);
     if (!rc) s->machine_bytes = (uint64_t)v;
     return rc;
+}
+
+/* "exported_by": optional (older manifests lack it); shown to people, so short printable text. */
+static int parse_exported_by(csd_manifest *m, const json_t *root, csd_err *err) {
+    const json_t *v = json_object_get(root, "exported_by");
+    if (!v) return 0;
+    const char *s = json_string_value(v);
+    size_t n = s ? strlen(s) : 0;
+    bool ok = s && n > 0 && n < sizeof m->exported_by;
+    for (size_t i = 0; ok && i < n; i++) ok = s[i] > 0x20 && s[i] < 0x7f;
+    if (!ok)
+        return csd_err_set(err, CSD_EFORMAT,
+                           "\"exported_by\" must be 1 to %zu printable characters without blanks",
+                           sizeof m->exported_by - 1);
+    memcpy(m->exported_by, s, n + 1);
+    return 0;
 }
 
 /* The versions this build must match, precision, KV type, context, slots and model hash. */
@@ -220,6 +237,7 @@ static int parse_stages(csd_manifest *m, const json_t *root, csd_err *err) {
 static int parse_root(csd_manifest *m, const json_t *root, csd_err *err) {
     if (!json_is_object(root)) return csd_err_set(err, CSD_EFORMAT, "not a JSON object");
     int rc = parse_header(m, root, err);
+    if (!rc) rc = parse_exported_by(m, root, err);
     if (!rc) rc = parse_config(m, root, err);
     if (!rc) rc = parse_files(m, root, err);
     if (!rc) rc = parse_stages(m, root, err);
@@ -409,6 +427,7 @@ static json_t *manifest_json(const csd_manifest *m, json_t *cfg) {
         json_object_set_new(root, "version", json_integer(CSD_MANIFEST_VERSION));
         json_object_set_new(root, "shard_version", json_integer(CSD_SHARD_VERSION));
         json_object_set_new(root, "kernel_layout", json_integer(CSD_SHARD_KERNEL_LAYOUT));
+        json_object_set_new(root, "exported_by", json_string(csd_build_fingerprint()));
         json_object_set_new(root, "precision", json_string(csd_dtype_name(m->precision)));
         json_object_set_new(root, "kv_dtype", json_string(csd_dtype_name(m->kv_dtype)));
         json_object_set_new(root, "ctx", json_integer(m->ctx));

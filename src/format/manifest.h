@@ -44,6 +44,9 @@ typedef struct csd_manifest {
     char files[CSD_MANIFEST_MAX_FILES][CSD_MANIFEST_NAME_BYTES]; /* tokenizer.json, ... */
     int n_stages;
     csd_manifest_stage *stages; /* owned (load); the caller's (write) */
+    /* load only: "exported_by", the build that wrote it ("cascadia-VERSION-COMMIT"), "" when the
+     * manifest predates the field. The writer always records the running build. */
+    char exported_by[CSD_MANIFEST_NAME_BYTES];
 } csd_manifest;
 
 /* path: a manifest.json or a directory containing one. Destroy with csd_manifest_destroy. */
