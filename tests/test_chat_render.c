@@ -281,6 +281,31 @@ static char *repeat(const char *a, int n, const char *mid, const char *b) {
     return s;
 }
 
+/* Context objects keep JS property order (integer-like keys ascending, then the rest as given),
+ * also when large: n integer keys given in descending order interleaved with n named ones. */
+static void test_context_object_order(void **state) {
+    (void)state;
+    expect_render("{% for k, v in o.items() %}{{ k }}={{ v }};{% endfor %}",
+                  "{\"o\": {\"b\": 1, \"10\": 2, \"a\": 3, \"3\": 4, \"03\": 5, \"0\": 6}}",
+                  "0=6;3=4;10=2;b=1;a=3;03=5;");
+    enum { N = 3000 };
+    size_t cap = 64 + 32 * (size_t)N;
+    char *ctx = malloc(cap), *want = malloc(cap);
+    assert_non_null(ctx);
+    assert_non_null(want);
+    size_t c = (size_t)snprintf(ctx, cap, "{\"o\": {"), w = 0;
+    for (int i = N - 1; i >= 0; i--)
+        c += (size_t)snprintf(ctx + c, cap - c, "%s\"%d\": %d, \"k%d\": %d", i < N - 1 ? ", " : "",
+                              i, i, i, -i);
+    snprintf(ctx + c, cap - c, "}}");
+    for (int i = 0; i < N; i++) w += (size_t)snprintf(want + w, cap - w, "%d:%d,", i, i);
+    for (int i = N - 1; i >= 0; i--) w += (size_t)snprintf(want + w, cap - w, "k%d:%d,", i, -i);
+    expect_render("{% for k, v in o.items() %}{{ k }}:{{ v }},{% endfor %}", ctx, want);
+    expect_render("{{ o['k7'] }} {{ o['7'] }} {{ o | length }}", ctx, "-7 7 6000");
+    free(ctx);
+    free(want);
+}
+
 static void test_limits(void **state) {
     (void)state;
     /* parser depth */
@@ -513,13 +538,21 @@ static void test_real_templates(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_expressions),      cmocka_unit_test(test_whitespace),
-        cmocka_unit_test(test_statements),       cmocka_unit_test(test_filters),
-        cmocka_unit_test(test_tests),            cmocka_unit_test(test_strings_and_slices),
-        cmocka_unit_test(test_strftime_fixed),   cmocka_unit_test(test_syntax_errors),
-        cmocka_unit_test(test_runtime_errors),   cmocka_unit_test(test_limits),
-        cmocka_unit_test(test_builtins),         cmocka_unit_test(test_apply_validation),
-        cmocka_unit_test(test_api_edges),        cmocka_unit_test(test_real_templates),
+        cmocka_unit_test(test_expressions),
+        cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_statements),
+        cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_tests),
+        cmocka_unit_test(test_strings_and_slices),
+        cmocka_unit_test(test_strftime_fixed),
+        cmocka_unit_test(test_syntax_errors),
+        cmocka_unit_test(test_runtime_errors),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_builtins),
+        cmocka_unit_test(test_apply_validation),
+        cmocka_unit_test(test_api_edges),
+        cmocka_unit_test(test_real_templates),
+        cmocka_unit_test(test_context_object_order),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,6 +110,64 @@ static bool index_key(const char *k, size_t n, unsigned long long *out) {
     return true;
 }
 
+/* An integer-like key of a JSON object and where it goes. */
+typedef struct index_entry {
+    unsigned long long idx;
+    const char *key;
+} index_entry;
+
+static int by_index(const void *pa, const void *pb) {
+    const index_entry *a = pa, *b = pb;
+    return (a->idx > b->idx) - (a->idx < b->idx);
+}
+
+/* An object with room for n entries, filled by obj_push. */
+static csd_chat_val obj_with_room(csd_chat_arena *a, size_t n) {
+    csd_chat_val v = csd_chat_v_obj(a, CSD_CHAT_V_OBJ);
+    if (n == 0) return v;
+    if (n > SIZE_MAX / sizeof(csd_chat_val))
+        csd_chat_raise(a->fail, CSD_EFULL, CSD_CHAT_NOPOS, "object too large");
+    v.u.obj->keys = csd_chat_arena_alloc(a, n * sizeof *v.u.obj->keys);
+    v.u.obj->klens = csd_chat_arena_alloc(a, n * sizeof *v.u.obj->klens);
+    v.u.obj->vals = csd_chat_arena_alloc(a, n * sizeof *v.u.obj->vals);
+    v.u.obj->cap = n;
+    return v;
+}
+
+/* Appends without looking k up: a JSON object's keys are already unique (jansson keeps the last
+ * of duplicates), and a lookup per key made large objects cost O(n^2). */
+static void obj_push(csd_chat_arena *a, csd_chat_obj *o, const char *k, csd_chat_val v) {
+    size_t kn = strlen(k);
+    o->keys[o->n] = csd_chat_arena_strndup(a, k, kn);
+    o->klens[o->n] = kn;
+    o->vals[o->n] = v;
+    o->n++;
+}
+
+/* JS property order, as the reference engine gives it: integer-like keys first, ascending, then
+ * the others in insertion order. */
+static csd_chat_val object_from_json(csd_chat_arena *a, const json_t *j, int depth) {
+    size_t n = json_object_size(j);
+    csd_chat_val v = obj_with_room(a, n);
+    index_entry *ix = n ? csd_chat_arena_alloc(a, n * sizeof *ix) : NULL;
+    size_t n_idx = 0;
+    const char *k;
+    json_t *x;
+    json_object_foreach((json_t *)j, k, x) {
+        if (index_key(k, strlen(k), &ix[n_idx].idx)) ix[n_idx++].key = k;
+    }
+    if (n_idx > 1) qsort(ix, n_idx, sizeof *ix, by_index);
+    for (size_t i = 0; i < n_idx; i++)
+        obj_push(a, v.u.obj, ix[i].key,
+                 csd_chat_from_json(a, json_object_get(j, ix[i].key), depth + 1));
+    json_object_foreach((json_t *)j, k, x) {
+        unsigned long long idx;
+        if (!index_key(k, strlen(k), &idx))
+            obj_push(a, v.u.obj, k, csd_chat_from_json(a, x, depth + 1));
+    }
+    return v;
+}
+
 csd_chat_val csd_chat_from_json(csd_chat_arena *a, const json_t *j, int depth) {
     if (depth > CSD_CHAT_MAX_JSON_DEPTH)
         csd_chat_raise(a->fail, CSD_ERANGE, CSD_CHAT_NOPOS, "context JSON nested deeper than %d",
@@ -134,47 +192,8 @@ csd_chat_val csd_chat_from_json(csd_chat_arena *a, const json_t *j, int depth) {
             v.u.arr->items[i] = csd_chat_from_json(a, json_array_get(j, i), depth + 1);
         return v;
     }
-    case JSON_OBJECT: {
-        csd_chat_val v = csd_chat_v_obj(a, CSD_CHAT_V_OBJ);
-        const char *k;
-        json_t *x;
-        /* integer-like keys first, ascending (JS property order), then insertion order */
-        size_t n_idx = 0;
-        json_object_foreach((json_t *)j, k, x) {
-            unsigned long long idx;
-            if (index_key(k, strlen(k), &idx)) n_idx++;
-        }
-        if (n_idx) {
-            const char **ik = csd_chat_arena_alloc(a, n_idx * sizeof *ik);
-            unsigned long long *iv = csd_chat_arena_alloc(a, n_idx * sizeof *iv);
-            size_t m = 0;
-            json_object_foreach((json_t *)j, k, x) {
-                unsigned long long idx;
-                if (!index_key(k, strlen(k), &idx)) continue;
-                size_t p = m++;
-                while (p > 0 && iv[p - 1] > idx) {
-                    iv[p] = iv[p - 1];
-                    ik[p] = ik[p - 1];
-                    p--;
-                }
-                iv[p] = idx;
-                ik[p] = k;
-            }
-            for (size_t i = 0; i < m; i++) {
-                size_t kn = strlen(ik[i]);
-                csd_chat_obj_set(a, v.u.obj, csd_chat_arena_strndup(a, ik[i], kn), kn,
-                                 csd_chat_from_json(a, json_object_get(j, ik[i]), depth + 1));
-            }
-        }
-        json_object_foreach((json_t *)j, k, x) {
-            size_t kn = strlen(k);
-            unsigned long long idx;
-            if (index_key(k, kn, &idx)) continue;
-            csd_chat_obj_set(a, v.u.obj, csd_chat_arena_strndup(a, k, kn), kn,
-                             csd_chat_from_json(a, x, depth + 1));
-        }
-        return v;
-    }
+    case JSON_OBJECT:
+        return object_from_json(a, j, depth);
     default: return csd_chat_v_undef();
     }
 }
