@@ -1,7 +1,6 @@
 /* cmd_run: `cascadia run MODEL_DIR -p TEXT`: generate on this machine and stream the text.
  * Prints the prompt and its continuation to stdout (like llama2.c and llama-cli), token rates to
  * stderr; --print-ids prints the generated ids instead of text. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,17 +44,17 @@ typedef struct run_args {
 /* --logit-bias ID=BIAS, or llama-cli's ID+BIAS / ID-BIAS; a repeated ID replaces its bias. */
 static bool parse_logit_bias(const char *value, csd_sampler_params *sp) {
     size_t digits = value ? strspn(value, "0123456789") : 0;
-    char *end = NULL;
+    char sep = digits ? value[digits] : '\0';
     long long id = digits && digits <= 10 ? strtoll(value, NULL, 10) : -1;
-    const char *b = value && digits ? value + digits + (value[digits] == '=') : NULL;
-    double bias = b && (*b == '+' || *b == '-' || (*b >= '0' && *b <= '9')) ? strtod(b, &end) : NAN;
-    if (id < 0 || id > INT32_MAX || !end || *end || !(bias >= -100 && bias <= 100)) {
+    if (id < 0 || id > INT32_MAX || (sep != '=' && sep != '+' && sep != '-')) {
         fprintf(stderr,
-                "cascadia run: --logit-bias expects ID=BIAS (or ID+BIAS, ID-BIAS) with BIAS in "
-                "[-100, 100], got '%s'\n",
+                "cascadia run: --logit-bias expects ID=BIAS (or ID+BIAS, ID-BIAS), got '%s'\n",
                 value ? value : "");
         return false;
     }
+    double bias; /* the sign of ID+BIAS / ID-BIAS belongs to the number */
+    if (!csd_cli_float("run", "--logit-bias", value + digits + (sep == '='), -100, 100, &bias))
+        return false;
     int32_t i = 0;
     while (i < sp->n_logit_bias && sp->logit_bias[i].id != (int32_t)id) i++;
     if (i == CSD_SAMPLER_MAX_LOGIT_BIAS) {

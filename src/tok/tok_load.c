@@ -17,6 +17,9 @@
 
 int csd_tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
 
+/* Metaspace's replacement character when tokenizer.json names none: U+2581 in UTF-8. */
+#define METASPACE_DEFAULT "\xE2\x96\x81"
+
 /* End-of-generation markers recognised by content when the vocabulary has them. */
 static const char *const eog_names[] = {
     "<|eot_id|>",      "<|eom_id|>",    "<|im_end|>", "<|endoftext|>",
@@ -163,7 +166,8 @@ static int parse_metaspace_step(const json_t *p, csd_tok_pre_step *st, csd_err *
     st->prepend = strcmp(sc, "first") == 0   ? CSD_TOK_PREPEND_FIRST
                   : strcmp(sc, "never") == 0 ? CSD_TOK_PREPEND_NEVER
                                              : CSD_TOK_PREPEND_ALWAYS;
-    if (dup_str(json_is_string(r) ? json_string_value(r) : "\xE2\x96\x81", &st->replacement, err))
+    if (dup_str(json_is_string(r) ? json_string_value(r) : METASPACE_DEFAULT, &st->replacement,
+                err))
         return CSD_ENOMEM;
     return 0;
 }
@@ -211,7 +215,7 @@ static int parse_pretok(csd_tok *tok, const json_t *p, int depth, csd_err *err) 
 /* Metaspace: the replacement character (default U+2581) decodes to a space; a prefix space is
  * stripped at the start unless prepend_scheme is "never" (or add_prefix_space false). */
 static int parse_metaspace_decoder(csd_tok *tok, const json_t *d, csd_err *err) {
-    const char *rep = "\xE2\x96\x81";
+    const char *rep = METASPACE_DEFAULT;
     const json_t *r = json_object_get(d, "replacement");
     if (json_is_string(r)) rep = json_string_value(r);
     const json_t *scheme = json_object_get(d, "prepend_scheme");
