@@ -36,8 +36,14 @@ AI int32_t q8_offset(void);
  * live on the stack). Measured on AMD EPYC: T = 4 beats 2, 3, 5, 6 (vpdpbusd latency needs the 8
  * independent parts; vpmaddubsw does not care). */
 #define QT_MAX 4
-/* Matvec: a block is one contiguous stream; prefetch this far ahead of the load. */
+/* Tiles: a block is one contiguous stream; prefetch this far ahead of the load. */
 #define PF_AHEAD 2048
+/* One-token streams (q_streams) prefetch MV_PF_AHEAD bytes ahead in each stream, set by the
+ * including file: the best distance depends on the CPU that runs the table (docs/kernels.md,
+ * "Prefetch distance"). */
+#ifndef MV_PF_AHEAD
+#error "define MV_PF_AHEAD before including x86_avx2_common.h"
+#endif
 
 /* 4 activation bytes (inputs 4k..4k+3 of a token) broadcast to every 32-bit lane. */
 AI __m256i bcast4(const int8_t *x) {
@@ -190,7 +196,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
         for (int i = 0; i < S; i++) {
             isum[i][0] = isum[i][1] = _mm256_set1_epi32(off * sums[g]);
             wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
-            csd_q_prefetch_pair_gap(wg[i], dtype, g, PF_AHEAD, CSD_PF_ONCE);
+            csd_q_prefetch_pair_gap(wg[i], dtype, g, MV_PF_AHEAD, CSD_PF_ONCE);
         }
         for (int k0 = 0; k0 < nvec; k0 += Q_CHUNK) {
             __m256i part[CSD_MV_STREAMS][2];
@@ -202,7 +208,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
 #pragma GCC unroll 4
                 for (int i = 0; i < S; i++) {
                     const uint8_t *v = wg[i] + (size_t)k * CSD_QUANT_VEC_BYTES;
-                    CSD_PREFETCH_WEIGHTS(v + PF_AHEAD, CSD_PF_ONCE);
+                    CSD_PREFETCH_WEIGHTS(v + MV_PF_AHEAD, CSD_PF_ONCE);
                     __m256i u[4];
                     q_unpack(q4, v, u);
                     q_dot(q4, part[i], u, xl, xh);
