@@ -4,8 +4,9 @@
  * offset removed through the activation group sum; Q8 vpmaddubsw of |w| by sign(w) * x. Same
  * fixed per-element operation order in every tile (batch invariance). */
 /* One-token weight streams prefetch 1 KB ahead: on the AMD EPYC (Zen 3) hosts here, where this
- * table is the one that runs, token time was 8-11% lower than with 2 KB (INT4 and INT8, the two
- * distances alternating token by token in one process); 512 B and 1.5 KB lost part of that. */
+ * table is the one that runs, token time was 6-12% lower than with 2 KB (INT4 and INT8, the two
+ * distances alternating token by token in one process; about 9% at the median); 512 B and 1.5 KB
+ * lost part of that. */
 #define MV_PF_AHEAD 1024
 #include "x86_avx2_common.h"
 
