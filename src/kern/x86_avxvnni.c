@@ -3,7 +3,7 @@
  * dispatch.c has checked the CPU). Unsigned weights (Q4 q + 8, Q8 q + 128) by signed activations,
  * the offset removed through the activation group sum. The other entries are the avx2 table's
  * (dispatch.c fills them in). */
-/* 2 KB, as measured for the 256-bit tables on the AMD EPYC (Zen 4) hosts of stops 9-39; no
+/* 2 KB, the distance every table used until stop 40 (chosen on the AMD EPYC Zen 4 hosts): no
  * AVX-VNNI CPU without AVX-512 was at hand to measure the avx2 table's 1 KB against. */
 #define MV_PF_AHEAD 2048
 #include "x86_avx2_common.h"
