@@ -408,6 +408,46 @@ static void test_matvec_lanes_any_split(void **state) {
     csd_free(x);
 }
 
+/* The prefetch distance (mv_pf_ahead, CSD_PF_AHEAD) is a tuning knob only: every distance a
+ * user may set, from none to the most, gives the bits of the batch kernel, Q4 and Q8, with the
+ * far prefetches running past the end of the matrix. A kernel that loaded at the distance, or
+ * skipped or repeated a line by it, would differ. */
+static void test_matvec_any_distance(void **state) {
+    (void)state;
+    static const int dtypes[2] = {CSD_DTYPE_Q4, CSD_DTYPE_Q8};
+    static const size_t aheads[] = {0, 64, 576, 1024, 2048, 4096, CSD_PF_AHEAD_MAX};
+    int64_t rows = 16 * 37 + 3, cols = 1000;
+    float *x = make_data(cols, 17);
+    float *want = csd_alloc_array((size_t)rows, sizeof(float));
+    float *got = csd_alloc_array((size_t)rows, sizeof(float));
+    csd_pool *pool = NULL;
+    assert_int_equal(csd_pool_create(&pool, 2, NULL), 0);
+    int tables = 0;
+    for (int ti = 1; ti < N_TABLES; ti++) {
+        const csd_kern_ops *ops = csd_kern_table(table_names[ti]);
+        if (!ops || !ops->matvec_q4) continue;
+        tables++;
+        for (int di = 0; di < 2; di++) {
+            mat m = make_mat(dtypes[di], rows, cols, 70 + (uint64_t)di);
+            run_batch_kernel(ops, &m.w, x, want);
+            for (size_t a = 0; a < sizeof aheads / sizeof aheads[0]; a++) {
+                csd_kern_ops tuned = *ops;
+                tuned.mv_pf_ahead = aheads[a];
+                memset(got, 0xff, (size_t)rows * sizeof(float));
+                run(&tuned, pool, &m.w, x, 1, got);
+                assert_memory_equal(got, want, (size_t)rows * sizeof(float));
+            }
+            free_mat(&m);
+        }
+    }
+    if (tables == 0)
+        print_message("no table with matvec kernels on this CPU: distances not tested\n");
+    csd_pool_destroy(pool);
+    csd_free(got);
+    csd_free(want);
+    csd_free(x);
+}
+
 /* The read-ahead of a thread's lanes (kern.h: csd_lanes_ahead): each lane starts at its first
  * block's weights, as csd_lanes_own cuts the slice [b0, b1) into lanes, stays inside that
  * block's matrix and the lane, and is used up by stepping. Slices: across the Q4/Q8 boundary,
@@ -481,6 +521,7 @@ int main(void) {
         cmocka_unit_test(test_no_alloc),
         cmocka_unit_test(test_matmul_multi),
         cmocka_unit_test(test_matvec_lanes_any_split),
+        cmocka_unit_test(test_matvec_any_distance),
         cmocka_unit_test(test_lanes_ahead),
         cmocka_unit_test(test_vector_helpers),
     };

@@ -1,7 +1,8 @@
 /* The weight stream behind `cascadia bench`'s stream ceiling: one pass must multiply every matrix
  * of the stage (each layer's seven, and the output head on the last stage) by the input
  * of its width, exactly as csd_matmul does matrix by matrix, and allocate nothing while it runs.
- * Checked for INT4 (one lanes job per width), INT8 and F32 weights (one csd_matmul per matrix). */
+ * Checked for INT4 (one lanes job per width and dtype), INT8 and F32 weights (one csd_matmul per
+ * matrix). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -104,6 +105,33 @@ static void test_every_matrix_f32(void **state) {
     check_whole_model(CSD_DTYPE_F32);
 }
 
+/* Jobs a pass of the whole model at precision dtype runs; *head_dtype: the head's. */
+static int whole_model_jobs(int dtype, int *head_dtype) {
+    csd_model *m = load(dtype, -1, -1);
+    *head_dtype = csd_model_weights(m)->head.dtype;
+    csd_weight_stream *s = NULL;
+    csd_err err = {0};
+    if (csd_weight_stream_create(&s, m, &err)) fail_msg("create: %s", err.msg);
+    int jobs = csd_weight_stream_jobs(s);
+    csd_weight_stream_destroy(s);
+    csd_model_destroy(m);
+    return jobs;
+}
+
+/* An INT4 model keeps its head at 8 bits; the head then gets a job of its own, as in decode,
+ * instead of sharing the dim-wide Q4 job, where a lane running from Q4 into Q8 walks one stream
+ * at a time. INT8 (every matrix Q8) has one job per input width. */
+static void test_head_of_another_dtype_alone(void **state) {
+    (void)state;
+    int head4, head8;
+    int jobs4 = whole_model_jobs(CSD_DTYPE_Q4, &head4);
+    int jobs8 = whole_model_jobs(CSD_DTYPE_Q8, &head8);
+    assert_int_equal(head4, CSD_DTYPE_Q8);
+    assert_int_equal(head8, CSD_DTYPE_Q8);
+    assert_true(jobs8 >= 2); /* dim-wide and hidden-wide inputs */
+    assert_int_equal(jobs4, jobs8 + 1);
+}
+
 /* A first stage of one layer: its seven matrices, no head. */
 static void test_stage_without_head(void **state) {
     (void)state;
@@ -118,6 +146,7 @@ int main(void) {
         cmocka_unit_test(test_every_matrix_int4),
         cmocka_unit_test(test_every_matrix_int8),
         cmocka_unit_test(test_every_matrix_f32),
+        cmocka_unit_test(test_head_of_another_dtype_alone),
         cmocka_unit_test(test_stage_without_head),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

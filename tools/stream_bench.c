@@ -12,8 +12,13 @@
  *    gate/up, down: 4 jobs a layer), one matrix a job, one job per input width a layer, or a
  *    width's matrices of every layer in one job (the stream ceiling's shape); and the stage's
  *    Q8 output head (32000 x 2048) alone, the Q8 kernel's rate on the model's largest matrix.
+ * 3. With -a LIST only: the decode's pass (table 2's 4 jobs a layer, then the head) with each
+ *    prefetch distance in LIST (bytes, as CSD_PF_AHEAD takes them), each round's time against
+ *    the first distance's in the same round (every other round runs the list backwards). Tells
+ *    which distance suits this machine's memory (docs/kernels.md, "Prefetch distance").
  *
- *   build/stream_bench [-t THREADS] [-r ROUNDS] [-m MIB]      (defaults: all cores, 8, 1024) */
+ *   build/stream_bench [-t THREADS] [-r ROUNDS] [-m MIB] [-a BYTES,BYTES,...]
+ *   (defaults: all cores, 8, 1024, no table 3) */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +36,8 @@
 #define LAYER_MATS 7 /* q, k, v, o, gate, up, down */
 #define DIM 2048
 #define HIDDEN 5632
-#define VOCAB 32000 /* the Q8 output head: VOCAB x DIM */
+#define VOCAB 32000     /* the Q8 output head: VOCAB x DIM */
+#define MAX_DISTANCES 8 /* table 3's prefetch distances */
 
 static const int64_t MAT_ROWS[LAYER_MATS] = {DIM, 256, 256, DIM, HIDDEN, HIDDEN, DIM};
 static const int64_t MAT_COLS[LAYER_MATS] = {DIM, DIM, DIM, DIM, DIM, DIM, HIDDEN};
@@ -141,7 +147,8 @@ static void long_stream_job(void *ctx, int ith, int nth) {
         nrows[i] = CSD_QUANT_BLOCK_ROWS;
         blk[i] = p + (size_t)(i * nb) * bb;
     }
-    b->ops->matvec_q4[b->streams - 1](y, nrows, blk, b->act[0], csd_quant_groups(DIM), nb);
+    b->ops->matvec_q4[b->streams - 1](y, nrows, blk, b->act[0], csd_quant_groups(DIM), nb,
+                                      b->ops->mv_pf_ahead);
 }
 
 /* Bytes table 1 reads with s streams on nth threads. */
@@ -262,6 +269,66 @@ static void table_model(bench *b, int rounds) {
     for (int s = 0; s < N_SPLITS; s++) print_row(SPLIT_NAMES[s], gbs[s], rounds);
 }
 
+/* Table 3: the decode pass (4 jobs a layer, then the head) with each of n prefetch distances, the
+ * table's own kernels otherwise. Per round, every distance's time over the first one's; the
+ * median of those ratios is robust to the host's drift between rounds. */
+static void table_distances(bench *b, const size_t *dist, int n, int rounds) {
+    static double gbs[MAX_DISTANCES][MAX_ROUNDS], ratio[MAX_DISTANCES][MAX_ROUNDS];
+    const csd_kern_ops *own = b->ops;
+    csd_kern_ops tuned[MAX_DISTANCES];
+    double bytes = pass_bytes(b, SPLIT_DECODE) + pass_bytes(b, HEAD_ONLY);
+    for (int r = 0; r < rounds; r++) {
+        double sec[MAX_DISTANCES];
+        for (int k = 0; k < n; k++) {
+            int d =
+                r % 2 ? n - 1 - k : k; /* every other round backwards: no distance always first */
+            tuned[d] = *own;
+            tuned[d].mv_pf_ahead = dist[d];
+            b->ops = &tuned[d];
+            uint64_t t0 = csd_now_ns();
+            model_pass(b, SPLIT_DECODE);
+            model_pass(b, HEAD_ONLY);
+            sec[d] = (double)(csd_now_ns() - t0) * 1e-9;
+            gbs[d][r] = bytes / sec[d] / 1e9;
+        }
+        for (int d = 0; d < n; d++) ratio[d][r] = sec[d] / sec[0];
+    }
+    b->ops = own;
+    printf("\nThe decode pass (4 jobs a layer, then the head: %.1f MB) by prefetch distance, %d "
+           "rounds; this table's default: %zu bytes\n\n",
+           bytes / 1e6, rounds, own->mv_pf_ahead);
+    printf("| distance (bytes) | median GB/s | best GB/s | time / time at %zu B (median, range) |\n"
+           "| ---: | ---: | ---: | ---: |\n",
+           dist[0]);
+    for (int d = 0; d < n; d++) {
+        qsort(gbs[d], (size_t)rounds, sizeof(double), cmp_double);
+        qsort(ratio[d], (size_t)rounds, sizeof(double), cmp_double);
+        printf("| %zu | %.1f | %.1f | %.3f (%.3f-%.3f) |\n", dist[d], gbs[d][rounds / 2],
+               gbs[d][rounds - 1], ratio[d][rounds / 2], ratio[d][0], ratio[d][rounds - 1]);
+    }
+}
+
+/* -a's list: 1..MAX_DISTANCES distances, each as CSD_PF_AHEAD takes it. Returns how many. */
+static int parse_distances(char *list, size_t *dist) {
+    int n = 0;
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        if (n == MAX_DISTANCES || !csd_kern_parse_pf_ahead(tok, &dist[n])) {
+            fprintf(stderr,
+                    "stream_bench: -a takes 1 to %d distances, each a multiple of 64 from 0 to "
+                    "%d bytes; got '%s'\n",
+                    MAX_DISTANCES, CSD_PF_AHEAD_MAX, tok);
+            exit(2);
+        }
+        n++;
+    }
+    if (n == 0) {
+        fprintf(stderr, "stream_bench: -a needs at least one distance\n");
+        exit(2);
+    }
+    return n;
+}
+
 static int parse_int(const char *s, int lo, int hi, const char *what) {
     char *end;
     long v = strtol(s, &end, 10);
@@ -273,7 +340,8 @@ static int parse_int(const char *s, int lo, int hi, const char *what) {
 }
 
 int main(int argc, char **argv) {
-    int threads = 0, rounds = 8, mib = 1024;
+    int threads = 0, rounds = 8, mib = 1024, n_dist = 0;
+    size_t dist[MAX_DISTANCES];
     for (int i = 1; i < argc; i += 2) {
         if (i + 1 == argc) {
             fprintf(stderr, "stream_bench: %s needs a value\n", argv[i]);
@@ -285,8 +353,11 @@ int main(int argc, char **argv) {
             rounds = parse_int(argv[i + 1], 1, MAX_ROUNDS, "-r");
         else if (!strcmp(argv[i], "-m"))
             mib = parse_int(argv[i + 1], 600, 65536, "-m");
+        else if (!strcmp(argv[i], "-a"))
+            n_dist = parse_distances(argv[i + 1], dist);
         else {
-            fprintf(stderr, "usage: stream_bench [-t THREADS] [-r ROUNDS] [-m MIB >= 600]\n");
+            fprintf(stderr, "usage: stream_bench [-t THREADS] [-r ROUNDS] [-m MIB >= 600] "
+                            "[-a BYTES,BYTES,...]\n");
             return 2;
         }
     }
@@ -310,8 +381,10 @@ int main(int argc, char **argv) {
     }
     b.act[0] = make_act(b.ops, DIM);
     b.act[1] = make_act(b.ops, HIDDEN);
-    printf("stream_bench: %s kernels\n", b.ops->name);
+    printf("stream_bench: %s kernels, prefetch distance %zu bytes\n", b.ops->name,
+           b.ops->mv_pf_ahead);
     table_long_streams(&b, rounds);
     table_model(&b, rounds);
+    if (n_dist) table_distances(&b, dist, n_dist, rounds);
     return 0;
 }

@@ -312,8 +312,8 @@ static int run_paired(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_be
 }
 
 /* The stream ceiling: tg again, every token followed by one weight-stream pass (every matrix of
- * the stage times one token, one job per input width, nothing between them), so the two rates
- * share the machine's state second by second. */
+ * the stage times one token, one job per input width and dtype, nothing between them), so the
+ * two rates share the machine's state second by second. */
 static void weight_stream_pass(void *ctx) { csd_weight_stream_run(ctx); }
 
 static int run_ceiling(csd_model *m, csd_kv *kv, const int32_t *ids, const csd_bench_args *a,
@@ -478,6 +478,7 @@ static void print_result_json(const csd_bench_args *a, const csd_model *m, const
         return;
     }
     csd_cli_json_set_text(o, "model", base_name(a->model_dir));
+    json_object_set_new(o, "pf_ahead", json_integer((json_int_t)csd_kern_pf_ahead()));
     csd_cli_bench_json_build(o);
     csd_cli_json_set_real(o, "pp_tps", r->pp_tps);
     csd_cli_json_set_real(o, "pp_sd", r->pp_sd);
@@ -540,17 +541,17 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
         else
             snprintf(peak, sizeof peak, "read bandwidth (%s)", way);
         printf("\nroofline: %.1f MiB weights%s read per token / %.2f GB/s %s = %.2f t/s; "
-               "generation reaches %.1f%% of it (kernels %s)\n",
+               "generation reaches %.1f%% of it (kernels %s, prefetch %zu B ahead)\n",
                (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, peak, f.roof, 100 * f.peak,
-               csd_kern_name());
+               csd_kern_name(), csd_kern_pf_ahead());
         printf(
             "paired:   each generated token followed by a read of its bytes: %.2f GB/s read, %.2f "
             "t/s generated in the same seconds; generation reaches %.1f%% of that roofline\n",
             r->paired_gbs, r->paired_tg_tps, 100 * f.paired);
         printf(
             "ceiling:  the weight stream alone (every matrix times one token, one job per input "
-            "width, nothing between): %.2f t/s = %.1f%% of the roofline; the tokens alternated "
-            "with it: %.2f t/s, %.1f%% of it\n",
+            "width and dtype, nothing between): %.2f t/s = %.1f%% of the roofline; the tokens "
+            "alternated with it: %.2f t/s, %.1f%% of it\n",
             r->ceiling_tps, 100 * f.ceiling, r->ceiling_tg_tps, 100 * f.ceiling_tg);
     }
     printf("load average (1 min) before / after: %.2f / %.2f\n", r->load_before, r->load_after);

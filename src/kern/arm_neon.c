@@ -31,7 +31,8 @@
 /* Most tokens per tile: per token 4 integer and 4 float accumulators of 4 rows each, with the
  * weight and activation registers inside the 32 vector registers. */
 #define QT_MAX 2
-/* Prefetch distance in the block stream: the x86 tables' measured value, not tuned on ARM. */
+/* Prefetch distance in the block stream (and the default of the one-token streams and the
+ * bandwidth read, mv_pf_ahead): the x86 tables' measured value, not tuned on ARM. */
 #define PF_AHEAD 2048
 
 static void neon_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
@@ -99,7 +100,9 @@ AI void load_q8_vec(const uint8_t *v, int8x16_t w[4]) {
 /* Integer sums of one group of a block for T tokens (xg[t]: the token's 128 activations of the
  * group; is: the starting values). Four weight vectors share each 16-byte activation load. */
 AI void q_group_isum(const int T, const int q4, int32x4_t is[][4], const uint8_t *wg,
-                     const int8_t *const *xg, int pf) {
+                     const int8_t *const *xg, int pf, size_t ahead) {
+    const uint8_t *pa = wg + ahead; /* the group's prefetch address (kern_internal.h) */
+    CSD_OPAQUE_PTR(pa);
     if (q4) {
 #pragma GCC unroll 4
         for (int k = 0; k < CSD_QUANT_GROUP / 8; k += 4) {
@@ -111,7 +114,7 @@ AI void q_group_isum(const int T, const int q4, int32x4_t is[][4], const uint8_t
 #define Q4_STEP(j)                                                                           \
     do {                                                                                     \
         const uint8_t *v_ = wg + 64 * (k + (j));                                             \
-        if (pf) CSD_PREFETCH_WEIGHTS(v_ + PF_AHEAD, pf);                                     \
+        if (pf) CSD_PREFETCH_WEIGHTS(pa + 64 * (k + (j)), pf);                               \
         load_q4_vec(v_, lo, hi);                                                             \
         SDOT_VEC(T, is, lo, xl, j);                                                          \
         SDOT_VEC(T, is, hi, xh, j);                                                          \
@@ -130,7 +133,7 @@ AI void q_group_isum(const int T, const int q4, int32x4_t is[][4], const uint8_t
 #define Q8_STEP(j)                                                                           \
     do {                                                                                     \
         const uint8_t *v_ = wg + 64 * (k + (j));                                             \
-        if (pf) CSD_PREFETCH_WEIGHTS(v_ + PF_AHEAD, pf);                                     \
+        if (pf) CSD_PREFETCH_WEIGHTS(pa + 64 * (k + (j)), pf);                               \
         load_q8_vec(v_, w);                                                                  \
         SDOT_VEC(T, is, w, xv, j);                                                           \
     } while (0)
@@ -178,17 +181,17 @@ AI act_view view_act(const uint8_t *act, int64_t ng) {
 /* Group g of a block (blk) for T tokens (a[t]): acc[t] += the group's rows, scaled. The one
  * sequence q_block and q_streams share, so a token's rows come out the same from either. */
 AI void q_group(const int T, const int q4, float32x4_t acc[][4], const uint8_t *blk, int64_t g,
-                const act_view *a, int pf) {
+                const act_view *a, int pf, size_t ahead) {
     const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     const uint8_t *wg = blk + csd_quant_group_offset(dtype, g);
-    if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, PF_AHEAD, pf);
+    if (pf) csd_q_prefetch_pair_gap(wg, dtype, g, ahead, pf);
     int32x4_t is[QT_MAX][4];
     const int8_t *xg[QT_MAX];
     for (int t = 0; t < T; t++) {
         xg[t] = a[t].xq + g * CSD_QUANT_GROUP;
         for (int r = 0; r < 4; r++) is[t][r] = vdupq_n_s32(q4 ? -8 * a[t].sums[g] : 0);
     }
-    q_group_isum(T, q4, is, wg, xg, pf);
+    q_group_isum(T, q4, is, wg, xg, pf, ahead);
     const uint16_t *dwp = csd_quant_group_scales(dtype, blk, g);
     for (int t = 0; t < T; t++) q_group_scale(acc[t], is[t], dwp, a[t].dx[g]);
 }
@@ -202,7 +205,7 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
         a[t] = view_act(act + (size_t)t * stride, ng);
         for (int r = 0; r < 4; r++) acc[t][r] = vdupq_n_f32(0.0f);
     }
-    for (int64_t g = 0; g < ng; g++) q_group(T, q4, acc, blk, g, a, pf);
+    for (int64_t g = 0; g < ng; g++) q_group(T, q4, acc, blk, g, a, pf, PF_AHEAD);
     for (int t = 0; t < T; t++) store_rows(y + t * ldy, nrows, acc[t]);
 }
 
@@ -215,13 +218,13 @@ static const csd_q_block_fn blocks_q8[QT_MAX] = {blocks_q8_1, blocks_q8_2};
 
 /* One token over S blocks far apart (S weight streams), group by group across the streams. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
-                  const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
+                  const uint8_t *const *blk, const uint8_t *act, int64_t ng, size_t ahead) {
     act_view a = view_act(act, ng);
     float32x4_t acc[CSD_MV_STREAMS][4];
     for (int i = 0; i < S; i++)
         for (int r = 0; r < 4; r++) acc[i][r] = vdupq_n_f32(0.0f);
     for (int64_t g = 0; g < ng; g++)
-        for (int i = 0; i < S; i++) q_group(1, q4, &acc[i], blk[i], g, &a, CSD_PF_ONCE);
+        for (int i = 0; i < S; i++) q_group(1, q4, &acc[i], blk[i], g, &a, CSD_PF_ONCE, ahead);
     for (int i = 0; i < S; i++) store_rows(y[i], nrows[i], acc[i]);
 }
 
@@ -431,14 +434,14 @@ static void neon_rmsnorm(float *out, const float *x, const float *w, int64_t n, 
 
 /* The bandwidth test's read: 64-byte loads over S parts side by side, prefetched as far ahead
  * as the block streams are, with the hint pf (as x86_avx512.c's). */
-AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t bytes) {
+AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t bytes, size_t ahead) {
     size_t part = bytes / (size_t)S / 64 * 64;
     uint64x2_t acc[CSD_READ_STREAMS_MAX][2];
     for (int s = 0; s < S; s++) acc[s][0] = acc[s][1] = vdupq_n_u64(0);
     for (size_t o = 0; o < part; o += 64)
         for (int s = 0; s < S; s++) {
             const uint8_t *a = p + (size_t)s * part + o;
-            CSD_PREFETCH_WEIGHTS(a + PF_AHEAD, pf);
+            CSD_PREFETCH_WEIGHTS(a + ahead, pf);
             uint64x2x4_t v = vld1q_u64_x4((const uint64_t *)(const void *)a);
             acc[s][0] = vaddq_u64(acc[s][0], vaddq_u64(v.val[0], v.val[1]));
             acc[s][1] = vaddq_u64(acc[s][1], vaddq_u64(v.val[2], v.val[3]));
@@ -497,6 +500,7 @@ const csd_kern_ops csd_kern_ops_neon = {
     .matmul_q8_q8 = neon_matmul_q8_q8,
     .matvec_q4 = streams_q4,
     .matvec_q8 = streams_q8,
+    .mv_pf_ahead = PF_AHEAD,
     .matmul_f32_f32 = neon_matmul_f32,
     .matmul_f16_f32 = neon_matmul_f16,
     .matmul_bf16_f32 = neon_matmul_bf16,

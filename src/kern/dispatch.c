@@ -1,9 +1,11 @@
 /* dispatch: detects CPU features once, picks the best kernel table (CSD_KERN=ref|avx2|avxvnni|
- * avx512|neon forces one), fills the table's gaps (from the table it extends, then ref) and logs
- * the choice. Also the public entry points of the vector helpers. The chosen table is one of the
- * two allowed globals, set once. */
+ * avx512|neon forces one), fills the table's gaps (from the table it extends, then ref), applies
+ * CSD_PF_AHEAD (the one-token streams' prefetch distance, for a CPU unlike the ones each table's
+ * default was measured on) and logs the choice. Also the public entry points of the vector
+ * helpers. The chosen table is one of the two allowed globals, set once. */
 #include "kern_internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -93,6 +95,33 @@ static void fill_gaps(csd_kern_ops *t, const csd_kern_ops *r) {
 #undef FILL
 }
 
+bool csd_kern_parse_pf_ahead(const char *s, size_t *out) {
+    if (!s || *s < '0' || *s > '9') return false; /* no sign, no space */
+    errno = 0;
+    char *end = NULL;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end || v > CSD_PF_AHEAD_MAX || v % 64) return false;
+    *out = (size_t)v;
+    return true;
+}
+
+/* CSD_PF_AHEAD, when set and valid, replaces every table's prefetch distance (it describes the
+ * machine's memory, whichever table runs); when invalid, a warning says why and the defaults
+ * stay. Returns whether it was applied. */
+static bool apply_pf_ahead_env(void) {
+    const char *env = getenv("CSD_PF_AHEAD");
+    if (!env || !*env) return false;
+    size_t ahead;
+    if (!csd_kern_parse_pf_ahead(env, &ahead)) {
+        CSD_LOGW("kern: CSD_PF_AHEAD=%s is not a multiple of 64 from 0 to %d bytes; using each "
+                 "table's default",
+                 env, CSD_PF_AHEAD_MAX);
+        return false;
+    }
+    for (int i = 0; i < TABLE_COUNT; i++) tables[i].mv_pf_ahead = ahead;
+    return true;
+}
+
 static void init_tables(void) {
     cpu_features f = detect();
     tables[TABLE_REF] = csd_kern_ops_ref;
@@ -113,6 +142,7 @@ static void init_tables(void) {
     table_ok[TABLE_NEON] = f.asimddp;
 #endif
     for (int i = 0; i < TABLE_COUNT; i++) fill_gaps(&tables[i], &csd_kern_ops_ref);
+    bool pf_forced = apply_pf_ahead_env();
 
     int pick = TABLE_REF;
     for (int i = TABLE_COUNT - 1; i >= 0; i--) {
@@ -133,10 +163,11 @@ static void init_tables(void) {
                      table_names[pick]);
         }
     }
-    CSD_LOGI("kern: table=%s forced=%s avx2=%d fma=%d f16c=%d avx512f=%d avx512bw=%d avx512vl=%d "
-             "avx512vnni=%d avxvnni=%d avx512bf16=%d asimddp=%d",
-             table_names[pick], forced && *forced ? forced : "no", f.avx2, f.fma, f.f16c,
-             f.avx512f, f.avx512bw, f.avx512vl, f.avx512vnni, f.avxvnni, f.avx512bf16, f.asimddp);
+    CSD_LOGI("kern: table=%s forced=%s pf_ahead=%zu%s avx2=%d fma=%d f16c=%d avx512f=%d "
+             "avx512bw=%d avx512vl=%d avx512vnni=%d avxvnni=%d avx512bf16=%d asimddp=%d",
+             table_names[pick], forced && *forced ? forced : "no", tables[pick].mv_pf_ahead,
+             pf_forced ? " (CSD_PF_AHEAD)" : "", f.avx2, f.fma, f.f16c, f.avx512f, f.avx512bw,
+             f.avx512vl, f.avx512vnni, f.avxvnni, f.avx512bf16, f.asimddp);
     atomic_store_explicit(&chosen, &tables[pick], memory_order_release);
 }
 
@@ -149,6 +180,7 @@ const csd_kern_ops *csd_kern_ops_current(void) {
 
 const char *csd_kern_init(void) { return csd_kern_ops_current()->name; }
 const char *csd_kern_name(void) { return csd_kern_ops_current()->name; }
+size_t csd_kern_pf_ahead(void) { return csd_kern_ops_current()->mv_pf_ahead; }
 
 int csd_kern_available(const char **names, int cap) {
     pthread_once(&init_once, init_tables);
@@ -180,7 +212,8 @@ void csd_silu_mul(float *g, const float *u, int64_t n) {
 uint64_t csd_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
     if (streams < 1) streams = 1;
     if (streams > CSD_READ_STREAMS_MAX) streams = CSD_READ_STREAMS_MAX;
-    return csd_kern_ops_current()->read_streams(p, bytes, streams, nta);
+    const csd_kern_ops *ops = csd_kern_ops_current();
+    return ops->read_streams(p, bytes, streams, nta, ops->mv_pf_ahead);
 }
 
 void csd_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {

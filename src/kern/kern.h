@@ -26,6 +26,12 @@ typedef struct csd_qmat {
 /* Selects the kernel table once (thread-safe, idempotent). Returns its name. */
 const char *csd_kern_init(void);
 const char *csd_kern_name(void);
+/* How far ahead (bytes) the chosen table's one-token weight streams and csd_read_streams
+ * prefetch: the table's measured default, or CSD_PF_AHEAD (a multiple of 64, at most
+ * CSD_PF_AHEAD_MAX) when set. A tuning knob for CPUs unlike those the defaults were measured on;
+ * results do not depend on it. */
+size_t csd_kern_pf_ahead(void);
+#define CSD_PF_AHEAD_MAX 16384
 /* Names of the tables this CPU runs (compiled in and supported), worst first, at most cap of
  * them; returns how many. CSD_KERN can force any of these. */
 int csd_kern_available(const char **names, int cap);

@@ -31,7 +31,11 @@ typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x
  * AVX-512, +1.5-2% with AVX2 and AVX-VNNI; 1: as 3). A 3rd stream paid for itself only while the
  * streams shared each broadcast. */
 typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
-                                 const uint8_t *act, int64_t ng, int64_t nb);
+                                 const uint8_t *act, int64_t ng, int64_t nb, size_t ahead);
+/* ahead: how many bytes past each weight vector a stream prefetches as it loads it (the
+ * table's mv_pf_ahead). The best distance depends on the machine's memory, not on the
+ * arithmetic, so it is a value rather than a constant of each kernel (docs/kernels.md,
+ * "Prefetch distance"). Any value gives the same results: prefetches never change a sum. */
 
 typedef struct csd_kern_ops {
     const char *name;
@@ -39,6 +43,9 @@ typedef struct csd_kern_ops {
      * own kernels, never inherited from another table). NULL (ref): one token goes through
      * matmul_q4_q8 / matmul_q8_q8 like a batch. */
     const csd_q_streams_fn *matvec_q4, *matvec_q8;
+    /* The prefetch distance (bytes) of matvec_q4/q8 and of read_streams: the one measured on a
+     * CPU that runs this table, or CSD_PF_AHEAD from the environment (dispatch.c). */
+    size_t mv_pf_ahead;
     /* One token: x (cols f32) -> act (csd_quant_act_stride(cols) bytes). Bit-identical in all
      * tables (same float operations, round-to-nearest-even). */
     void (*quantize_act_q8)(uint8_t *act, const float *x, int64_t cols);
@@ -56,8 +63,8 @@ typedef struct csd_kern_ops {
     void (*silu_mul)(float *g, const float *u, int64_t n);        /* csd_silu_mul */
     /* csd_rmsnorm */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
-    /* csd_read_streams */
-    uint64_t (*read_streams)(const uint8_t *p, size_t bytes, int streams, bool nta);
+    /* csd_read_streams, prefetching `ahead` bytes ahead as the matvec streams do */
+    uint64_t (*read_streams)(const uint8_t *p, size_t bytes, int streams, bool nta, size_t ahead);
     /* Fused single-head attention (csd_attend_f16_group with g = 1, see kern.h). Returns false for
      * a head size it does not handle; NULL or false: attention.c composes it from dot_f32_f16 and
      * axpy_f16 (with ref's: the spec). */
@@ -84,6 +91,12 @@ enum {
 #define CSD_PREFETCH_WEIGHTS(p, pf)                                                          \
     ((pf) == CSD_PF_ONCE ? __builtin_prefetch((p), 0, 0) : __builtin_prefetch((p), 0, 3))
 
+/* p's value hidden from the optimizer, so that p + a constant stays one address operand. With a
+ * run-time distance, `w + 64 * k + ahead` over an unrolled k otherwise becomes w plus 16 hoisted
+ * offsets, kept in registers, spilled and reloaded in the loop that streams the weights (GCC 12,
+ * AVX-512 table). Kernels take pa = w + ahead once per group through this, then pa + 64 * k. */
+#define CSD_OPAQUE_PTR(p) __asm__("" : "+r"(p))
+
 /* Kernels prefetch `ahead` bytes past each 64-byte weight vector of group g (at wg) as they load
  * it; every pair's scale line moves the stream 64 bytes further, so the second group of a pair
  * adds the one line that would otherwise be missed. */
@@ -93,20 +106,22 @@ static inline void csd_q_prefetch_pair_gap(const uint8_t *wg, int dtype, int64_t
 }
 
 /* Defines name, the table's read_streams entry, from the including ISA file's always-inline
- * read_streams(pf, S, p, bytes) (S a constant: 1..CSD_READ_STREAMS_MAX). */
+ * read_streams(pf, S, p, bytes, ahead) (S a constant: 1..CSD_READ_STREAMS_MAX). */
 static_assert(CSD_READ_STREAMS_MAX == 4, "CSD_DEF_READ_STREAMS's switch covers 1-4 streams");
 #define CSD_DEF_READ_STREAMS(name)                                                           \
-    static uint64_t name##_any(const int pf, const uint8_t *p, size_t bytes, int streams) {  \
+    static uint64_t name##_any(const int pf, const uint8_t *p, size_t bytes, int streams,    \
+                               size_t ahead) {                                               \
         switch (streams) {                                                                   \
-        case 1: return read_streams(pf, 1, p, bytes);                                        \
-        case 2: return read_streams(pf, 2, p, bytes);                                        \
-        case 3: return read_streams(pf, 3, p, bytes);                                        \
-        default: return read_streams(pf, 4, p, bytes);                                       \
+        case 1: return read_streams(pf, 1, p, bytes, ahead);                                 \
+        case 2: return read_streams(pf, 2, p, bytes, ahead);                                 \
+        case 3: return read_streams(pf, 3, p, bytes, ahead);                                 \
+        default: return read_streams(pf, 4, p, bytes, ahead);                                \
         }                                                                                    \
     }                                                                                        \
-    static uint64_t name(const uint8_t *p, size_t bytes, int streams, bool nta) {            \
-        return nta ? name##_any(CSD_PF_ONCE, p, bytes, streams)                              \
-                   : name##_any(CSD_PF_REUSED, p, bytes, streams);                           \
+    static uint64_t name(const uint8_t *p, size_t bytes, int streams, bool nta,              \
+                         size_t ahead) {                                                     \
+        return nta ? name##_any(CSD_PF_ONCE, p, bytes, streams, ahead)                       \
+                   : name##_any(CSD_PF_REUSED, p, bytes, streams, ahead);                    \
     }
 
 /* One 16-row block x n tokens of a Q4/Q8 matmul (an ISA file's tile): y[t * ldy + r] for the
@@ -206,15 +221,15 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
     CSD_DEF_MATMUL_F_ONE(name, bf16)
 
 /* Defines the tables streams_q4 and streams_q8 (1-2 streams) from the including ISA file's
- * always-inline q_streams(S, q4, y, nrows, blk, act, ng), one block per stream, called for each
- * block of the runs in turn: one call per run rather than per block keeps a thread's loads going
- * from one block into the next (measured: see matvec_lanes.c). The pointer arrays are built
- * afresh for each block: advancing one array across the blocks gave wrong rows from the second
- * block on in the AVX2 table with GCC 12 at -O3 (not at -O2, nor with clang); the test
+ * always-inline q_streams(S, q4, y, nrows, blk, act, ng, ahead), one block per stream, called
+ * for each block of the runs in turn: one call per run rather than per block keeps a thread's
+ * loads going from one block into the next (measured: see matvec_lanes.c). The pointer arrays
+ * are built afresh for each block: advancing one array across the blocks gave wrong rows from the
+ * second block on in the AVX2 table with GCC 12 at -O3 (not at -O2, nor with clang); the test
  * test_matvec_lanes_any_split caught it. */
 #define CSD_DEF_Q_STREAM(name, q4, S)                                                        \
     static void name##_##S(float *const *y, const int *nrows, const uint8_t *const *blk,      \
-                           const uint8_t *act, int64_t ng, int64_t nb) {                     \
+                           const uint8_t *act, int64_t ng, int64_t nb, size_t ahead) {       \
         const size_t bytes = csd_quant_block_bytes_ng(q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8, ng);  \
         for (int64_t b = 0; b < nb; b++) {                                                   \
             float *yb[S];                                                                    \
@@ -225,7 +240,7 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
                 wb[i] = blk[i] + (size_t)b * bytes;                                          \
                 rows[i] = b == nb - 1 ? nrows[i] : CSD_QUANT_BLOCK_ROWS;                     \
             }                                                                                \
-            q_streams(S, q4, yb, rows, wb, act, ng);                                         \
+            q_streams(S, q4, yb, rows, wb, act, ng, ahead);                                  \
         }                                                                                    \
     }
 #define CSD_DEF_Q_STREAM_TABLES                                                              \
@@ -240,6 +255,10 @@ void csd_q_blocks_run(const csd_q_block_fn *blocks, int tile_max, float *y, cons
  * nothing done, when ops has no matvec kernels (ref). */
 bool csd_matvec_lanes(const csd_kern_ops *ops, csd_pool *pool, const csd_qmat *const *w, int n_mats,
                       float *const *y, const uint8_t *act);
+
+/* A prefetch distance as CSD_PF_AHEAD gives it: decimal bytes, a multiple of 64 (whole cache
+ * lines) from 0 to CSD_PF_AHEAD_MAX. False, *out untouched, for anything else. */
+bool csd_kern_parse_pf_ahead(const char *s, size_t *out);
 
 /* Per-file tables: NULL entries are filled by dispatch.c (avxvnni from avx2, then all from ref). */
 extern const csd_kern_ops csd_kern_ops_ref;

@@ -172,11 +172,13 @@ static void run_lanes(const lanes_job *j, const int64_t *first, const int64_t *a
         nrows[i] = run_last_rows(&r[i], ran[i]);
     }
     if (same) {
-        matvec_fns(j->ops, r[0].w->dtype)[n - 1](y, nrows, blk, j->act, ng, len);
+        matvec_fns(j->ops, r[0].w->dtype)[n - 1](y, nrows, blk, j->act, ng, len,
+                                                 j->ops->mv_pf_ahead);
         return;
     }
     for (int i = 0; i < n; i++)
-        matvec_fns(j->ops, r[i].w->dtype)[0](&y[i], &nrows[i], &blk[i], j->act, ng, ran[i]);
+        matvec_fns(j->ops, r[i].w->dtype)[0](&y[i], &nrows[i], &blk[i], j->act, ng, ran[i],
+                                             j->ops->mv_pf_ahead);
 }
 
 /* Thread slot ith's lanes, then stolen halves. */

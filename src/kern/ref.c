@@ -149,9 +149,11 @@ static void ref_rmsnorm(float *out, const float *x, const float *w, int64_t n, f
 }
 
 /* Eight accumulators per line: no carried dependency between words. No software prefetch (the
- * portable path has none), so nta changes nothing. */
-static uint64_t ref_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta) {
+ * portable path has none), so nta and ahead change nothing. */
+static uint64_t ref_read_streams(const uint8_t *p, size_t bytes, int streams, bool nta,
+                                 size_t ahead) {
     (void)nta;
+    (void)ahead;
     size_t part = bytes / (size_t)streams / 64 * 64;
     uint64_t sum[8] = {0};
     for (size_t o = 0; o < part; o += 64)

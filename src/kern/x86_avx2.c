@@ -3,11 +3,6 @@
  * with the dot products below: Q4 vpmaddubsw of unsigned nibbles (q + 8) by signed activations,
  * offset removed through the activation group sum; Q8 vpmaddubsw of |w| by sign(w) * x. Same
  * fixed per-element operation order in every tile (batch invariance). */
-/* One-token weight streams prefetch 1 KB ahead: on the AMD EPYC (Zen 3) hosts here, where this
- * table is the one that runs, token time was 6-12% lower than with 2 KB (INT4 and INT8, the two
- * distances alternating token by token in one process; about 9% at the median); 512 B and 1.5 KB
- * lost part of that. */
-#define MV_PF_AHEAD 1024
 #include "x86_avx2_common.h"
 
 #include <math.h>
@@ -441,9 +436,9 @@ static void avx2_rmsnorm(float *out, const float *x, const float *w, int64_t n, 
 }
 
 /* The bandwidth test's read (kern.h): 32-byte loads over S parts, prefetched as the matvec
- * prefetches (MV_PF_AHEAD ahead), with the hint pf (CSD_PF_ONCE or CSD_PF_REUSED); S a constant
+ * prefetches (`ahead` bytes ahead), with the hint pf (CSD_PF_ONCE or CSD_PF_REUSED); S a constant
  * (as in avx512). */
-AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t bytes) {
+AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t bytes, size_t ahead) {
     size_t part = bytes / (size_t)S / 64 * 64;
     __m256i acc[CSD_READ_STREAMS_MAX];
 #pragma GCC unroll 4
@@ -452,7 +447,7 @@ AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t byt
 #pragma GCC unroll 4
         for (int s = 0; s < S; s++) {
             const uint8_t *a = p + (size_t)s * part + o;
-            CSD_PREFETCH_WEIGHTS(a + MV_PF_AHEAD, pf);
+            CSD_PREFETCH_WEIGHTS(a + ahead, pf);
             __m256i v =
                 _mm256_add_epi64(_mm256_loadu_si256((const __m256i *)(const void *)a),
                                  _mm256_loadu_si256((const __m256i *)(const void *)(a + 32)));
@@ -477,6 +472,10 @@ const csd_kern_ops csd_kern_ops_avx2 = {
     .matmul_q8_q8 = q_matmul_q8,
     .matvec_q4 = streams_q4,
     .matvec_q8 = streams_q8,
+    /* 1 KB: on the AMD EPYC (Zen 3) hosts here, where this table is the one that runs, token
+     * time was 6-12% lower than with 2 KB (INT4 and INT8, the two distances alternating token by
+     * token in one process; about 9% at the median); 512 B and 1.5 KB lost part of that. */
+    .mv_pf_ahead = 1024,
     .matmul_f32_f32 = avx2_matmul_f32,
     .matmul_f16_f32 = avx2_matmul_f16,
     .matmul_bf16_f32 = avx2_matmul_bf16,

@@ -38,12 +38,8 @@ AI int32_t q8_offset(void);
 #define QT_MAX 4
 /* Tiles: a block is one contiguous stream; prefetch this far ahead of the load. */
 #define PF_AHEAD 2048
-/* One-token streams (q_streams) prefetch MV_PF_AHEAD bytes ahead in each stream, set by the
- * including file: the best distance depends on the CPU that runs the table (docs/kernels.md,
- * "Prefetch distance"). */
-#ifndef MV_PF_AHEAD
-#error "define MV_PF_AHEAD before including x86_avx2_common.h"
-#endif
+/* One-token streams (q_streams) prefetch `ahead` bytes ahead in each stream: the table's
+ * mv_pf_ahead, whose default the including file sets (docs/kernels.md, "Prefetch distance"). */
 
 /* 4 activation bytes (inputs 4k..4k+3 of a token) broadcast to every 32-bit lane. */
 AI __m256i bcast4(const int8_t *x) {
@@ -178,7 +174,7 @@ DEF_Q_BLOCKS(blocks_q8, 0)
  * faster than one, as in the AVX-512 table). Per output the same float sequence as q_block with
  * one token; only the exact integer part is split differently. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
-                  const uint8_t *const *blk, const uint8_t *act, int64_t ng) {
+                  const uint8_t *const *blk, const uint8_t *act, int64_t ng, size_t ahead) {
     const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
     const int32_t off = q4 ? -8 : -q8_offset();
     const int8_t *xq = (const int8_t *)act;
@@ -191,12 +187,14 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
     for (int64_t g = 0; g < ng; g++) {
         const int8_t *xg = xq + g * CSD_QUANT_GROUP;
         __m256i isum[CSD_MV_STREAMS][2];
-        const uint8_t *wg[CSD_MV_STREAMS];
+        const uint8_t *wg[CSD_MV_STREAMS], *pa[CSD_MV_STREAMS];
 #pragma GCC unroll 4
         for (int i = 0; i < S; i++) {
             isum[i][0] = isum[i][1] = _mm256_set1_epi32(off * sums[g]);
             wg[i] = blk[i] + csd_quant_group_offset(dtype, g);
-            csd_q_prefetch_pair_gap(wg[i], dtype, g, MV_PF_AHEAD, CSD_PF_ONCE);
+            pa[i] = wg[i] + ahead; /* the group's prefetch address (kern_internal.h) */
+            CSD_OPAQUE_PTR(pa[i]);
+            csd_q_prefetch_pair_gap(wg[i], dtype, g, ahead, CSD_PF_ONCE);
         }
         for (int k0 = 0; k0 < nvec; k0 += Q_CHUNK) {
             __m256i part[CSD_MV_STREAMS][2];
@@ -208,7 +206,7 @@ AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
 #pragma GCC unroll 4
                 for (int i = 0; i < S; i++) {
                     const uint8_t *v = wg[i] + (size_t)k * CSD_QUANT_VEC_BYTES;
-                    CSD_PREFETCH_WEIGHTS(v + MV_PF_AHEAD, CSD_PF_ONCE);
+                    CSD_PREFETCH_WEIGHTS(pa[i] + (size_t)k * CSD_QUANT_VEC_BYTES, CSD_PF_ONCE);
                     __m256i u[4];
                     q_unpack(q4, v, u);
                     q_dot(q4, part[i], u, xl, xh);

@@ -3,9 +3,6 @@
  * dispatch.c has checked the CPU). Unsigned weights (Q4 q + 8, Q8 q + 128) by signed activations,
  * the offset removed through the activation group sum. The other entries are the avx2 table's
  * (dispatch.c fills them in). */
-/* 2 KB, the distance every table used until stop 40 (chosen on the AMD EPYC Zen 4 hosts): no
- * AVX-VNNI CPU without AVX-512 was at hand to measure the avx2 table's 1 KB against. */
-#define MV_PF_AHEAD 2048
 #include "x86_avx2_common.h"
 
 /* vpdpbusd accumulates in int32 without saturation: any chunk length is exact. */
@@ -30,4 +27,7 @@ const csd_kern_ops csd_kern_ops_avxvnni = {
     .matmul_q8_q8 = q_matmul_q8,
     .matvec_q4 = streams_q4,
     .matvec_q8 = streams_q8,
+    /* 2 KB, the distance every table used until stop 40 (chosen on the AMD EPYC Zen 4 hosts): no
+     * AVX-VNNI CPU without AVX-512 was at hand to measure the avx2 table's 1 KB against. */
+    .mv_pf_ahead = 2048,
 };

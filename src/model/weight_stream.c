@@ -1,22 +1,27 @@
-/* weight_stream: every matrix of a stage times one token, one pool job per input width (see the
- * header). The matrices of a width go to csd_matmul_multi together, so for Q4/Q8 weights one
- * job streams all of them through the lanes of matvec_lanes.c; float weights fall back to one
- * csd_matmul each, as in csd_matmul_multi. */
+/* weight_stream: every matrix of a stage times one token, one pool job per input width and dtype
+ * (see the header). The matrices of a group go to csd_matmul_multi together, so for Q4/Q8 weights
+ * one job streams all of them through the lanes of matvec_lanes.c; float weights fall back to one
+ * csd_matmul each, as in csd_matmul_multi. Why the dtype too: in one job a thread lane that runs
+ * from the Q4 matrices into a Q8 head walks each of its runs alone (matvec_lanes.c runs lanes of
+ * different dtypes one by one), one stream instead of two, which decode never does (its head is a
+ * job of its own): the pass measured a slower stream than the tokens get. */
 #include "weight_stream.h"
 
 #include "core/alloc.h"
 
-/* Distinct input widths of a stage: dim, the attention width (q_dim: o_proj's input), hidden. */
-#define MAX_WIDTHS 4
+/* Distinct (input width, dtype) pairs of a stage: dim, the attention width (q_dim: o_proj's
+ * input) and hidden, each in the layers' dtype, and the head's. */
+#define MAX_GROUPS 6
 /* Matrices per layer: q, k, v, o, gate, up, down. */
 #define LAYER_MATS 7
 
 typedef struct width_group {
     int64_t cols;
-    int n;                 /* matrices of this width */
-    const csd_qmat **w;    /* n entries */
-    float **y;             /* n outputs */
-    float *x;              /* the shared input */
+    int dtype;
+    int n;              /* matrices of this width */
+    const csd_qmat **w; /* n entries */
+    float **y;          /* n outputs */
+    float *x;           /* the shared input */
 } width_group;
 
 struct csd_weight_stream {
@@ -24,15 +29,15 @@ struct csd_weight_stream {
     int n_mats;
     const csd_qmat **mats; /* in pass order */
     float **out;           /* per matrix: its output */
-    width_group groups[MAX_WIDTHS];
+    width_group groups[MAX_GROUPS];
     int n_groups;
     void *scratch;
 };
 
-/* The group of width cols; -1 when there is none. */
-static int find_group(const csd_weight_stream *s, int64_t cols) {
+/* The group of w's width and dtype; -1 when there is none. */
+static int find_group(const csd_weight_stream *s, const csd_qmat *w) {
     for (int g = 0; g < s->n_groups; g++)
-        if (s->groups[g].cols == cols) return g;
+        if (s->groups[g].cols == w->cols && s->groups[g].dtype == w->dtype) return g;
     return -1;
 }
 
@@ -59,13 +64,16 @@ static int collect(csd_weight_stream *s, const csd_weights *w, csd_err *err) {
     return 0;
 }
 
-/* A new group of width cols: room for every matrix of the stage (a few pointers each), and its
- * input. */
-static int add_group(csd_weight_stream *s, int64_t cols, csd_err *err) {
-    if (s->n_groups == MAX_WIDTHS)
-        return csd_err_set(err, CSD_EINVAL, "weight stream: more than %d input widths", MAX_WIDTHS);
+/* A new group of w's width and dtype: room for every matrix of the stage (a few pointers each),
+ * and its input. */
+static int add_group(csd_weight_stream *s, const csd_qmat *w, csd_err *err) {
+    if (s->n_groups == MAX_GROUPS)
+        return csd_err_set(err, CSD_EINVAL,
+                           "weight stream: more than %d (input width, dtype) pairs", MAX_GROUPS);
+    int64_t cols = w->cols;
     width_group *wg = &s->groups[s->n_groups++];
     wg->cols = cols;
+    wg->dtype = w->dtype;
     wg->w = csd_alloc_array((size_t)s->n_mats, sizeof *wg->w);
     wg->y = csd_alloc_array((size_t)s->n_mats, sizeof *wg->y);
     wg->x = csd_alloc_array((size_t)cols, sizeof *wg->x);
@@ -81,9 +89,9 @@ static int allocate(csd_weight_stream *s, csd_err *err) {
     size_t scratch = 0;
     for (int i = 0; i < s->n_mats; i++) {
         const csd_qmat *w = s->mats[i];
-        int g = find_group(s, w->cols);
+        int g = find_group(s, w);
         if (g < 0) {
-            int rc = add_group(s, w->cols, err);
+            int rc = add_group(s, w, err);
             if (rc) return rc;
             g = s->n_groups - 1;
         }
@@ -136,11 +144,13 @@ void csd_weight_stream_run(csd_weight_stream *s) {
     }
 }
 
+int csd_weight_stream_jobs(const csd_weight_stream *s) { return s->n_groups; }
+
 int csd_weight_stream_count(const csd_weight_stream *s) { return s->n_mats; }
 
 void csd_weight_stream_get(const csd_weight_stream *s, int i, const csd_qmat **w, const float **x,
                            const float **y) {
     *w = s->mats[i];
-    *x = s->groups[find_group(s, s->mats[i]->cols)].x;
+    *x = s->groups[find_group(s, s->mats[i])].x;
     *y = s->out[i];
 }

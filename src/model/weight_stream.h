@@ -1,6 +1,7 @@
 /* weight_stream: how fast this engine's matvec kernels stream a stage's weights when nothing else
- * runs: every matrix of the stage times one token, all the matrices of one input width in one
- * pool job (two jobs for a llama stack: the dim-wide inputs and the hidden-wide ones), with no
+ * runs: every matrix of the stage times one token, all the matrices of one input width and dtype
+ * in one pool job (two jobs for a llama stack, the dim-wide inputs and the hidden-wide ones, and
+ * a third for an output head stored in another dtype, as INT4 exports keep it at 8 bits), with no
  * attention, norms, residuals, quantization between layers or joins between matrices.
  *
  * It is not a forward pass: every matrix of a width multiplies the same fixed input. Its time is a
@@ -22,6 +23,8 @@ void csd_weight_stream_destroy(csd_weight_stream *s);
  * nothing. */
 void csd_weight_stream_run(csd_weight_stream *s);
 
+/* Pool jobs in a pass: one per (input width, dtype) of the stage's matrices. */
+int csd_weight_stream_jobs(const csd_weight_stream *s);
 /* Matrices in a pass, in the order above. */
 int csd_weight_stream_count(const csd_weight_stream *s);
 /* Matrix i of a pass, the input it multiplies (w->cols floats) and its output (w->rows floats,
