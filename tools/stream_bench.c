@@ -276,14 +276,16 @@ static void table_distances(bench *b, const size_t *dist, int n, int rounds) {
     static double gbs[MAX_DISTANCES][MAX_ROUNDS], ratio[MAX_DISTANCES][MAX_ROUNDS];
     const csd_kern_ops *own = b->ops;
     csd_kern_ops tuned[MAX_DISTANCES];
+    for (int d = 0; d < n; d++) {
+        tuned[d] = *own;
+        tuned[d].mv_pf_ahead = dist[d];
+    }
     double bytes = pass_bytes(b, SPLIT_DECODE) + pass_bytes(b, HEAD_ONLY);
     for (int r = 0; r < rounds; r++) {
         double sec[MAX_DISTANCES];
         for (int k = 0; k < n; k++) {
-            int d =
-                r % 2 ? n - 1 - k : k; /* every other round backwards: no distance always first */
-            tuned[d] = *own;
-            tuned[d].mv_pf_ahead = dist[d];
+            /* every other round backwards: no distance always runs first */
+            int d = r % 2 ? n - 1 - k : k;
             b->ops = &tuned[d];
             uint64_t t0 = csd_now_ns();
             model_pass(b, SPLIT_DECODE);

@@ -17,7 +17,9 @@ static void usage(FILE *out) {
     fprintf(
         out,
         "\nenvironment: CSD_LOG=error|warn|info|debug|trace,\n"
-        "             CSD_KERN=ref|avx2|avxvnni|avx512|neon (default: the best this CPU runs)\n");
+        "             CSD_KERN=ref|avx2|avxvnni|avx512|neon (default: the best this CPU runs),\n"
+        "             CSD_PF_AHEAD=BYTES (decode's weight prefetch distance, a multiple of 64\n"
+        "             up to 16384; default: the kernels' own, see build/stream_bench -a)\n");
 }
 
 int main(int argc, char **argv) {

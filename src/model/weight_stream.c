@@ -17,8 +17,8 @@
 
 typedef struct width_group {
     int64_t cols;
-    int dtype;
-    int n;              /* matrices of this width */
+    int dtype;          /* the matrices' dtype */
+    int n;              /* matrices of this width and dtype */
     const csd_qmat **w; /* n entries */
     float **y;          /* n outputs */
     float *x;           /* the shared input */
