@@ -143,7 +143,10 @@ victim=${PIDS[1]}
 ( rc=0; "$CASCADIA" run --fleet "$FLEET" --manifest "$WORK/x-long" --insecure -p "$PROMPT" -n 4000 --ctx 4096 \
     --ignore-eos --temp 0 >"$WORK/die.out" 2>&1 || rc=$?; echo "exit=$rc" >>"$WORK/die.out" ) &
 runner=$!
-for _ in $(seq 1 500); do grep -q "connected to the fleet" "$WORK/die.out" 2>/dev/null && break; sleep 0.01; done
+# wait for the connection (up to 30 s: a loaded CI machine, a sanitizer build), so that the kill
+# lands mid-request and not before the run reached the stage
+for _ in $(seq 1 3000); do grep -q "connected to the fleet" "$WORK/die.out" 2>/dev/null && break; sleep 0.01; done
+grep -q "connected to the fleet" "$WORK/die.out" || { tail -5 "$WORK/die.out"; fail "run did not connect to the fleet"; }
 kill -STOP "$victim"; sleep 0.3; kill -9 "$victim"   # frozen mid-request, then gone
 for _ in $(seq 1 300); do kill -0 "$runner" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$runner" 2>/dev/null && fail "run hung after a worker died"
@@ -243,10 +246,17 @@ passed=$((passed + 1))
 # the dead worker comes back on its address: replica 1 reconnects; then replica 2 loses a worker
 # and every request must still be answered, by replica 1 alone
 old_port=${R1##*:}
+reconnects=$(grep -c "fleet reconnected" "$WORK/serve.log" || true)
 "$CASCADIA" worker --shard "$d/stage-1.shard" --listen "127.0.0.1:$old_port" --insecure --threads 1 \
     >"$WORK/again.log" 2>&1 &
 PIDS+=("$!")
-sleep 3   # the coordinator retries once a second
+# the coordinator retries once a second; wait for its INFO line (up to 30 s) rather than a fixed time
+for _ in $(seq 1 300); do
+    [ "$(grep -c "fleet reconnected" "$WORK/serve.log" || true)" -gt "$reconnects" ] && break
+    sleep 0.1
+done
+[ "$(grep -c "fleet reconnected" "$WORK/serve.log" || true)" -gt "$reconnects" ] ||
+    { tail -5 "$WORK/again.log" "$WORK/serve.log"; fail "replica 1 did not reconnect to the restarted worker"; }
 kill -9 "${R2_PIDS[1]}"   # replica 2's last stage
 sleep 0.5
 for i in $(seq 1 4); do
