@@ -38,9 +38,6 @@ AI int32_t q8_offset(void);
 #define QT_MAX 4
 /* Tiles: a block is one contiguous stream; prefetch this far ahead of the load. */
 #define PF_AHEAD 2048
-/* One-token streams (q_streams) prefetch `ahead` bytes ahead in each stream: the table's
- * mv_pf_ahead, whose default the including file sets (docs/kernels.md, "Prefetch distance"). */
-
 /* A vector's two parts hidden from the optimizer once its products are added. Without it GCC 12
  * turns a chunk's chain of adds into a tree: it computes every product of the chunk first, spills
  * them to the stack and adds them afterwards (stack accesses in the 2-stream Q4 kernel: 94, with
@@ -179,8 +176,10 @@ DEF_Q_BLOCKS(blocks_q4, 1)
 DEF_Q_BLOCKS(blocks_q8, 0)
 
 /* Matvec over S blocks far apart at once: S weight streams per thread (DRAM serves several streams
- * faster than one, as in the AVX-512 table). Per output the same float sequence as q_block with
- * one token; only the exact integer part is split differently. */
+ * faster than one, as in the AVX-512 table), each prefetched `ahead` bytes ahead: the table's
+ * mv_pf_ahead, whose default the including file sets (docs/kernels.md, "Prefetch distance"). Per
+ * output the same float sequence as q_block with one token; only the exact integer part is split
+ * differently. */
 AI void q_streams(const int S, const int q4, float *const *y, const int *nrows,
                   const uint8_t *const *blk, const uint8_t *act, int64_t ng, size_t ahead) {
     const int dtype = q4 ? CSD_DTYPE_Q4 : CSD_DTYPE_Q8;
