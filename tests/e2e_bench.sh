@@ -14,7 +14,7 @@ import json, sys
 d0, d40 = (json.load(open(p)) for p in sys.argv[1:3])
 for r in (d0, d40):
     for f in ("pp_tps", "tg_tps", "roofline_fraction", "membw_gbs", "weight_bytes", "kv_bytes",
-              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction",
+              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction", "read_ceiling_fraction",
               "ceiling_tps", "ceiling_fraction", "ceiling_tg_tps", "ceiling_tg_fraction"):
         assert r[f] > 0, (f, r)
     assert r["n_prompt"] == 16 and r["n_gen"] == 8, r
@@ -28,6 +28,9 @@ assert abs(d40["roofline_tps"] - roof) < 1e-3 * roof, (d40["roofline_tps"], roof
 # the paired roofline: the tokens' rate against reads of the same bytes in the same seconds
 paired = d40["paired_tg_tps"] * (d40["weight_bytes"] + d40["kv_bytes"]) / (d40["paired_membw_gbs"] * 1e9)
 assert abs(d40["paired_roofline_fraction"] - paired) < 1e-3 * paired, (d40, paired)
+# the read ceiling: those reads against the peak, what a step that did nothing but read would reach
+rc = d40["paired_membw_gbs"] / d40["membw_gbs"]
+assert abs(d40["read_ceiling_fraction"] - rc) < 1e-3 * rc, (d40, rc)
 # the stream ceiling: its passes against the peak roofline, and the tokens alternated with them
 for r in (d0, d40):
     c = r["ceiling_tps"] / r["roofline_tps"]
@@ -68,7 +71,8 @@ tail -1 "$WORK/table" | grep -q "^build: cascadia [0-9.]* (commit [0-9a-z-]*), .
 grep -q "| pp16 @ d40 |" "$WORK/table" || fail "no pp16 @ d40 row: $(cat "$WORK/table")"
 grep -q "| tg8 @ d40 |" "$WORK/table" || fail "no tg8 @ d40 row: $(cat "$WORK/table")"
 grep -q "MiB KV cache read per token" "$WORK/table" || fail "roofline line without the KV cache"
-grep -q "^paired: .* GB/s read, .* t/s generated in the same seconds" "$WORK/table" || fail "no paired roofline line"
+grep -q "^paired: .* GB/s read (.*% of the peak: .*), .* t/s generated in the same seconds" "$WORK/table" ||
+    fail "no paired roofline line"
 grep -q "^ceiling:  the weight stream alone .* t/s = .*% of the roofline" "$WORK/table" || fail "no ceiling line"
 set +e
 "$CASCADIA" bench "$M" -d 4 --concurrency 1,2 >/dev/null 2>"$WORK/err"; rc=$?
