@@ -14,7 +14,8 @@ import json, sys
 d0, d40 = (json.load(open(p)) for p in sys.argv[1:3])
 for r in (d0, d40):
     for f in ("pp_tps", "tg_tps", "roofline_fraction", "membw_gbs", "weight_bytes", "kv_bytes",
-              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction", "read_ceiling_fraction",
+              "paired_membw_gbs", "paired_tg_tps", "paired_roofline_fraction",
+              "read_ceiling_fraction",
               "ceiling_tps", "ceiling_fraction", "ceiling_tg_tps", "ceiling_tg_fraction"):
         assert r[f] > 0, (f, r)
     assert r["n_prompt"] == 16 and r["n_gen"] == 8, r

@@ -548,9 +548,9 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
                (double)r->weight_bytes / (1 << 20), kv, r->membw_gbs, peak, f.roof, 100 * f.peak,
                csd_kern_name(), csd_kern_pf_ahead());
         printf(
-            "paired:   each generated token followed by a read of its bytes: %.2f GB/s read (%.1f%% "
-            "of the peak: a step that only read its bytes would reach that), %.2f t/s generated "
-            "in the same seconds; generation reaches %.1f%% of that roofline\n",
+            "paired:   each generated token followed by a read of its bytes: %.2f GB/s read "
+            "(%.1f%% of the peak: a step that only read its bytes would reach that), %.2f t/s "
+            "generated in the same seconds; generation reaches %.1f%% of that roofline\n",
             r->paired_gbs, 100 * f.read_ceiling, r->paired_tg_tps, 100 * f.paired);
         printf(
             "ceiling:  the weight stream alone (every matrix times one token, one job per input "
