@@ -22,9 +22,13 @@ typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x
 
 /* Matvec (one token) of the Q tables: S runs of blocks far apart walked side by side by one
  * thread, S weight streams in flight (DRAM serves several streams faster than one;
- * matvec_lanes.c deals the blocks). fn(y, nrows, blk, act, ng, nb) handles run i: nb consecutive
- * blocks from blk[i] into the rows from y[i], every block full (16 rows) but the run's last,
- * which has nrows[i]; csd_q_streams_fn tables hold the versions for 1..CSD_MV_STREAMS streams. */
+ * matvec_lanes.c deals the blocks). fn(y, nrows, blk, act, ng, nb, ahead) handles run i: nb
+ * consecutive blocks from blk[i] into the rows from y[i], every block full (16 rows) but the
+ * run's last, which has nrows[i]; csd_q_streams_fn tables hold the versions for
+ * 1..CSD_MV_STREAMS streams. ahead: how many bytes past each weight vector a stream prefetches as
+ * it loads it (the table's mv_pf_ahead). The best distance depends on the machine's memory, not
+ * on the arithmetic, so it is a value rather than a constant of each kernel (docs/kernels.md,
+ * "Prefetch distance"). Any value gives the same results: prefetches never change a sum. */
 #define CSD_MV_STREAMS 2
 /* Streams used, measured end to end (decode, token by token in one process): 2 for Q8 (1: +0.4%
  * token time) and for Q4 since the broadcast became the vpdpbusd operand (3 streams: +5-6% with
@@ -32,10 +36,6 @@ typedef void (*csd_kern_matmul_f_fn)(float *y, const csd_qmat *w, const float *x
  * streams shared each broadcast. */
 typedef void (*csd_q_streams_fn)(float *const *y, const int *nrows, const uint8_t *const *blk,
                                  const uint8_t *act, int64_t ng, int64_t nb, size_t ahead);
-/* ahead: how many bytes past each weight vector a stream prefetches as it loads it (the
- * table's mv_pf_ahead). The best distance depends on the machine's memory, not on the
- * arithmetic, so it is a value rather than a constant of each kernel (docs/kernels.md,
- * "Prefetch distance"). Any value gives the same results: prefetches never change a sum. */
 
 typedef struct csd_kern_ops {
     const char *name;
