@@ -38,6 +38,13 @@ fleet_up() {
     done
 }
 fleet_down() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
+# wait_for SECONDS CMD...: run CMD every 10 ms until it succeeds, for at most SECONDS (a loaded CI
+# machine or a sanitizer build is slow: wait for the event itself, not a fixed time)
+wait_for() {
+    local tries=$(($1 * 100)); shift
+    for _ in $(seq 1 "$tries"); do "$@" && return 0; sleep 0.01; done
+    "$@"
+}
 
 passed=0
 check_equal() { # name want got
@@ -143,10 +150,10 @@ victim=${PIDS[1]}
 ( rc=0; "$CASCADIA" run --fleet "$FLEET" --manifest "$WORK/x-long" --insecure -p "$PROMPT" -n 4000 --ctx 4096 \
     --ignore-eos --temp 0 >"$WORK/die.out" 2>&1 || rc=$?; echo "exit=$rc" >>"$WORK/die.out" ) &
 runner=$!
-# wait for the connection (up to 30 s: a loaded CI machine, a sanitizer build), so that the kill
-# lands mid-request and not before the run reached the stage
-for _ in $(seq 1 3000); do grep -q "connected to the fleet" "$WORK/die.out" 2>/dev/null && break; sleep 0.01; done
-grep -q "connected to the fleet" "$WORK/die.out" || { tail -5 "$WORK/die.out"; fail "run did not connect to the fleet"; }
+# wait for the connection, so that the kill lands mid-request and not before the run reached the
+# stage
+wait_for 30 grep -qs "connected to the fleet" "$WORK/die.out" ||
+    { tail -5 "$WORK/die.out"; fail "run did not connect to the fleet"; }
 kill -STOP "$victim"; sleep 0.3; kill -9 "$victim"   # frozen mid-request, then gone
 for _ in $(seq 1 300); do kill -0 "$runner" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$runner" 2>/dev/null && fail "run hung after a worker died"
@@ -246,16 +253,14 @@ passed=$((passed + 1))
 # the dead worker comes back on its address: replica 1 reconnects; then replica 2 loses a worker
 # and every request must still be answered, by replica 1 alone
 old_port=${R1##*:}
-reconnects=$(grep -c "fleet reconnected" "$WORK/serve.log" || true)
+reconnects_logged() { grep -c "fleet reconnected" "$WORK/serve.log" || true; }
+reconnected_since() { [ "$(reconnects_logged)" -gt "$1" ]; }
+reconnects=$(reconnects_logged)
 "$CASCADIA" worker --shard "$d/stage-1.shard" --listen "127.0.0.1:$old_port" --insecure --threads 1 \
     >"$WORK/again.log" 2>&1 &
 PIDS+=("$!")
-# the coordinator retries once a second; wait for its INFO line (up to 30 s) rather than a fixed time
-for _ in $(seq 1 300); do
-    [ "$(grep -c "fleet reconnected" "$WORK/serve.log" || true)" -gt "$reconnects" ] && break
-    sleep 0.1
-done
-[ "$(grep -c "fleet reconnected" "$WORK/serve.log" || true)" -gt "$reconnects" ] ||
+# the coordinator retries once a second; wait for its INFO line
+wait_for 30 reconnected_since "$reconnects" ||
     { tail -5 "$WORK/again.log" "$WORK/serve.log"; fail "replica 1 did not reconnect to the restarted worker"; }
 kill -9 "${R2_PIDS[1]}"   # replica 2's last stage
 sleep 0.5
