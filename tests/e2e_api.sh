@@ -264,8 +264,7 @@ PY
 
 # --- SIGTERM shuts down cleanly ---
 kill -TERM "$PID_main"
-for _ in $(seq 1 100); do kill -0 "$PID_main" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$PID_main" 2>/dev/null && fail "server still running 10 s after SIGTERM"
+wait_for 10 gone "$PID_main" || fail "server still running 10 s after SIGTERM"
 wait "$PID_main" || fail "server exited with status $? after SIGTERM"
 echo "ok   clean shutdown on SIGTERM"
 echo "e2e_api passed"

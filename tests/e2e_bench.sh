@@ -42,6 +42,9 @@ for r in (d0, d40):
 # default 256 MiB) run from cache and may not raise it
 for r in (d0, d40):
     assert r["membw_source"] == "read test" and r["membw_gbs"] == r["membw_test_gbs"], r
+# beside it, the median pass of the way that read best: one of that way's passes is the best one
+for r in (d0, d40):
+    assert 0 < r["membw_test_median_gbs"] <= r["membw_test_gbs"], r
 PY
 # with --peak-min-mib 0 every rate the run sustained counts: the peak is the highest of them, it
 # names where it came from, and no rate of the run is above it
@@ -72,6 +75,9 @@ tail -1 "$WORK/table" | grep -q "^build: cascadia [0-9.]* (commit [0-9a-z-]*), .
 grep -q "| pp16 @ d40 |" "$WORK/table" || fail "no pp16 @ d40 row: $(cat "$WORK/table")"
 grep -q "| tg8 @ d40 |" "$WORK/table" || fail "no tg8 @ d40 row: $(cat "$WORK/table")"
 grep -q "MiB KV cache read per token" "$WORK/table" || fail "roofline line without the KV cache"
+# the read test runs 5 passes of each way before the tests and 3 after them
+grep -q "the best of 8 passes, whose median is [0-9.]* GB/s" "$WORK/table" ||
+    fail "the roofline line does not give the read test's median pass: $(grep roofline "$WORK/table")"
 grep -q "^paired: .* GB/s read (.*% of the peak: .*), .* t/s generated in the same seconds" "$WORK/table" ||
     fail "no paired roofline line"
 grep -q "^ceiling:  the weight stream alone .* t/s = .*% of the roofline" "$WORK/table" || fail "no ceiling line"

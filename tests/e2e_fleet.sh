@@ -38,13 +38,6 @@ fleet_up() {
     done
 }
 fleet_down() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
-# wait_for SECONDS CMD...: run CMD every 10 ms until it succeeds, for at most SECONDS (a loaded CI
-# machine or a sanitizer build is slow: wait for the event itself, not a fixed time)
-wait_for() {
-    local tries=$(($1 * 100)); shift
-    for _ in $(seq 1 "$tries"); do "$@" && return 0; sleep 0.01; done
-    "$@"
-}
 
 passed=0
 check_equal() { # name want got
@@ -155,8 +148,7 @@ runner=$!
 wait_for 30 grep -qs "connected to the fleet" "$WORK/die.out" ||
     { tail -5 "$WORK/die.out"; fail "run did not connect to the fleet"; }
 kill -STOP "$victim"; sleep 0.3; kill -9 "$victim"   # frozen mid-request, then gone
-for _ in $(seq 1 300); do kill -0 "$runner" 2>/dev/null || break; sleep 0.1; done
-kill -0 "$runner" 2>/dev/null && fail "run hung after a worker died"
+wait_for 30 gone "$runner" || fail "run hung after a worker died"
 grep -aq "exit=1" "$WORK/die.out" || { cat "$WORK/die.out" | tail -5; fail "a worker's death was not reported as a failure (exit 1)"; }
 grep -aq "fleet link failed: stage at 127.0.0.1:${FLEET##*:}" "$WORK/die.out" || { tail -5 "$WORK/die.out"; fail "the error does not name the dead stage"; }
 echo "ok: worker death reported: $(grep -ao 'cascadia run: .*' "$WORK/die.out" | head -1)"

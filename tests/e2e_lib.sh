@@ -9,6 +9,16 @@ set -euo pipefail
 skip() { echo "SKIP: $*"; exit 77; }
 fail() { echo "FAIL: $*"; exit 1; }
 
+# wait_for SECONDS CMD...: run CMD every 10 ms until it succeeds, for at most SECONDS (a loaded CI
+# machine or a sanitizer build is slow: wait for the event itself, not a fixed time). Its status is
+# CMD's last one.
+wait_for() {
+    local tries=$(($1 * 100)); shift
+    for _ in $(seq 1 "$tries"); do "$@" && return 0; sleep 0.01; done
+    "$@"
+}
+gone() { ! kill -0 "$1" 2>/dev/null; } # gone PID: the process has exited
+
 need_shared() { [ -e "$CSD_SHARED_DIR/$1" ] || skip "$CSD_SHARED_DIR/$1 not found (../shared is absent)"; }
 need_torch() {
     /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || skip "Debian python3-torch/python3-numpy not installed"

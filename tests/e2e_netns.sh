@@ -48,9 +48,15 @@ start() { # ns shard port: a worker listening on 127.0.0.1:port+1000, reached at
         ip netns exec "$ns" /usr/bin/python3 "$CSD_SOURCE_DIR/tools/delay_relay.py" "$ip:$port" "127.0.0.1:$((port + 1000))" 3 >"$WORK/$ns.relay" 2>&1 &
     fi
 }
+ready() { # ns: its worker listens (and, in relay mode, its relay too)
+    grep -qs "listening on" "$WORK/$1.log" &&
+        { [ "$delay_mode" = netem ] || grep -qs "relay ready" "$WORK/$1.relay"; }
+}
 start "$NS_A" "$X/stage-0.shard" 7600 "$IP_A"
 start "$NS_B" "$X/stage-1.shard" 7600 "$IP_B"
-sleep 1.5
+for ns in "$NS_A" "$NS_B"; do
+    wait_for 30 ready "$ns" || { cat "$WORK/$ns".*; fail "the worker in $ns did not start"; }
+done
 echo "delay: $delay_mode (3 ms each way)"
 rtt=$(ip netns exec "$NS_C" /usr/bin/python3 -c "
 import socket, time

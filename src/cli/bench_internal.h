@@ -67,12 +67,28 @@ typedef struct csd_bench_read_way {
     bool nta;    /* non-temporal prefetch (the matvec's), else into L1/L2 */
 } csd_bench_read_way;
 
+/* Every pass of the read test, by way, so that its best pass can be set beside the same way's
+ * median pass: on a shared host the best of many 30 ms passes sits well above what the loop
+ * sustains (docs/benchmarks.md, "Methodology"). */
+#define CSD_BENCH_READ_PARTS 4   /* csd_read_streams' 1..CSD_READ_STREAMS_MAX parts */
+#define CSD_BENCH_MAX_PASSES 32  /* per way; further passes are not recorded */
+typedef struct csd_bench_passes {
+    size_t bytes;                                                /* read by every pass */
+    double gbs[2][CSD_BENCH_READ_PARTS][CSD_BENCH_MAX_PASSES]; /* [nta][streams - 1][pass] */
+    int n[2][CSD_BENCH_READ_PARTS];
+} csd_bench_passes;
+
+/* The median rate (GB/s) of way's recorded passes (the mean of the middle two for an even
+ * count), *n_passes (when not NULL) their number; 0 when there are none. */
+double csd_cli_bench_median_gbs(const csd_bench_passes *p, csd_bench_read_way way, int *n_passes);
+
 /* Read bandwidth in GB/s (1e9 bytes/s) over a buffer of mib MiB, best of reps passes in each way
  * (1 to 4 streams per thread, each prefetch hint; best, when not NULL, gets the winning way),
  * every pool thread reading its own contiguous slice (STREAM "read": a sum). The buffer is
- * written first by the same threads (first touch), so it is backed by real pages. */
+ * written first by the same threads (first touch), so it is backed by real pages. passes, when not
+ * NULL, gets every pass added to what it holds. */
 int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs,
-                        csd_bench_read_way *best, csd_err *err);
+                        csd_bench_read_way *best, csd_bench_passes *passes, csd_err *err);
 
 /* A bandwidth a benchmark run sustained (GB/s), over passes of pass_bytes each. */
 typedef struct csd_bench_rate {

@@ -16,6 +16,7 @@
  * stream or the tokens themselves sustained more than the read test's best pass (the test ran in
  * a slower moment of the host), their rate is the peak (csd_cli_bench_peak). Stop 23 saw the
  * weight stream alone at 101% of the read test in 2 of 6 runs. */
+#include <assert.h>
 #include <string.h>
 
 #include "bench_internal.h"
@@ -91,24 +92,51 @@ void csd_cli_bench_reader_destroy(csd_bench_reader *r) {
     csd_free(r);
 }
 
+static_assert(CSD_BENCH_READ_PARTS == CSD_READ_STREAMS_MAX, "one row of passes per way");
+
+static void record_pass(csd_bench_passes *p, csd_bench_read_way way, size_t bytes, double secs) {
+    int *n = &p->n[way.nta][way.streams - 1];
+    if (*n >= CSD_BENCH_MAX_PASSES || secs <= 0) return;
+    p->bytes = bytes;
+    p->gbs[way.nta][way.streams - 1][(*n)++] = (double)bytes / secs / 1e9;
+}
+
+double csd_cli_bench_median_gbs(const csd_bench_passes *p, csd_bench_read_way way, int *n_passes) {
+    int n = 0;
+    if (way.streams >= 1 && way.streams <= CSD_BENCH_READ_PARTS) n = p->n[way.nta][way.streams - 1];
+    if (n_passes) *n_passes = n;
+    if (n <= 0) return 0;
+    double v[CSD_BENCH_MAX_PASSES];
+    memcpy(v, p->gbs[way.nta][way.streams - 1], (size_t)n * sizeof *v);
+    for (int i = 1; i < n; i++) /* insertion sort: a few dozen values */
+        for (int k = i; k > 0 && v[k - 1] > v[k]; k--) {
+            double t = v[k];
+            v[k] = v[k - 1];
+            v[k - 1] = t;
+        }
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 int csd_cli_bench_membw(csd_pool *pool, int64_t mib, int reps, double *gbs,
-                        csd_bench_read_way *best, csd_err *err) {
+                        csd_bench_read_way *best, csd_bench_passes *passes, csd_err *err) {
     *gbs = 0;
     csd_bench_reader *r;
     int rc = csd_cli_bench_reader_create(pool, (size_t)mib << 20, &r, err);
     if (rc) return rc;
+    size_t bytes = csd_cli_bench_reader_bytes(r);
     double best_t = 1e30;
     for (int rep = 0; rep < (reps > 0 ? reps : 1); rep++)
         for (int nta = 0; nta <= 1; nta++)
             for (int s = 1; s <= CSD_READ_STREAMS_MAX; s++) {
                 csd_bench_read_way way = {s, nta == 1};
                 double t = csd_cli_bench_reader_pass(r, way);
+                if (passes) record_pass(passes, way, bytes, t);
                 if (t < best_t) {
                     best_t = t;
                     if (best) *best = way;
                 }
             }
-    *gbs = (double)csd_cli_bench_reader_bytes(r) / best_t / 1e9;
+    *gbs = (double)bytes / best_t / 1e9;
     csd_cli_bench_reader_destroy(r);
     return 0;
 }

@@ -213,6 +213,9 @@ typedef struct bench_result {
     const char *peak_source;      /* what membw_gbs is: "read test", "paired reads", ... */
     double test_gbs;              /* the read test's best pass over a 1 GiB buffer */
     csd_bench_read_way membw_way; /* how that pass read */
+    csd_bench_passes passes;      /* every pass of the read test, by way */
+    double test_median_gbs;       /* the median pass of membw_way */
+    int test_median_n;            /* over this many passes */
     double paired_gbs;    /* the reads paired with generated tokens (bench_membw.c) */
     double paired_tg_tps; /* those tokens' rate */
     double ceiling_tps;    /* weight-stream passes per second (model/weight_stream.h) */
@@ -393,7 +396,7 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
         fprintf(stderr, "measuring memory bandwidth (%lld MiB, %d threads)\n",
                 (long long)a->membw_mib, csd_pool_size(csd_model_pool(m)));
         rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 5, &res->test_gbs,
-                                 &res->membw_way, err);
+                                 &res->membw_way, &res->passes, err);
     }
     if (!rc) rc = fill_depth(m, kv, ids, a, logits, err);
     if (!rc && a->n_prompt > 0) {
@@ -409,11 +412,14 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
     if (!rc && a->membw_mib > 0) { /* again after the tests: the best of both, as the load drifts */
         double again = 0;
         csd_bench_read_way way;
-        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, &way, err);
+        rc = csd_cli_bench_membw(csd_model_pool(m), a->membw_mib, 3, &again, &way, &res->passes,
+                                 err);
         if (again > res->test_gbs) {
             res->test_gbs = again;
             res->membw_way = way;
         }
+        res->test_median_gbs =
+            csd_cli_bench_median_gbs(&res->passes, res->membw_way, &res->test_median_n);
     }
     if (!rc && a->membw_mib > 0 && a->n_gen > 0) {
         fprintf(stderr, "tg%lld x %d, each token paired with a read of its bytes\n",
@@ -490,6 +496,7 @@ static void print_result_json(const csd_bench_args *a, const csd_model *m, const
     json_object_set_new(o, "kv_bytes", json_integer((json_int_t)r->kv_bytes));
     csd_cli_json_set_real(o, "membw_gbs", r->membw_gbs);
     csd_cli_json_set_real(o, "membw_test_gbs", r->test_gbs);
+    csd_cli_json_set_real(o, "membw_test_median_gbs", r->test_median_gbs);
     if (r->peak_source) csd_cli_json_set_text(o, "membw_source", r->peak_source);
     csd_cli_json_set_real(o, "roofline_tps", f->roof);
     csd_cli_json_set_real(o, "roofline_fraction", f->peak);
@@ -534,9 +541,12 @@ static void print_result(const csd_bench_args *a, const csd_model *m, const benc
         char kv[64] = "";
         if (r->kv_bytes > 0)
             snprintf(kv, sizeof kv, " + %.2f MiB KV cache", (double)r->kv_bytes / (1 << 20));
-        char way[96], peak[192]; /* how the read test read; what the peak is */
-        snprintf(way, sizeof way, "%d threads, %d streams each, %s prefetch", threads,
-                 r->membw_way.streams, r->membw_way.nta ? "non-temporal" : "ordinary");
+        char way[160], peak[256]; /* how the read test read; what the peak is */
+        snprintf(way, sizeof way,
+                 "%d threads, %d streams each, %s prefetch; the best of %d passes, whose median "
+                 "is %.2f GB/s",
+                 threads, r->membw_way.streams, r->membw_way.nta ? "non-temporal" : "ordinary",
+                 r->test_median_n, r->test_median_gbs);
         if (r->peak_source && strcmp(r->peak_source, "read test"))
             snprintf(peak, sizeof peak,
                      "bandwidth sustained by the %s, above the read test's %.2f GB/s (%s)",
