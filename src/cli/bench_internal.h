@@ -73,7 +73,6 @@ typedef struct csd_bench_read_way {
 #define CSD_BENCH_READ_PARTS 4   /* csd_read_streams' 1..CSD_READ_STREAMS_MAX parts */
 #define CSD_BENCH_MAX_PASSES 32  /* per way; further passes are not recorded */
 typedef struct csd_bench_passes {
-    size_t bytes;                                                /* read by every pass */
     double gbs[2][CSD_BENCH_READ_PARTS][CSD_BENCH_MAX_PASSES]; /* [nta][streams - 1][pass] */
     int n[2][CSD_BENCH_READ_PARTS];
 } csd_bench_passes;

@@ -17,6 +17,7 @@
  * a slower moment of the host), their rate is the peak (csd_cli_bench_peak). Stop 23 saw the
  * weight stream alone at 101% of the read test in 2 of 6 runs. */
 #include <assert.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "bench_internal.h"
@@ -97,8 +98,12 @@ static_assert(CSD_BENCH_READ_PARTS == CSD_READ_STREAMS_MAX, "one row of passes p
 static void record_pass(csd_bench_passes *p, csd_bench_read_way way, size_t bytes, double secs) {
     int *n = &p->n[way.nta][way.streams - 1];
     if (*n >= CSD_BENCH_MAX_PASSES || secs <= 0) return;
-    p->bytes = bytes;
     p->gbs[way.nta][way.streams - 1][(*n)++] = (double)bytes / secs / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 double csd_cli_bench_median_gbs(const csd_bench_passes *p, csd_bench_read_way way, int *n_passes) {
@@ -108,12 +113,7 @@ double csd_cli_bench_median_gbs(const csd_bench_passes *p, csd_bench_read_way wa
     if (n <= 0) return 0;
     double v[CSD_BENCH_MAX_PASSES];
     memcpy(v, p->gbs[way.nta][way.streams - 1], (size_t)n * sizeof *v);
-    for (int i = 1; i < n; i++) /* insertion sort: a few dozen values */
-        for (int k = i; k > 0 && v[k - 1] > v[k]; k--) {
-            double t = v[k];
-            v[k] = v[k - 1];
-            v[k - 1] = t;
-        }
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
