@@ -22,22 +22,20 @@ trap cleanup EXIT
 start_server() {
     local name=$1
     shift
-    "$CASCADIA" serve "$@" --port 0 2>"$WORK/$name.log" &
+    local log="$WORK/$name.log"
+    "$CASCADIA" serve "$@" --port 0 2>"$log" &
     local pid=$!
     PIDS+=("$pid")
     eval "PID_$name=$pid"
-    for _ in $(seq 1 300); do
-        if grep -q "cascadia serve: ready" "$WORK/$name.log"; then
-            local port
-            port=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\) .*|\1|p' "$WORK/$name.log" | head -1)
-            eval "PORT_$name=$port"
-            return 0
-        fi
-        kill -0 "$pid" 2>/dev/null || { cat "$WORK/$name.log"; fail "server $name exited at start-up"; }
-        sleep 0.1
-    done
-    cat "$WORK/$name.log"
-    fail "server $name not ready after 30 s"
+    wait_for 30 logged_or_gone "$log" "cascadia serve: ready" "$pid" || true
+    if ! grep -q "cascadia serve: ready" "$log"; then
+        cat "$log"
+        gone "$pid" && fail "server $name exited at start-up"
+        fail "server $name not ready after 30 s"
+    fi
+    local port
+    port=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\) .*|\1|p' "$log" | head -1)
+    eval "PORT_$name=$port"
 }
 
 cd "$WORK"

@@ -13,18 +13,16 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$WORK"; }
 trap cleanup EXIT
 
-# start_worker SHARD LOG [args...]: starts a worker on a free port, prints "pid port"
+# start_worker SHARD LOG [args...]: starts a worker on a free port, prints "pid port". It runs in a
+# process substitution, so a failure goes to stderr, where it is seen.
 start_worker() {
     local shard=$1 log=$2; shift 2
     "$CASCADIA" worker --shard "$shard" --listen 127.0.0.1:0 --threads 1 "$@" >"$log" 2>&1 &
     local pid=$!
-    for _ in $(seq 1 100); do
-        port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$log")
-        [ -n "$port" ] && { echo "$pid $port"; return; }
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    cat "$log"; fail "worker for $shard did not start"
+    wait_for 30 logged_or_gone "$log" "listening on port [0-9]" "$pid" || true
+    port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$log")
+    [ -n "$port" ] || { cat "$log"; fail "worker for $shard did not start"; } >&2
+    echo "$pid $port"
 }
 
 # fleet_up DIR N [args]: starts N workers for DIR's shards; sets FLEET
@@ -166,12 +164,11 @@ PIDS=("${R1_PIDS[@]}" "${R2_PIDS[@]}")
 CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "$R1" --fleet "$R2" --insecure --port 0 --parallel 2 \
     --hidden-dtype f32 --micro-batches 2 --chat-template chatml >"$WORK/serve.log" 2>&1 &
 PIDS+=("$!")
-for _ in $(seq 1 100); do
+serve_up() { # serve's port is logged and its /health answers
     port=$(sed -n 's|.*listening on http://[0-9.]*:\([0-9]*\).*|\1|p' "$WORK/serve.log")
-    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1 && break
-    sleep 0.1
-done
-[ -n "$port" ] || { cat "$WORK/serve.log"; fail "serve did not start"; }
+    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null 2>&1
+}
+wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve did not start"; }
 complete() { curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
     -d '{"prompt":"Once upon a time","max_tokens":12,"temperature":0}'; }
 want=$(complete | /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["choices"][0]["text"])')

@@ -18,6 +18,9 @@ wait_for() {
     "$@"
 }
 gone() { ! kill -0 "$1" 2>/dev/null; } # gone PID: the process has exited
+# logged_or_gone LOG PATTERN PID: LOG has a line matching PATTERN, or PID has exited (so a start-up
+# wait ends as soon as the process dies instead of running out its time)
+logged_or_gone() { grep -qs "$2" "$1" || gone "$3"; }
 
 need_shared() { [ -e "$CSD_SHARED_DIR/$1" ] || skip "$CSD_SHARED_DIR/$1 not found (../shared is absent)"; }
 need_torch() {
