@@ -271,6 +271,21 @@ static void test_messages_errors(void **state) {
                  400, "messages[0].tool_call_id");
 }
 
+/* A positive value under an open bound of 0 that rounds to 0 in single precision (found by
+ * fuzz_http_request): accepted as the smallest positive float, which the sampler accepts too. */
+static void test_tiny_positive_values(void **state) {
+    (void)state;
+    csd_http_req r;
+    csd_http_error e;
+    const char *body = "{" MSGS ",\"top_p\":1e-60,\"repetition_penalty\":1e-60}";
+    assert_int_equal(parse(&r, CHAT, body, &e), 0);
+    assert_true(r.sampling.top_p > 0.0f && r.sampling.top_p < 1e-30f);
+    assert_true(r.sampling.repetition_penalty > 0.0f && r.sampling.repetition_penalty < 1e-30f);
+    assert_int_equal(csd_sampler_params_check(&r.sampling, 1000, NULL), 0);
+    csd_http_req_fini(&r);
+    expect_chat_error("\"top_p\":-1e-60", "top_p"); /* below the bound stays refused */
+}
+
 static void test_body_errors(void **state) {
     (void)state;
     csd_http_req r;
@@ -534,6 +549,7 @@ int main(void) {
         cmocka_unit_test(test_stop_forms),
         cmocka_unit_test(test_chat_type_errors),
         cmocka_unit_test(test_chat_range_errors),
+        cmocka_unit_test(test_tiny_positive_values),
         cmocka_unit_test(test_messages_errors),
         cmocka_unit_test(test_body_errors),
         cmocka_unit_test(test_completion_prompt_forms),

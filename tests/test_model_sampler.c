@@ -1,6 +1,6 @@
 /* The sampler: greedy is argmax, a seed reproduces a draw, top-k 1 is greedy, logit bias moves
  * the choice (and is checked), and the top logprobs are the k largest in order with log-softmax
- * values (checked against brute force). */
+ * values (checked against brute force); a penalty near 0 leaves the weights finite. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -121,11 +121,46 @@ static void test_logit_bias(void **state) {
     assert_null(s);
 }
 
+/* A repetition penalty near 0 divides a repeated token's positive logit past the float range. The
+ * logit stops at the largest float, so the softmax stays finite and that token is the one drawn
+ * (with an infinite logit the weights were NaN and the draw fell to the last candidate). */
+static void test_penalty_overflow(void **state) {
+    (void)state;
+    float x[V];
+    fill(x, 9);
+    int32_t seen = 0;
+    for (int i = 1; i < V; i++) seen = x[i] > 0 && x[i] < x[seen] ? i : seen;
+    assert_true(x[seen] > 0);
+    csd_sampler_params p;
+    csd_sampler_params_default(&p);
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repetition_penalty = 1e-44f; /* accepted: in (0, 10] */
+    for (int k = 0; k < 3; k++) {
+        p.top_p = k == 1 ? 0.5f : 1.0f;
+        p.top_k = k == 2 ? 40 : 0;
+        for (uint64_t seed = 1; seed <= 8; seed++) {
+            p.seed = seed;
+            csd_sampler *s = NULL;
+            assert_int_equal(csd_sampler_create(&s, &p, V, NULL), 0);
+            csd_sampler_accept(s, seen);
+            float copy[V];
+            for (int i = 0; i < V; i++) copy[i] = x[i];
+            assert_int_equal(csd_sampler_sample(s, copy), seen);
+            assert_true(isfinite(copy[seen]));
+            csd_sampler_destroy(s);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_top_logprobs_brute_force),
         cmocka_unit_test(test_greedy_seed_topk),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_penalty_overflow),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

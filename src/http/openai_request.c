@@ -111,7 +111,11 @@ static int read_num(const json_t *root, const char *key, double lo, bool lo_open
     double d = json_number_value(v);
     if (!isfinite(d) || d < lo || (lo_open && d == lo) || d > hi)
         return csd_http_bad_value(e, key, range);
-    *out = (float)d;
+    float f = (float)d;
+    /* a positive value under an open bound of 0 may round to it in single precision (1e-60):
+     * it stays the smallest float above the bound, as the request asked for more than 0 */
+    if (lo_open && f <= (float)lo) f = nextafterf((float)lo, (float)hi);
+    *out = f;
     return 0;
 }
 

@@ -2,6 +2,7 @@
  * sorting the whole vocabulary, so a 150K vocabulary costs O(V) per token, not O(V log V). */
 #include "sampler.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -151,7 +152,9 @@ static void apply_penalties(csd_sampler *s, float *logits) {
         if (p->repetition_penalty != 1.0f)
             l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
         l -= (float)c * p->frequency_penalty + p->presence_penalty;
-        logits[id] = l;
+        /* a penalty near 0 divides a logit past the float range: an infinite logit would make
+         * the softmax NaN (inf - inf), so it stops at the largest float */
+        logits[id] = isinf(l) ? copysignf(FLT_MAX, l) : l;
         s->counts[id] = -c; /* mark as done for duplicates in the ring; restored below */
     }
     for (int32_t i = 0; i < s->n_recent; i++)
