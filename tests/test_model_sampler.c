@@ -128,14 +128,13 @@ static void test_penalty_overflow(void **state) {
     (void)state;
     float x[V];
     fill(x, 9);
-    int32_t seen = 0;
-    for (int i = 1; i < V; i++) seen = x[i] > 0 && x[i] < x[seen] ? i : seen;
-    assert_true(x[seen] > 0);
+    int32_t seen = -1; /* the smallest positive logit: far from the top before the penalty */
+    for (int i = 0; i < V; i++)
+        if (x[i] > 0 && (seen < 0 || x[i] < x[seen])) seen = i;
+    assert_true(seen >= 0);
     csd_sampler_params p;
     csd_sampler_params_default(&p);
     p.temperature = 1.0f;
-    p.top_k = 0;
-    p.top_p = 1.0f;
     p.min_p = 0.0f;
     p.repetition_penalty = 1e-44f; /* accepted: in (0, 10] */
     for (int k = 0; k < 3; k++) {
