@@ -88,8 +88,13 @@ enum {
     CSD_PF_REUSED = 1, /* read again by later tiles: prefetch into L1/L2 */
     CSD_PF_ONCE = 2,   /* read once: prefetch non-temporally */
 };
+/* A statement, not a ?: of two prefetches: clang 14 at -O0 gives that expression a void phi and
+ * crashes in instruction selection (a Debug build with clang). */
 #define CSD_PREFETCH_WEIGHTS(p, pf)                                                          \
-    ((pf) == CSD_PF_ONCE ? __builtin_prefetch((p), 0, 0) : __builtin_prefetch((p), 0, 3))
+    do {                                                                                     \
+        if ((pf) == CSD_PF_ONCE) __builtin_prefetch((p), 0, 0);                              \
+        else __builtin_prefetch((p), 0, 3);                                                  \
+    } while (0)
 
 /* p's value hidden from the optimizer, so that p + a constant stays one address operand. With a
  * run-time distance, `w + 64 * k + ahead` over an unrolled k otherwise becomes w plus 16 hoisted

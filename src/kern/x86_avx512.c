@@ -121,8 +121,10 @@ AI void q_block(const int T, const int q4, float *y, int64_t ldy, int nrows, con
             is[t][0] = _mm512_set1_epi32(off * sums[t][g]);
 #pragma GCC unroll 4
             for (int p = 1; p < P; p++) is[t][p] = _mm512_setzero_si512();
+            if (q4) { /* not `p < P && q4`: GCC at -O0 cannot unroll that loop */
 #pragma GCC unroll 4
-            for (int p = 0; p < P && q4; p++) ih[t][p] = _mm512_setzero_si512();
+                for (int p = 0; p < P; p++) ih[t][p] = _mm512_setzero_si512();
+            }
         }
         if (q4) {
 #pragma GCC unroll 16
