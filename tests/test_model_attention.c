@@ -65,16 +65,9 @@ static csd_model *load(int n_kv_heads, int kv_dtype, int threads) {
     return m;
 }
 
-static csd_kv *new_kv(csd_model *m) {
-    csd_kv *kv = NULL;
-    csd_err err = {0};
-    if (csd_kv_create(&kv, m, 0, &err)) fail_msg("kv: %s", err.msg);
-    return kv;
-}
-
 /* Logits after the whole prompt in one forward (the prompt path). */
 static void prompt_whole(csd_model *m, const int32_t *ids, float *logits) {
-    csd_kv *kv = new_kv(m);
+    csd_kv *kv = csd_test_new_kv(m);
     csd_err err = {0};
     if (csd_model_forward_seq(m, kv, ids, NULL, N_PROMPT, logits, &err))
         fail_msg("forward: %s", err.msg);
@@ -84,7 +77,7 @@ static void prompt_whole(csd_model *m, const int32_t *ids, float *logits) {
 
 /* Logits after the prompt fed one token per forward (the decode path). */
 static void prompt_by_token(csd_model *m, const int32_t *ids, float *logits) {
-    csd_kv *kv = new_kv(m);
+    csd_kv *kv = csd_test_new_kv(m);
     csd_err err = {0};
     for (int i = 0; i < N_PROMPT; i++)
         if (csd_model_forward_seq(m, kv, ids + i, NULL, 1, logits, &err))
@@ -96,7 +89,7 @@ static void prompt_by_token(csd_model *m, const int32_t *ids, float *logits) {
  * last. */
 static void prompts_batched(csd_model *m, float *logits_a, float *logits_b) {
     int64_t vocab = csd_model_cfg(m)->vocab_size;
-    csd_kv *kv[2] = {new_kv(m), new_kv(m)};
+    csd_kv *kv[2] = {csd_test_new_kv(m), csd_test_new_kv(m)};
     float *out = csd_alloc_array(2 * (size_t)vocab, sizeof *out);
     assert_non_null(out);
     csd_err err = {0};

@@ -1,10 +1,12 @@
-/* test_synth: a tiny synthetic model on disk for the model tests. Include after cmocka.h. */
+/* test_synth: a tiny synthetic model on disk for the model tests, and a KV cache for a loaded one.
+ * Include after cmocka.h. */
 #ifndef CSD_TEST_SYNTH_H
 #define CSD_TEST_SYNTH_H
 
 #include <sys/stat.h>
 
 #include "core/dtype.h"
+#include "model/model.h"
 #include "model/synth.h"
 
 /* The synth "tiny" preset (llama, vocab 300) with n_heads query heads over n_kv_heads, f32
@@ -21,6 +23,14 @@ static inline void csd_test_write_tiny(const char *dir, int64_t n_heads, int64_t
     cfg.n_heads = n_heads;
     cfg.n_kv_heads = n_kv_heads;
     if (csd_synth_write(&cfg, CSD_DTYPE_F32, seed, dir, &err)) fail_msg("synth: %s", err.msg);
+}
+
+/* A KV cache for m with the model's context; fails the test when it cannot be made. */
+static inline csd_kv *csd_test_new_kv(csd_model *m) {
+    csd_kv *kv = NULL;
+    csd_err err = {0};
+    if (csd_kv_create(&kv, m, 0, &err)) fail_msg("kv: %s", err.msg);
+    return kv;
 }
 
 #endif

@@ -73,6 +73,7 @@ int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err) 
         return csd_err_set(err, CSD_EMISMATCH, "kv caches of different shapes");
     if (n < 0 || n > src->len || n > dst->cap)
         return csd_err_set(err, CSD_ERANGE, "prefix of %lld positions does not fit", (long long)n);
+    if (dst == src) return csd_kv_truncate(dst, n); /* its own prefix: memcpy may not overlap */
     size_t elem = csd_kv_elem_bytes(src->dtype), bytes = (size_t)(n * src->head_dim) * elem;
     for (int64_t l = 0; l < src->n_layers; l++)
         for (int64_t h = 0; h < src->n_kv_heads; h++) { /* each head's first n positions */

@@ -114,7 +114,7 @@ int64_t csd_kv_capacity(const csd_kv *kv);
 size_t csd_kv_position_bytes(const csd_kv *kv);
 /* Forgets every position >= pos (speculative decoding, prefix reuse). */
 int csd_kv_truncate(csd_kv *kv, int64_t pos);
-/* Copies the first n positions of src into dst (prefix cache). */
+/* Copies the first n positions of src into dst (prefix cache); dst == src keeps its first n. */
 int csd_kv_copy_prefix(csd_kv *dst, const csd_kv *src, int64_t n, csd_err *err);
 
 /* One forward step over a batch of tokens, possibly from several sequences.
