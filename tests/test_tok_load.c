@@ -237,12 +237,41 @@ static void malformed_refused(void **state) {
     csd_tok_destroy(NULL);
 }
 
+/* A tokenizer whose normalizer is a Sequence of NORMS. */
+#define NORM_TOK(NORMS)                                                                    \
+    "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [" NORMS "]}, "            \
+    "\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"x\": 1}, \"merges\": []}}"
+#define REPLACE_SPACE(CONTENT)                                                             \
+    "{\"type\": \"Replace\", \"pattern\": {\"String\": \" \"}, \"content\": \"" CONTENT "\"}"
+#define X64 "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+
+/* Normalizers run on every text encoded: a chain that lengthens text more than 64-fold (a Replace
+ * whose content holds its pattern, repeated, grows it exponentially) is refused at load. */
+static void normalizer_growth_bounded(void **state) {
+    (void)state;
+    /* one space becomes 64 bytes: the most allowed, and it encodes */
+    csd_tok *tok = load_ok(NORM_TOK(REPLACE_SPACE(X64)), NULL);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(csd_tok_encode(tok, "a a", 3, false, true, &ids, &n, NULL), 0);
+    assert_int_equal(n, 66); /* a, 64 x, a */
+    csd_free(ids);
+    csd_tok_destroy(tok);
+    /* NFC after it can triple that */
+    expect_refused(NORM_TOK(REPLACE_SPACE(X64) ", {\"type\": \"NFC\"}"), CSD_EUNSUPPORTED,
+                   "normalizers 1-2 can lengthen a text 192-fold");
+    /* a space becomes 9 bytes with 4 spaces in them, twice: 81-fold */
+    expect_refused(NORM_TOK(REPLACE_SPACE("a a a a a") ", " REPLACE_SPACE("a a a a a")),
+                   CSD_EUNSUPPORTED, "81-fold");
+    expect_refused(NORM_TOK(REPLACE_SPACE(X64 "x")), CSD_EUNSUPPORTED, "65-fold");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(both_merge_formats), cmocka_unit_test(bos_rules),
         cmocka_unit_test(added_tokens_strip), cmocka_unit_test(regex_case_folding),
         cmocka_unit_test(metaspace),
-        cmocka_unit_test(malformed_refused),
+        cmocka_unit_test(malformed_refused), cmocka_unit_test(normalizer_growth_bounded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -18,6 +18,7 @@
 #define CSD_TOK_MAX_ADDED 100000            /* added tokens */
 #define CSD_TOK_MAX_PATTERN 4096            /* bytes of a pre-tokenizer regex */
 #define CSD_TOK_MAX_STEPS 16                /* normalizer / pre-tokenizer steps in a Sequence */
+#define CSD_TOK_MAX_NORM_GROWTH 64          /* how many times the normalizers may lengthen text */
 #define CSD_TOK_MAX_INPUT ((size_t)1 << 30) /* bytes of text one encode call accepts */
 
 /* ---- growable buffers (csd_alloc based) ---- */

@@ -122,6 +122,31 @@ static int parse_normalizer(csd_tok *tok, const json_t *n, int depth, csd_err *e
     return 0;
 }
 
+/* The normalizers run on every text encoded, so their output must stay a bounded multiple of their
+ * input: a Replace whose content holds its own pattern, chained, grows text exponentially (a
+ * 2 KB tokenizer.json found by fuzzing took a minute and gigabytes to encode a line). Worst cases
+ * per step: Replace multiplies by ceil(content / pattern), NFC by 3 (UAX #15's bound in UTF-8),
+ * Prepend adds a constant. Real tokenizers grow text 3 to 9 times (Llama 2: " " -> "\u2581"). */
+static int check_norm_growth(const csd_tok *tok, csd_err *err) {
+    uint64_t growth = 1;
+    for (size_t s = 0; s < tok->n_norm; s++) {
+        const csd_tok_norm_step *st = &tok->norm[s];
+        uint64_t f = 1;
+        if (st->kind == CSD_TOK_NORM_NFC) f = 3;
+        if (st->kind == CSD_TOK_NORM_REPLACE && st->a[0] != '\0') {
+            size_t from = strlen(st->a), to = strlen(st->b);
+            f = to > from ? (to + from - 1) / from : 1;
+        }
+        growth = f > CSD_TOK_MAX_NORM_GROWTH ? f : growth * f; /* both <= 64 * 64: no overflow */
+        if (growth > CSD_TOK_MAX_NORM_GROWTH)
+            return csd_err_set(err, CSD_EUNSUPPORTED,
+                               "tokenizer.json: normalizers 1-%zu can lengthen a text %llu-fold "
+                               "or more (at most %d is supported)",
+                               s + 1, (unsigned long long)growth, CSD_TOK_MAX_NORM_GROWTH);
+    }
+    return 0;
+}
+
 /* ---- pre-tokenizer ---- */
 /* Split: a Regex (translated for PCRE2) or a literal String, Isolated or Removed, maybe
  * inverted. */
@@ -671,7 +696,7 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
         (rc = parse_added(tok, json_object_get(root, "added_tokens"), &max_id, err)) ||
         (rc = parse_merges(tok, json_object_get(model, "merges"), err)) ||
         (rc = parse_normalizer(tok, json_object_get(root, "normalizer"), 0, err)) ||
-        (rc = normalize_added(tok, err)))
+        (rc = check_norm_growth(tok, err)) || (rc = normalize_added(tok, err)))
         goto fail;
     tok->n_ids = max_id + 1;
     if ((rc = build_ids(tok, vsym, vid, nv, err))) goto fail;
