@@ -10,6 +10,7 @@ source "$(dirname "$0")/e2e_lib.sh"
 # It cross-compiles with aarch64 gcc whatever this build is, so one run (the unsanitized build's)
 # does it all; under scripts/test the same checks ran a few minutes earlier.
 [ "${CSD_SANITIZE:-OFF}" = ON ] && skip "the sanitized build does not repeat the ARM check: it cross-compiles the same way, and the release build runs it"
+[ "${CSD_TSAN:-OFF}" = ON ] && skip "the ThreadSanitizer build does not repeat the ARM check: it cross-compiles the same way, and the release build runs it"
 CC_ARM=aarch64-linux-gnu-gcc
 command -v "$CC_ARM" >/dev/null || skip "$CC_ARM not installed (Debian gcc-aarch64-linux-gnu)"
 cd "$CSD_SOURCE_DIR"

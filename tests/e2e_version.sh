@@ -42,6 +42,23 @@ assert "formats:  shard %d, manifest %d, wire protocol %d" % (f["shard"], f["man
 assert text[2].startswith("built:    %s, %s, %s" % (j["compiler"], j["build_type"], j["arch"])), text
 PY
 
+# The build line says which sanitizer the binary carries, so that a bench result or a bug report
+# from an instrumented build shows it, and the sanitized test passes prove they ran instrumented.
+built=$(sed -n 's/^built: *//p' "$WORK/text")
+case "${CSD_SANITIZE:-OFF},${CSD_TSAN:-OFF}" in
+    ON,*) want_suffix="+sanitizers" ;;
+    *,ON) want_suffix="+tsan" ;;
+    *) want_suffix="" ;;
+esac
+type=$(echo "$built" | cut -d, -f2 | tr -d ' ')
+case "$type" in
+    *+sanitizers) got_suffix="+sanitizers" ;;
+    *+tsan) got_suffix="+tsan" ;;
+    *) got_suffix="" ;;
+esac
+[ "$got_suffix" = "$want_suffix" ] ||
+    fail "built '$built': the build type should end in '${want_suffix:-(nothing)}' for this build"
+
 rc=0
 "$CASCADIA" version --bogus > /dev/null 2>"$WORK/err" || rc=$?
 [ $rc = 2 ] || fail "version --bogus: exit $rc, want 2"

@@ -25,8 +25,18 @@
 #endif
 #endif
 
-#ifdef SANITIZED
+#if defined(__SANITIZE_THREAD__)
+#define THREAD_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define THREAD_SANITIZED 1
+#endif
+#endif
+
+#if defined(SANITIZED)
 #define TYPE_SUFFIX "+sanitizers"
+#elif defined(THREAD_SANITIZED)
+#define TYPE_SUFFIX "+tsan"
 #else
 #define TYPE_SUFFIX ""
 #endif

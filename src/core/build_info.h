@@ -7,7 +7,8 @@
 const char *csd_version(void);        /* "0.1.0" */
 const char *csd_build_commit(void);   /* short hash, "<hash>-dirty" or "unknown" (no git) */
 const char *csd_build_compiler(void); /* "gcc 12.2.0", "clang 14.0.6" */
-const char *csd_build_type(void);     /* CMAKE_BUILD_TYPE, "+sanitizers" appended under ASan */
+/* CMAKE_BUILD_TYPE, with "+sanitizers" appended under ASan, "+tsan" under ThreadSanitizer */
+const char *csd_build_type(void);
 const char *csd_build_arch(void);     /* the target processor, e.g. "x86_64", "aarch64" */
 /* "cascadia-<version>-<commit>": changes whenever the code that produces the results does. */
 const char *csd_build_fingerprint(void);
