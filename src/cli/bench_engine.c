@@ -327,7 +327,7 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
         for (int64_t i = 0; !rc && i < a->n_gen; i++) {
             csd_step_entry e = {req, &ids[i], 1, true, true};
             rc = p->ops->step_begin(p, &e, 1, logits, err);
-            if (!rc) rc = p->ops->step_end(p, err);
+            if (!rc) rc = p->ops->step_end(p, NULL, err);
         }
         double dt = (double)(csd_now_ns() - s) * 1e-9;
         wall += dt;

@@ -31,7 +31,8 @@ static csd_stage_server *volatile running_server;
 
 static void on_signal(int sig) {
     (void)sig;
-    if (running_server) csd_stage_server_stop(running_server);
+    csd_stage_server *s = running_server; /* read once: main may clear it meanwhile */
+    if (s) csd_stage_server_stop(s);
 }
 
 typedef struct {
@@ -140,6 +141,8 @@ int csd_cmd_worker(int argc, char **argv) {
         signal(SIGTERM, on_signal);
         signal(SIGPIPE, SIG_IGN);
         rc = csd_stage_server_run(server, &err);
+        signal(SIGINT, SIG_DFL); /* no handler may hold the server once it is destroyed */
+        signal(SIGTERM, SIG_DFL);
         running_server = NULL;
     }
     if (rc) csd_cli_error("worker", &err);

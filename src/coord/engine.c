@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -48,6 +49,7 @@ typedef struct inflight_step {
     csd_step_entry entries[CSD_STEP_MAX_ENTRIES];
     req *reqs[CSD_STEP_MAX_ENTRIES];
     float *logits;                          /* (n_entries with logits, vocab) */
+    int entry_rc[CSD_STEP_MAX_ENTRIES];     /* entries the pipeline failed alone */
     uint64_t t_begin;
 } inflight_step;
 
@@ -70,7 +72,8 @@ typedef struct worker {
     int head, count;
     float *scratch_logits;                  /* (vocab) raw copy for logprobs */
     cache_entry *cache;                     /* prefix cache, this pipeline's */
-    int n_cache;
+    int n_cache;                            /* this thread's; /metrics reads stats.prefix_entries */
+    uint64_t epoch;                         /* the pipeline's connection the cache was filled on */
 } worker;
 
 struct csd_engine {
@@ -109,6 +112,9 @@ static void drop_entry(worker *w, cache_entry *c) {
         }
     }
     w->n_cache--;
+    pthread_mutex_lock(&w->e->mu);
+    w->e->stats.prefix_entries--;
+    pthread_mutex_unlock(&w->e->mu);
     w->pipe->ops->close(w->pipe, c->id);
     csd_free(c->tokens);
     csd_free(c);
@@ -170,6 +176,13 @@ static bool retain_prompt(worker *w, req *r) {
     if (w->pipe->ops->truncate(w->pipe, (uint32_t)r->id, r->n_prompt, &err)) return false;
     cache_entry *c = csd_alloc(sizeof *c);
     if (!c) return false;
+    /* evict the least recently used first, so that /metrics never sees more than the cap */
+    while (w->cache && w->n_cache >= e->opts.prefix_cache) {
+        cache_entry *lru = w->cache;
+        for (cache_entry *x = w->cache; x; x = x->next)
+            if (x->last_used < lru->last_used) lru = x;
+        drop_entry(w, lru);
+    }
     c->id = (uint32_t)r->id;
     c->tokens = r->prompt; /* ownership moves to the cache */
     c->n = r->n_prompt;
@@ -178,13 +191,23 @@ static bool retain_prompt(worker *w, req *r) {
     c->next = w->cache;
     w->cache = c;
     w->n_cache++;
-    while (w->n_cache > e->opts.prefix_cache) { /* evict the least recently used */
-        cache_entry *lru = w->cache;
-        for (cache_entry *x = w->cache; x; x = x->next)
-            if (x->last_used < lru->last_used) lru = x;
-        drop_entry(w, lru);
-    }
+    pthread_mutex_lock(&e->mu);
+    e->stats.prefix_entries++;
+    pthread_mutex_unlock(&e->mu);
     return true;
+}
+
+static uint64_t pipe_epoch(csd_pipeline *p) { return p->ops->epoch ? p->ops->epoch(p) : 0; }
+
+/* A pipeline that reconnected may have lost what its stages held (a worker restarted and lost
+ * its KV caches): the cached prefixes name state that may be gone, so they are dropped, and
+ * closed on the stages that still hold them. */
+static void drop_cache_after_reconnect(worker *w) {
+    uint64_t now = pipe_epoch(w->pipe);
+    if (now == w->epoch) return;
+    if (w->cache) CSD_LOGI("prefix cache: pipeline reconnected, %d entries dropped", w->n_cache);
+    while (w->cache) drop_entry(w, w->cache);
+    w->epoch = now;
 }
 
 /* Starts a new request from the longest cached prefix it shares (at least prefix_min tokens,
@@ -394,7 +417,7 @@ static void emit_token(worker *w, req *r, float *logits) {
 
 static void complete_step(worker *w, inflight_step *s) {
     csd_err err = {0};
-    int rc = w->pipe->ops->step_end(w->pipe, &err);
+    int rc = w->pipe->ops->step_end(w->pipe, s->entry_rc, &err);
     csd_engine *e = w->e;
     pthread_mutex_lock(&e->mu);
     e->stats.step_sum_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
@@ -404,8 +427,10 @@ static void complete_step(worker *w, inflight_step *s) {
     for (int i = 0; i < s->n; i++) {
         req *r = s->reqs[i];
         bool wanted = s->entries[i].want_logits;
-        if (rc || r->fail_code) { /* the pipeline failed (a worker died): fail it, keep serving */
-            step_release(w, r, rc ? rc : r->fail_code, err.msg);
+        /* the pipeline failed (a worker died) or refused this request: fail it, keep serving */
+        int failed = rc ? rc : s->entry_rc[i] ? s->entry_rc[i] : r->fail_code;
+        if (failed) {
+            step_release(w, r, failed, err.msg);
             row += wanted;
             continue;
         }
@@ -417,6 +442,27 @@ static void complete_step(worker *w, inflight_step *s) {
     }
 }
 
+/* Waits (lock held) for a request or a cancel. Nothing signals when a pipeline comes back up, so
+ * while requests wait in the queue for a pipeline that is down, its thread looks again every
+ * RECHECK_MS: a fleet that reconnects takes them without waiting for the next submit. */
+#define RECHECK_MS 100
+
+static void wait_for_work(worker *w) {
+    csd_engine *e = w->e;
+    if (!e->queue_head || pipe_ready(w->pipe)) {
+        pthread_cond_wait(&e->cv, &e->mu);
+        return;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
+    ts.tv_nsec += RECHECK_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_cond_timedwait(&e->cv, &e->mu, &ts);
+}
+
 static void *worker_main(void *arg) {
     worker *w = arg;
     csd_engine *e = w->e;
@@ -425,12 +471,13 @@ static void *worker_main(void *arg) {
         pthread_mutex_lock(&e->mu);
         admit(w);
         while (!e->stopping && w->n_active == 0 && w->count == 0) {
-            pthread_cond_wait(&e->cv, &e->mu);
+            wait_for_work(w);
             admit(w);
         }
         bool stopping = e->stopping;
         pthread_mutex_unlock(&e->mu);
         if (stopping && w->count == 0) break;
+        drop_cache_after_reconnect(w);
         prepare_requests(w);
         /* Fill the pipeline: begin steps over disjoint groups of idle requests. */
         while (!stopping && w->count < max_flight) {
@@ -501,6 +548,7 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
         worker *w = &e->workers[i];
         w->e = e;
         w->pipe = pipes[i];
+        w->epoch = pipe_epoch(pipes[i]);
         int flight = pipes[i]->max_in_flight > 0 ? pipes[i]->max_in_flight : 1;
         w->steps = csd_alloc_array((size_t)flight, sizeof(inflight_step));
         w->scratch_logits = csd_alloc_array((size_t)e->cfg.vocab_size, sizeof(float));
@@ -624,8 +672,6 @@ void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {
     pthread_mutex_lock(&e->mu);
     *st = e->stats;
     st->queue_depth = e->queue_len;
-    st->prefix_entries = 0;
-    for (int i = 0; i < e->n_workers; i++) st->prefix_entries += e->workers[i].n_cache;
     pthread_mutex_unlock(&e->mu);
 }
 

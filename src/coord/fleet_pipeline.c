@@ -25,6 +25,9 @@ typedef struct pending_step {
     bool want[CSD_STEP_MAX_ENTRIES];
     bool resolved[CSD_STEP_MAX_ENTRIES];
     int n_resolved;
+    int entry_rc[CSD_STEP_MAX_ENTRIES];      /* a stage refused this entry's request alone */
+    char entry_msg[CSD_ERR_MSG_MAX];         /* the first such refusal */
+    /* fields above are zeroed when a step begins */
     float *logits;                           /* caller's buffer, packed rows for want entries */
     int rc;                                  /* first error of the step */
     char msg[CSD_ERR_MSG_MAX];
@@ -61,7 +64,10 @@ typedef struct fleet {
     link_reader readers[CSD_FLEET_MAX_STAGES];
     atomic_bool connected;
     atomic_bool stopping;
-    char broken_msg[CSD_ERR_MSG_MAX];
+    _Atomic uint64_t epoch;                  /* connections made: +1 each time connected is set */
+    bool lost_connecting;                    /* a link failed before connected was set (mu) */
+    char lost_msg[CSD_ERR_MSG_MAX];          /* why (mu) */
+    char broken_msg[CSD_ERR_MSG_MAX];        /* why the chain last went down (mu) */
     pthread_t reconnector;
     /* steps in flight, oldest first */
     pending_step steps[MAX_IN_FLIGHT];
@@ -82,7 +88,9 @@ static csd_conn *first_link(fleet *f) { return f->conns[0]; }
 
 /* ---- failure ---- */
 
-/* Fails every step in flight and drops the links; the reconnector brings them back. */
+/* Fails every step in flight and drops the links; the reconnector brings them back. A link that
+ * fails while the chain is still connecting is remembered, so connect_chain does not declare a
+ * chain connected with a dead link in it. */
 static void mark_broken(fleet *f, const char *why) {
     pthread_mutex_lock(&f->mu);
     if (atomic_load(&f->connected)) {
@@ -91,6 +99,9 @@ static void mark_broken(fleet *f, const char *why) {
         atomic_store(&f->connected, false);
         for (int i = 0; i < f->opts.n_addrs; i++)
             if (f->conns[i]) csd_conn_shutdown(f->conns[i]);
+    } else if (!f->lost_connecting) {
+        f->lost_connecting = true;
+        snprintf(f->lost_msg, sizeof f->lost_msg, "%s", why);
     }
     for (int k = 0; k < f->count; k++) {
         pending_step *s = &f->steps[(f->head + k) % MAX_IN_FLIGHT];
@@ -190,11 +201,11 @@ static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *
     int entry;
     int64_t row;
     pending_step *s = match_entry(f, h->request_id, &entry, &row);
-    if (s) {
-        if (!s->rc) {
-            s->rc = e.code < 0 ? e.code : CSD_EPROTO;
-            snprintf(s->msg, sizeof s->msg, "stage at %s: %s", f->opts.addrs[index], e.text);
-        }
+    if (s) { /* the stage refused this request alone and went on with the step's others */
+        if (!s->entry_msg[0])
+            snprintf(s->entry_msg, sizeof s->entry_msg, "stage at %s: %s", f->opts.addrs[index],
+                     e.text);
+        s->entry_rc[entry] = e.code < 0 ? e.code : CSD_EPROTO;
         s->resolved[entry] = true;
         s->n_resolved++;
         pthread_cond_broadcast(&f->cv);
@@ -331,7 +342,10 @@ static int connect_chain(fleet *f, csd_err *err) {
         close_links(f);
         return rc;
     }
+    pthread_mutex_lock(&f->mu); /* the old readers are joined: what they saw is over */
     f->timing.rtt_s = rtt / o->n_addrs;
+    f->lost_connecting = false;
+    pthread_mutex_unlock(&f->mu);
     for (int i = 0; i < o->n_addrs; i++) {
         f->readers[i] = (link_reader){f, i, 0, false};
         if (pthread_create(&f->readers[i].thread, NULL, reader_main, &f->readers[i]) != 0) {
@@ -340,7 +354,20 @@ static int connect_chain(fleet *f, csd_err *err) {
         }
         f->readers[i].started = true;
     }
-    atomic_store(&f->connected, true);
+    pthread_mutex_lock(&f->mu);
+    bool lost = f->lost_connecting;
+    if (lost) {
+        rc = csd_err_set(err, CSD_ECLOSED, "a link failed while connecting: %s", f->lost_msg);
+    } else {
+        atomic_store(&f->connected, true);
+        atomic_fetch_add(&f->epoch, 1);
+        f->broken_msg[0] = 0;
+    }
+    pthread_mutex_unlock(&f->mu);
+    if (lost) {
+        close_links(f);
+        return rc;
+    }
     CSD_LOGI("fleet connected: %d remote stage(s), rtt %.2f ms", o->n_addrs, f->timing.rtt_s * 1e3);
     return 0;
 }
@@ -376,14 +403,21 @@ static int ensure_send(fleet *f, size_t n, csd_err *err) {
     return 0;
 }
 
+/* The error for an operation while the fleet is down, naming why it went down. */
+static int not_connected(fleet *f, csd_err *err) {
+    pthread_mutex_lock(&f->mu);
+    int rc = csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)",
+                         f->broken_msg[0] ? f->broken_msg : "starting");
+    pthread_mutex_unlock(&f->mu);
+    return rc;
+}
+
 /* Sends on the first remote link, failing cleanly while the fleet is disconnected. */
 static int send_first(fleet *f, const csd_wire_hdr *h, const void *payload, size_t len,
                       csd_err *err) {
     pthread_rwlock_rdlock(&f->links_lock);
     int rc;
-    if (!atomic_load(&f->connected) || !first_link(f))
-        rc = csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)",
-                         f->broken_msg[0] ? f->broken_msg : "starting");
+    if (!atomic_load(&f->connected) || !first_link(f)) rc = not_connected(f, err);
     else
         rc = csd_conn_send(first_link(f), h, payload, len, err);
     pthread_rwlock_unlock(&f->links_lock);
@@ -408,9 +442,7 @@ static void free_local(local_req *l) {
 
 static int fleet_open(csd_pipeline *p, uint32_t req, int64_t max_ctx, csd_err *err) {
     fleet *f = (fleet *)p;
-    if (!atomic_load(&f->connected))
-        return csd_err_set(err, CSD_ECLOSED, "fleet not connected (%s)",
-                           f->broken_msg[0] ? f->broken_msg : "starting");
+    if (!atomic_load(&f->connected)) return not_connected(f, err);
     local_req *slot = NULL;
     for (int i = 0; i < f->n_locals && !slot; i++)
         if (!f->locals[i].used) slot = &f->locals[i];
@@ -570,7 +602,7 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     return 0;
 }
 
-static int fleet_step_end(csd_pipeline *p, csd_err *err) {
+static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
     fleet *f = (fleet *)p;
     pthread_mutex_lock(&f->mu);
     if (f->count == 0) {
@@ -594,7 +626,13 @@ static int fleet_step_end(csd_pipeline *p, csd_err *err) {
         rc = CSD_ETIMEOUT;
         snprintf(s->msg, sizeof s->msg, "no answer from the fleet in %.0f s", STEP_TIMEOUT_S);
     }
-    if (rc) csd_err_set(err, rc, "%s", s->msg);
+    if (rc) {
+        csd_err_set(err, rc, "%s", s->msg);
+    } else {
+        for (int i = 0; i < s->n && !entry_rc && !rc; i++) rc = s->entry_rc[i];
+        if (entry_rc) memcpy(entry_rc, s->entry_rc, (size_t)s->n * sizeof *entry_rc);
+        if (s->entry_msg[0]) csd_err_set(err, rc ? rc : CSD_EPROTO, "%s", s->entry_msg);
+    }
     f->timing.steps++;
     f->timing.wait_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
     f->head = (f->head + 1) % MAX_IN_FLIGHT;
@@ -611,7 +649,7 @@ static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int6
         int64_t chunk = n - done < f->opts.max_step_tokens ? n - done : f->opts.max_step_tokens;
         csd_step_entry e = {req, ids + done, chunk, done + chunk == n, false};
         int rc = fleet_step_begin(p, &e, 1, logits, err);
-        if (!rc) rc = fleet_step_end(p, err);
+        if (!rc) rc = fleet_step_end(p, NULL, err);
         if (rc) return rc;
         done += chunk;
     }
@@ -619,6 +657,7 @@ static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int6
 }
 
 static bool fleet_ready(csd_pipeline *p) { return atomic_load(&((fleet *)p)->connected); }
+static uint64_t fleet_epoch(csd_pipeline *p) { return atomic_load(&((fleet *)p)->epoch); }
 
 static void fleet_destroy(csd_pipeline *p) {
     fleet *f = (fleet *)p;
@@ -641,7 +680,8 @@ static void fleet_destroy(csd_pipeline *p) {
 static const csd_pipeline_ops fleet_ops = {
     .open = fleet_open,         .forward = fleet_forward,   .step_begin = fleet_step_begin,
     .step_end = fleet_step_end, .truncate = fleet_truncate, .copy_prefix = fleet_copy_prefix,
-    .close = fleet_close,       .destroy = fleet_destroy,   .ready = fleet_ready};
+    .close = fleet_close,       .destroy = fleet_destroy,   .ready = fleet_ready,
+    .epoch = fleet_epoch};
 
 /* Steps in flight: as asked, or one per machine; never more than the stages (a stage serves one
  * step at a time) nor the ring. */

@@ -32,7 +32,7 @@ static int decode_step(csd_pipeline *p, uint32_t req, const int32_t *id, bool ar
                        float *logits, csd_err *err) {
     csd_step_entry e = {req, id, 1, true, argmax_only};
     int rc = p->ops->step_begin(p, &e, 1, logits, err);
-    return rc ? rc : p->ops->step_end(p, err);
+    return rc ? rc : p->ops->step_end(p, NULL, err);
 }
 
 static int decode_loop(csd_pipeline *p, uint32_t req, int64_t n_prompt, const csd_gen_params *gp,

@@ -22,6 +22,7 @@ typedef struct local_pipeline {
     bool *batch_want;    /* (max_batch) */
     int pending;         /* steps begun and not yet ended (computed eagerly at begin) */
     int pending_rc;
+    int pending_n;       /* its entries */
     csd_err pending_err;
 } local_pipeline;
 
@@ -83,14 +84,16 @@ static int local_step_begin(csd_pipeline *p, const csd_step_entry *entries, int 
     local_pipeline *lp = (local_pipeline *)p;
     if (lp->pending) return csd_err_set(err, CSD_EINVAL, "a step is already in flight");
     lp->pending = 1;
+    lp->pending_n = n_entries;
     csd_err_clear(&lp->pending_err);
     lp->pending_rc = run_step(lp, entries, n_entries, logits, &lp->pending_err);
     return 0;
 }
 
-static int local_step_end(csd_pipeline *p, csd_err *err) {
+static int local_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
     local_pipeline *lp = (local_pipeline *)p;
     if (!lp->pending) return csd_err_set(err, CSD_EINVAL, "no step in flight");
+    if (entry_rc) memset(entry_rc, 0, (size_t)lp->pending_n * sizeof *entry_rc);
     lp->pending = 0;
     if (lp->pending_rc && err) *err = lp->pending_err;
     return lp->pending_rc;

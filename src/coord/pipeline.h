@@ -40,7 +40,11 @@ typedef struct csd_pipeline_ops {
      * step A, stage 0 computes step B. Steps end in the order they began. */
     int (*step_begin)(csd_pipeline *p, const csd_step_entry *entries, int n_entries, float *logits,
                       csd_err *err);
-    int (*step_end)(csd_pipeline *p, csd_err *err);
+    /* Waits for the oldest step. A non-zero return failed the whole step (a link broke). With
+     * entry_rc (n_entries codes), an entry that failed alone (a stage refused that request) gets
+     * its code there, the step returns 0 and err holds the first such message: the others' logits
+     * are good. Without entry_rc such a failure is the step's return value. */
+    int (*step_end)(csd_pipeline *p, int *entry_rc, csd_err *err);
     /* Forgets positions >= pos of req. */
     int (*truncate)(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *err);
     /* dst (open, empty) takes the first n positions of src's KV in every stage (prefix cache). */
@@ -50,6 +54,9 @@ typedef struct csd_pipeline_ops {
     void (*destroy)(csd_pipeline *p);
     /* True when the pipeline can take requests (every stage connected); NULL: always. */
     bool (*ready)(csd_pipeline *p);
+    /* Counts the pipeline's connections. When it changes, state the stages held for requests (KV
+     * caches) may be gone: a worker restarted. NULL: never changes (in-process). */
+    uint64_t (*epoch)(csd_pipeline *p);
 } csd_pipeline_ops;
 
 struct csd_pipeline {

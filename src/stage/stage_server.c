@@ -69,6 +69,10 @@ struct csd_stage_server {
     size_t send_cap;
     /* counters */
     atomic_uint_fast64_t forward_ns, forward_tokens;
+    /* open requests and their KV bytes, for STATS: the compute thread owns reqs[] and frees
+     * caches without a lock, so a reader thread must not walk it */
+    atomic_int kv_open;
+    atomic_uint_fast64_t kv_used;
 };
 
 /* ---- small helpers ---- */
@@ -128,7 +132,10 @@ static void forward_frame(csd_stage_server *s, const item *it) {
 
 /* ---- request control ---- */
 
-static void close_req(stage_req *r) {
+static void close_req(csd_stage_server *s, stage_req *r) {
+    if (!r->kv) return;
+    atomic_fetch_sub(&s->kv_open, 1);
+    atomic_fetch_sub(&s->kv_used, kv_bytes(s, r));
     csd_kv_destroy(r->kv);
     r->kv = NULL;
 }
@@ -147,7 +154,7 @@ static bool make_room(csd_stage_server *s, uint64_t need) {
         if (!lru) return false;
         CSD_LOGI("stage=%u evicting req=%u (least recently used) to fit a new request",
                  s->opts.stage_index, lru->id);
-        close_req(lru);
+        close_req(s, lru);
     }
 }
 
@@ -160,7 +167,7 @@ static void handle_open(csd_stage_server *s, item *it) {
         return;
     }
     stage_req *r = find_req(s, id);
-    if (r) close_req(r); /* re-open: start over */
+    if (r) close_req(s, r); /* re-open: start over */
     uint64_t need = (uint64_t)o.max_context * csd_model_kv_bytes_per_token(s->model);
     if ((int64_t)o.max_context > csd_model_max_ctx(s->model)) {
         char msg[160];
@@ -177,7 +184,7 @@ static void handle_open(csd_stage_server *s, item *it) {
             stage_req *lru = &s->reqs[0];
             for (int i = 1; i < s->n_reqs; i++)
                 if (s->reqs[i].last_used < lru->last_used) lru = &s->reqs[i];
-            close_req(lru);
+            close_req(s, lru);
             slot = lru;
         }
         if (!make_room(s, need)) {
@@ -193,6 +200,8 @@ static void handle_open(csd_stage_server *s, item *it) {
         send_req_error(s, id, err.code, err.msg);
         return;
     }
+    atomic_fetch_add(&s->kv_open, 1);
+    atomic_fetch_add(&s->kv_used, kv_bytes(s, slot));
     slot->id = id;
     slot->hidden_dtype = o.hidden_dtype;
     slot->last_used = ++s->use_clock;
@@ -202,7 +211,7 @@ static void handle_open(csd_stage_server *s, item *it) {
 static void handle_control(csd_stage_server *s, item *it) {
     stage_req *r = find_req(s, it->hdr.request_id);
     if (it->hdr.type == CSD_WIRE_CLOSE) {
-        if (r) close_req(r);
+        if (r) close_req(s, r);
     } else if (it->hdr.type == CSD_WIRE_TRUNCATE) {
         uint32_t keep = 0;
         csd_err err = {0};
@@ -532,15 +541,8 @@ static int handle_route(csd_stage_server *s, const uint8_t *data, size_t len, cs
 
 static void reply_stats(csd_stage_server *s, peer *p) {
     csd_wire_stats st = {0};
-    uint64_t used = 0, total = s->opts.kv_mem_cap;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; i < s->n_reqs; i++)
-        if (s->reqs[i].kv) {
-            st.open_requests++;
-            used +=
-                (uint64_t)csd_kv_capacity(s->reqs[i].kv) * csd_model_kv_bytes_per_token(s->model);
-        }
-    pthread_mutex_unlock(&s->mu);
+    st.open_requests = (uint32_t)atomic_load(&s->kv_open);
+    uint64_t used = atomic_load(&s->kv_used), total = s->opts.kv_mem_cap;
     csd_conn_counters cc;
     csd_conn_get_counters(p->conn, &cc);
     st.frames_in = cc.frames_in;

@@ -1,0 +1,211 @@
+/* A worker's STATS answer (what `cascadia bench` asks each stage for): the open requests and
+ * their KV bytes follow OPEN and CLOSE, and a STATS asked while requests open and close is safe.
+ * The compute thread frees a request's KV cache without a lock, so a reader thread answering
+ * STATS must not walk the requests (it once did: the ThreadSanitizer pass of scripts/test
+ * reports that walk as a race here). The stage is a whole tiny synthetic model, served in this
+ * process on a free port; the clients speak the wire protocol in insecure mode. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "model/model.h"
+#include "model/synth.h"
+#include "net/conn.h"
+#include "net/wire.h"
+#include "stage/stage_server.h"
+
+#define MAX_CTX 32
+
+typedef struct fixture {
+    char dir[64];
+    csd_model *model;
+    csd_stage_server *server;
+    pthread_t thread;
+    char addr[32];
+} fixture;
+
+static void *serve(void *arg) {
+    fixture *f = arg;
+    csd_err err = {0};
+    csd_stage_server_run(f->server, &err);
+    return NULL;
+}
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/csd-stage-XXXXXX");
+    assert_non_null(mkdtemp(f->dir));
+    csd_err err = {0};
+    csd_model_config cfg;
+    assert_int_equal(
+        csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err), 0);
+    assert_int_equal(csd_synth_write(&cfg, 0 /* f32 */, 11, f->dir, &err), 0);
+    csd_model_opts mo;
+    csd_model_opts_default(&mo);
+    mo.n_threads = 1;
+    mo.max_ctx = MAX_CTX;
+    assert_int_equal(csd_model_load_hf(&f->model, f->dir, &mo, &err), 0);
+    csd_stage_opts so;
+    memset(&so, 0, sizeof so);
+    so.listen = "127.0.0.1:0";
+    so.link.insecure = true;
+    so.max_requests = 8;
+    assert_int_equal(csd_stage_server_create(&f->server, f->model, &so, &err), 0);
+    snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", csd_stage_server_port(f->server));
+    assert_int_equal(pthread_create(&f->thread, NULL, serve, f), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    csd_stage_server_stop(f->server);
+    pthread_join(f->thread, NULL);
+    csd_stage_server_destroy(f->server);
+    csd_model_destroy(f->model);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
+    assert_int_equal(system(cmd), 0);
+    free(f);
+    return 0;
+}
+
+/* A coordinator's link to the stage. */
+static csd_conn *connect_coord(const fixture *f) {
+    csd_conn *c = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_conn_connect(&c, f->addr, 5000, &err), 0);
+    csd_link_cfg link = {.insecure = true, .timeout_ms = 5000};
+    csd_wire_hello expect, peer;
+    memset(&expect, 0, sizeof expect);
+    expect.proto_version = CSD_WIRE_VERSION;
+    expect.role = CSD_WIRE_ROLE_COORD;
+    expect.stage_index = 0;
+    expect.layer_begin = CSD_WIRE_ANY;
+    expect.layer_end = CSD_WIRE_ANY;
+    if (csd_conn_handshake_client(c, &link, &expect, &peer, &err) != 0)
+        fail_msg("handshake: %s", err.msg);
+    return c;
+}
+
+static void send_open(csd_conn *c, uint32_t req) {
+    csd_wire_open o = csd_wire_open_default(MAX_CTX);
+    uint8_t buf[64];
+    size_t len = 0;
+    csd_err err = {0};
+    assert_int_equal(csd_wire_encode_open(buf, sizeof buf, &o, &len, &err), 0);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_OPEN, 0, req, 0, (uint32_t)len);
+    assert_int_equal(csd_conn_send(c, &h, buf, len, &err), 0);
+}
+
+static void send_close(csd_conn *c, uint32_t req) {
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_CLOSE, 0, req, 0, 0);
+    csd_err err = {0};
+    assert_int_equal(csd_conn_send(c, &h, NULL, 0, &err), 0);
+}
+
+static csd_wire_stats ask_stats(csd_conn *c) {
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_STATS, 0, 0, 0, 0);
+    csd_err err = {0};
+    assert_int_equal(csd_conn_send(c, &h, NULL, 0, &err), 0);
+    csd_netbuf buf = {0};
+    csd_wire_hdr r;
+    if (csd_conn_recv(c, &r, &buf, 5000, &err) != 0) fail_msg("no STATS reply: %s", err.msg);
+    assert_int_equal(r.type, CSD_WIRE_STATS_REPLY);
+    csd_wire_stats st;
+    assert_int_equal(csd_wire_decode_stats(buf.data, r.payload_len, &st, &err), 0);
+    csd_netbuf_fini(&buf);
+    return st;
+}
+
+/* STATS until it reports `open` requests (OPEN and CLOSE queue behind earlier frames). */
+static csd_wire_stats stats_once_open(csd_conn *c, uint32_t open) {
+    csd_wire_stats st = ask_stats(c);
+    for (int i = 0; i < 500 && st.open_requests != open; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        st = ask_stats(c);
+    }
+    assert_int_equal(st.open_requests, open);
+    return st;
+}
+
+static void test_stats_follow_open_and_close(void **state) {
+    fixture *f = *state;
+    uint64_t per_req = (uint64_t)MAX_CTX * csd_model_kv_bytes_per_token(f->model);
+    assert_true(per_req > 0);
+    csd_conn *c = connect_coord(f);
+    csd_wire_stats st = stats_once_open(c, 0);
+    assert_int_equal(st.kv_bytes_used, 0);
+    for (uint32_t id = 1; id <= 3; id++) send_open(c, id);
+    st = stats_once_open(c, 3);
+    assert_int_equal(st.kv_bytes_used, 3 * per_req);
+    send_close(c, 1);
+    send_close(c, 3);
+    send_close(c, 7); /* not open: changes nothing */
+    st = stats_once_open(c, 1);
+    assert_int_equal(st.kv_bytes_used, per_req);
+    send_open(c, 2); /* re-open: starts over, still one request */
+    send_open(c, 4);
+    st = stats_once_open(c, 2);
+    assert_int_equal(st.kv_bytes_used, 2 * per_req);
+    send_close(c, 2);
+    send_close(c, 4);
+    st = stats_once_open(c, 0);
+    assert_int_equal(st.kv_bytes_used, 0);
+    csd_conn_destroy(c);
+}
+
+/* One link opens and closes requests as fast as it can while another asks for STATS. */
+typedef struct churn {
+    csd_conn *c;
+    int rounds;
+} churn;
+
+static void *open_close(void *arg) {
+    churn *ch = arg;
+    for (int i = 0; i < ch->rounds; i++) {
+        uint32_t id = 100 + (uint32_t)(i % 4);
+        send_open(ch->c, id);
+        send_close(ch->c, id);
+    }
+    return NULL;
+}
+
+static void test_stats_while_requests_churn(void **state) {
+    fixture *f = *state;
+    csd_conn *work = connect_coord(f), *stats = connect_coord(f);
+    churn ch = {work, 2000};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, open_close, &ch), 0);
+    uint64_t per_req = (uint64_t)MAX_CTX * csd_model_kv_bytes_per_token(f->model);
+    for (int i = 0; i < 300; i++) {
+        csd_wire_stats st = ask_stats(stats);
+        /* each is closed before the next opens (the two figures are read one after the other,
+         * so one may already count a request the other does not yet) */
+        assert_true(st.open_requests <= 1);
+        assert_true(st.kv_bytes_used <= per_req);
+    }
+    pthread_join(t, NULL);
+    csd_wire_stats st = stats_once_open(stats, 0);
+    assert_int_equal(st.kv_bytes_used, 0);
+    csd_conn_destroy(work);
+    csd_conn_destroy(stats);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_stats_follow_open_and_close, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats_while_requests_churn, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
