@@ -223,6 +223,9 @@ st, err = post("/tokenize", ["not", "an", "object"])
 assert st == 400 and "object" in err["error"]["message"], err
 st, err = post("/detokenize", {"tokens": [0, 10**9]})
 assert st == 400 and err["error"]["param"] == "tokens" and "tokens[1]" in err["error"]["message"], err
+# an answer is bounded like a request: with pieces, at most 2^18 tokens (one object each)
+st, err = post("/tokenize", {"content": "a " * 300000, "with_pieces": True})
+assert st == 400 and err["error"]["param"] == "content" and "at most 262144" in err["error"]["message"], err
 st, err = post("/tokenize", {"prompt": text}, key="wrong")
 assert st == 401, err
 st, err = post("/tokenize", None, method="GET")

@@ -1,8 +1,9 @@
 /* The serving engine over a pipeline that goes down and comes back, as a fleet does when a worker
  * dies and the reconnector brings the chain back: requests that waited in the queue meanwhile
- * start on their own once it is up (nothing else needs to arrive), the prefix cache forgets what
- * the stages held before the reconnect, and /metrics can read the engine's figures while the
- * cache changes (a data race that the ThreadSanitizer pass of scripts/test reports).
+ * start on their own once it is up (nothing else needs to arrive), a cancelled one leaves the
+ * queue at once, the prefix cache forgets what the stages held before the reconnect, and
+ * /metrics can read the engine's figures while the cache changes (a data race that the
+ * ThreadSanitizer pass of scripts/test reports).
  * The pipeline is a fake one: it always answers token 5, and counts what the engine asks of it. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -145,7 +146,9 @@ static bool wait_done_ms(outcome *o, int ms) {
     return done;
 }
 
-static void submit(csd_engine *e, const int32_t *prompt, int n, int64_t max_tokens, outcome *o) {
+/* Submits a greedy request of max_tokens; its id, or 0 with *rc (when rc) set on a refusal. */
+static uint64_t submit_rc(csd_engine *e, const int32_t *prompt, int n, int64_t max_tokens,
+                          outcome *o, int *rc) {
     csd_req_params p;
     memset(&p, 0, sizeof p);
     csd_sampler_params_default(&p.sampling);
@@ -155,7 +158,24 @@ static void submit(csd_engine *e, const int32_t *prompt, int n, int64_t max_toke
     csd_req_callbacks cb = {on_token, on_done};
     csd_err err = {0};
     outcome_init(o);
-    assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, o, NULL, &err), 0);
+    uint64_t id = 0;
+    *rc = csd_engine_submit(e, prompt, n, &p, &cb, o, &id, &err);
+    return *rc ? 0 : id;
+}
+
+static uint64_t submit(csd_engine *e, const int32_t *prompt, int n, int64_t max_tokens,
+                       outcome *o) {
+    int rc;
+    uint64_t id = submit_rc(e, prompt, n, max_tokens, o, &rc);
+    assert_int_equal(rc, 0);
+    return id;
+}
+
+static int try_submit(csd_engine *e, const int32_t *prompt, int n, int64_t max_tokens,
+                      outcome *o) {
+    int rc;
+    submit_rc(e, prompt, n, max_tokens, o, &rc);
+    return rc;
 }
 
 static void sleep_ms(int ms) {
@@ -189,6 +209,41 @@ static void test_queued_request_starts_after_reconnect(void **state) {
     atomic_fetch_add(&f.epoch, 1);
     assert_true(wait_done_ms(&queued, 3000));
     assert_int_equal(queued.end, CSD_REQ_END_LENGTH);
+    csd_engine_destroy(e);
+}
+
+/* A client that gives up on a queued request frees its place in the queue at once, even while no
+ * pipeline is up to admit it (the request once held its place until admitted). */
+static void test_cancel_frees_queue_place(void **state) {
+    (void)state;
+    static fake_pipe f; /* static: a failed test leaves its engine running */
+    fake_init(&f);
+    atomic_store(&f.up, false);
+    csd_pipeline *pipe = &f.base;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 1;
+    o.queue_max = 1; /* with the one free slot, two requests may wait */
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome a, b, c;
+    uint64_t id_a = submit(e, prompt, 3, 4, &a);
+    submit(e, prompt, 3, 4, &b);
+    assert_int_equal(try_submit(e, prompt, 3, 4, &c), CSD_EFULL); /* the queue is full */
+    csd_engine_cancel(e, id_a);
+    assert_true(wait_done_ms(&a, 1000)); /* told at once */
+    assert_int_equal(a.end, CSD_REQ_END_CANCELLED);
+    assert_int_equal(try_submit(e, prompt, 3, 4, &c), 0); /* its place is free */
+    csd_engine_stats st;
+    csd_engine_get_stats(e, &st);
+    assert_int_equal(st.queue_depth, 2);
+    atomic_store(&f.up, true); /* the others run as usual */
+    assert_true(wait_done_ms(&b, 3000));
+    assert_true(wait_done_ms(&c, 3000));
+    assert_int_equal(b.end, CSD_REQ_END_LENGTH);
+    assert_int_equal(c.end, CSD_REQ_END_LENGTH);
     csd_engine_destroy(e);
 }
 
@@ -288,6 +343,7 @@ static void test_stats_read_while_cache_changes(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queued_request_starts_after_reconnect),
+        cmocka_unit_test(test_cancel_frees_queue_place),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),
     };

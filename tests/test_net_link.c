@@ -730,6 +730,28 @@ static void test_server_handshake_timeout_and_wrong_first_frame(void **state) {
     csd_conn_destroy(c);
 }
 
+/* A stranger's first header claims a 64 MiB FORWARD payload and sends nothing more: the server
+ * refuses the header itself instead of reserving a buffer for the payload and waiting for it
+ * (every such connection once held 64 MiB for the handshake's timeout). */
+static void test_server_handshake_refuses_large_frame(void **state) {
+    (void)state;
+    server_ctx s;
+    server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(csd_listener_port(s.l))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    uint8_t hb[CSD_WIRE_HDR_SIZE];
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_FORWARD, 0, 1, 0, 64u << 20);
+    csd_err err = {0};
+    assert_int_equal(csd_wire_encode_hdr(hb, &h, &err), 0);
+    assert_true(write_n(fd, hb, sizeof hb));
+    server_join(&s);
+    assert_int_equal(s.hs_rc, CSD_EPROTO);
+    assert_non_null(strstr(s.hs_err.msg, "during the handshake"));
+    close(fd);
+}
+
 /* Bad addresses and refused connections are errors with messages, not crashes. */
 static void test_connect_errors(void **state) {
     (void)state;
@@ -867,6 +889,7 @@ int main(void) {
         cmocka_unit_test(test_recv_idle_timeout_keeps_link),
         cmocka_unit_test(test_concurrent_send_recv),
         cmocka_unit_test(test_shutdown_wakes_blocked_recv),
+        cmocka_unit_test(test_server_handshake_refuses_large_frame),
         cmocka_unit_test(test_server_handshake_timeout_and_wrong_first_frame),
         cmocka_unit_test(test_connect_errors),
         cmocka_unit_test(test_aead_cost_report),

@@ -657,15 +657,42 @@ int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     return 0;
 }
 
+/* Takes request id out of the queue (lock held); NULL when it is not queued. */
+static req *unqueue(csd_engine *e, uint64_t id) {
+    req *prev = NULL;
+    for (req *r = e->queue_head; r; prev = r, r = r->next) {
+        if (r->id != id) continue;
+        if (prev) prev->next = r->next;
+        else e->queue_head = r->next;
+        if (e->queue_tail == r) e->queue_tail = prev;
+        e->queue_len--;
+        e->stats.queue_depth = e->queue_len;
+        r->next = NULL;
+        return r;
+    }
+    return NULL;
+}
+
 void csd_engine_cancel(csd_engine *e, uint64_t id) {
     pthread_mutex_lock(&e->mu);
-    for (req *r = e->queue_head; r; r = r->next)
-        if (r->id == id) atomic_store(&r->cancel, true);
+    /* a queued request leaves the queue now: its place goes to the next client at once, even
+     * while no pipeline is up to admit it (it would hold it until admitted) */
+    req *queued = unqueue(e, id);
     for (int i = 0; i < e->n_workers; i++)
         for (req *r = e->workers[i].active; r; r = r->next)
             if (r->id == id) atomic_store(&r->cancel, true);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
+    if (queued) { /* never admitted: nothing of it is in a pipeline */
+        csd_req_result res = {0};
+        res.end = CSD_REQ_END_CANCELLED;
+        res.prompt_tokens = queued->n_prompt;
+        res.queue_s = (double)(csd_now_ns() - queued->t_submit) * 1e-9;
+        res.total_s = res.queue_s;
+        snprintf(res.message, sizeof res.message, "cancelled");
+        queued->cb.on_done(queued->ctx, &res);
+        req_free(queued);
+    }
 }
 
 void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {

@@ -103,7 +103,9 @@ void csd_engine_destroy(csd_engine *e);
 int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
                       const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
                       uint64_t *id, csd_err *err);
-/* Asks the engine to stop a request; on_done(CANCELLED) follows (unless it already ended). */
+/* Asks the engine to stop a request; on_done(CANCELLED) follows (unless it already ended). For a
+ * request still in the queue it is called at once, from this call: the caller must not hold a
+ * lock that its on_done takes. */
 void csd_engine_cancel(csd_engine *e, uint64_t id);
 void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st);
 /* The model being served (all pipelines serve the same one). */

@@ -23,6 +23,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "http_internal.h"
+#include "tok_gate.h"
 #include "tokenize_api.h"
 #include "openai_request.h"
 
@@ -62,6 +63,7 @@ struct csd_http_server {
     atomic_llong http_by_code[600]; /* responses by status code (/metrics) */
     atomic_llong client_cancels;    /* requests cancelled because the client went away */
     long long started;              /* unix seconds, for /v1/models "created" */
+    csd_tok_gate tok_gate;          /* bounds the text being tokenized at once */
 };
 
 /* Per connection (MHD's con_cls): the body being received. */
@@ -458,6 +460,7 @@ static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connectio
     memset(&e, 0, sizeof e);
     char *body = NULL;
     json_t *root = NULL; /* the /tokenize body, parsed once to tell its two forms apart */
+    csd_tok_gate_enter(&s->tok_gate, cs->body.len);
     if (route == ROUTE_DETOKENIZE)
         body = csd_http_detokenize(s->tok, cs->body.data, cs->body.len, &e);
     else if ((root = csd_http_body_object(cs->body.data, cs->body.len, &e)))
@@ -465,6 +468,7 @@ static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connectio
                    ? tokenize_chat(s, root, max_ctx, &e)
                    : csd_http_tokenize_object(s->tok, root, max_ctx, &e);
     json_decref(root);
+    csd_tok_gate_leave(&s->tok_gate, cs->body.len);
     enum MHD_Result ret =
         body ? send_json(s, c, 200, body, NULL, NULL) : send_error(s, c, &e, NULL, NULL);
     free(body);
@@ -494,8 +498,10 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }
+    csd_tok_gate_enter(&s->tok_gate, cs->body.len);
     int rc = kind == CSD_HTTP_KIND_CHAT ? chat_prompt(s, &req, &ids, &n_ids, &e)
                                         : completion_prompt(s, &req, &ids, &n_ids, &e);
+    csd_tok_gate_leave(&s->tok_gate, cs->body.len);
     if (rc) {
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
@@ -736,6 +742,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
 
     csd_http_server *s = csd_alloc(sizeof *s);
     if (!s) return csd_err_set(err, CSD_ENOMEM, "server");
+    csd_tok_gate_init(&s->tok_gate, CSD_TOK_GATE_BUDGET);
     s->tok = tok;
     s->tmpl = tmpl;
     s->max_body = o.max_body;
@@ -782,6 +789,7 @@ void csd_http_server_destroy(csd_http_server *s) {
     if (!s) return;
     atomic_store(&s->stopping, 1); /* waiting handlers cancel their requests and return */
     if (s->mhd) MHD_stop_daemon(s->mhd);
+    csd_tok_gate_fini(&s->tok_gate);
     csd_free(s->api_key);
     csd_free(s->model_name);
     csd_free(s);

@@ -13,6 +13,9 @@
  * character split over several tokens (byte fallback) in the piece of the token that completes
  * it. */
 #define TOKENIZE_PIECE_MAX (64 << 10)
+/* Answers are bounded as the requests are: ids at most as /detokenize takes (jansson holds each
+ * as an object), and with pieces (an object, an id and a string each) a quarter of that. */
+#define TOKENIZE_MAX_PIECES (CSD_HTTP_MAX_PROMPT_IDS / 4)
 
 static json_t *pieces_list(const csd_tok *tok, const int32_t *ids, size_t n) {
     char *piece = csd_alloc(TOKENIZE_PIECE_MAX);
@@ -94,6 +97,11 @@ char *csd_http_tokenize_object(const csd_tok *tok, const json_t *root, int64_t m
                            parse_special, &ids, &n, &err)) {
             csd_http_error_set(e, 400, NULL, field, "invalid_value", "could not tokenize: %s",
                                err.msg);
+        } else if (n > (with_pieces ? TOKENIZE_MAX_PIECES : CSD_HTTP_MAX_PROMPT_IDS)) {
+            csd_http_error_set(e, 400, NULL, field, "invalid_value",
+                               "the text is %zu tokens; /tokenize answers at most %d%s", n,
+                               with_pieces ? TOKENIZE_MAX_PIECES : CSD_HTTP_MAX_PROMPT_IDS,
+                               with_pieces ? " with pieces" : "");
         } else if (!(out = csd_http_tokens_json(tok, ids, n, with_pieces, max_ctx))) {
             csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         }

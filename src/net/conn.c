@@ -517,6 +517,13 @@ int csd_conn_recv_frame_locked(csd_conn *c, csd_wire_hdr *h, csd_netbuf *buf, in
     int mode = atomic_load(&c->mode);
     if (mode == MODE_SECURE && allow_plain_error && h->type == CSD_WIRE_ERROR) mode = MODE_PLAIN;
     size_t len = h->payload_len;
+    /* In a handshake (the only reads that take a plain ERROR) nobody is authenticated yet: a
+     * stranger's header must not make this side reserve a 64 MiB buffer for its payload. */
+    if (allow_plain_error && len > CSD_WIRE_HANDSHAKE_MAX_PAYLOAD)
+        return csd_err_set(err, CSD_EPROTO,
+                           "peer %s: a %s frame of %zu bytes during the handshake (at most %u)",
+                           c->peer, csd_wire_type_name(h->type), len,
+                           CSD_WIRE_HANDSHAKE_MAX_PAYLOAD);
     if ((rc = netbuf_reserve(buf, len ? len : 1, err))) return rc;
     uint8_t trailer[TAG_SIZE];
     size_t tlen = mode == MODE_PLAIN ? CHECKSUM_SIZE : TAG_SIZE;

@@ -33,6 +33,8 @@
 /* Fixed payload sizes. */
 #define CSD_WIRE_HELLO_SIZE 84u
 #define CSD_WIRE_AUTH_SIZE 32u
+/* Largest frame payload a handshake takes (HELLO, HELLO_OK, AUTH, or an ERROR with its text). */
+#define CSD_WIRE_HANDSHAKE_MAX_PAYLOAD (6u + CSD_WIRE_MAX_ERROR_TEXT)
 #define CSD_WIRE_OPEN_SIZE 32u
 #define CSD_WIRE_ACT_HDR_SIZE 12u
 #define CSD_WIRE_TRUNCATE_SIZE 4u

@@ -5,6 +5,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -14,6 +15,10 @@
 #define IDLE_POLL_MS 200        /* how often blocked loops look at the stop flag */
 #define BATCH_WAIT_MS 2000      /* longest wait for the rest of a BATCH_MORE group */
 #define CSD_STEP_MAX_BATCH_ITEMS 256 /* frames (requests) in one batched forward */
+/* Links at once (coordinators, the previous stage, benches, handshakes in progress): each has a
+ * thread and a receive buffer, so a stranger opening connections must not get unbounded ones. */
+#define MAX_PEERS 32
+#define ACCEPT_RETRY_MS 100     /* after a failed accept (out of descriptors): no busy loop */
 
 typedef struct peer {
     struct peer *next;
@@ -174,6 +179,14 @@ static void handle_open(csd_stage_server *s, item *it) {
         snprintf(msg, sizeof msg, "context %u exceeds this stage's limit of %lld tokens",
                  o.max_context, (long long)csd_model_max_ctx(s->model));
         send_req_error(s, id, CSD_ERANGE, msg);
+        return;
+    }
+    if (need > s->opts.kv_mem_cap) { /* it would never fit: evict nobody for it */
+        char msg[160];
+        snprintf(msg, sizeof msg,
+                 "request needs %.1f MiB of KV cache, more than the stage's cap of %.1f MiB",
+                 (double)need / (1 << 20), (double)s->opts.kv_mem_cap / (1 << 20));
+        send_req_error(s, id, CSD_EFULL, msg);
         return;
     }
     stage_req *slot = NULL;
@@ -685,14 +698,41 @@ int csd_stage_server_create(csd_stage_server **out, csd_model *model, const csd_
 
 uint16_t csd_stage_server_port(const csd_stage_server *s) { return csd_listener_port(s->listener); }
 
+static int count_peers(csd_stage_server *s) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (peer *p = s->peers; p; p = p->next) n++;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* A warning at most once a second: a flood of connections must not become a flood of lines. */
+static bool warn_now(uint64_t *last_ns) {
+    uint64_t now = csd_now_ns();
+    if (*last_ns && now - *last_ns < 1000000000ull) return false;
+    *last_ns = now;
+    return true;
+}
+
 int csd_stage_server_run(csd_stage_server *s, csd_err *err) {
+    uint64_t last_warn = 0;
     while (!atomic_load(&s->stop)) {
         csd_conn *c = NULL;
         int rc = csd_listener_accept(s->listener, &c, IDLE_POLL_MS, err);
         reap_peers(s, false);
         if (rc == CSD_ETIMEOUT) continue;
         if (rc) {
-            CSD_LOGW("stage=%u accept: %s", s->opts.stage_index, err->msg);
+            if (warn_now(&last_warn))
+                CSD_LOGW("stage=%u accept: %s", s->opts.stage_index, err->msg);
+            struct timespec ts = {0, ACCEPT_RETRY_MS * 1000000L};
+            nanosleep(&ts, NULL);
+            continue;
+        }
+        if (count_peers(s) >= MAX_PEERS) {
+            if (warn_now(&last_warn))
+                CSD_LOGW("stage=%u refusing a connection: %d links open already",
+                         s->opts.stage_index, MAX_PEERS);
+            csd_conn_destroy(c);
             continue;
         }
         peer *p = csd_alloc(sizeof *p);

@@ -1,9 +1,11 @@
-/* A worker's STATS answer (what `cascadia bench` asks each stage for): the open requests and
- * their KV bytes follow OPEN and CLOSE, and a STATS asked while requests open and close is safe.
- * The compute thread frees a request's KV cache without a lock, so a reader thread answering
- * STATS must not walk the requests (it once did: the ThreadSanitizer pass of scripts/test
- * reports that walk as a race here). The stage is a whole tiny synthetic model, served in this
- * process on a free port; the clients speak the wire protocol in insecure mode. */
+/* A worker's accounting of open requests and their KV memory. Its STATS answer (what `cascadia
+ * bench` asks each stage for) follows OPEN and CLOSE, and a STATS asked while requests open and
+ * close is safe: the compute thread frees a request's KV cache without a lock, so a reader thread
+ * answering STATS must not walk the requests (it once did; the ThreadSanitizer pass of
+ * scripts/test reports that walk as a race here). The KV memory cap: a request that could never
+ * fit is refused without evicting the requests that are open. The stage is a whole tiny
+ * synthetic model, served in this process on a free port; the clients speak the wire protocol
+ * in insecure mode. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -24,6 +26,8 @@
 #include "stage/stage_server.h"
 
 #define MAX_CTX 32
+
+static uint64_t kv_cap_tokens; /* the next fixture's --kv-mem, in tokens of KV (0: default) */
 
 typedef struct fixture {
     char dir[64];
@@ -59,6 +63,7 @@ static int setup(void **state) {
     so.listen = "127.0.0.1:0";
     so.link.insecure = true;
     so.max_requests = 8;
+    so.kv_mem_cap = kv_cap_tokens * csd_model_kv_bytes_per_token(f->model);
     assert_int_equal(csd_stage_server_create(&f->server, f->model, &so, &err), 0);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", csd_stage_server_port(f->server));
     assert_int_equal(pthread_create(&f->thread, NULL, serve, f), 0);
@@ -97,8 +102,8 @@ static csd_conn *connect_coord(const fixture *f) {
     return c;
 }
 
-static void send_open(csd_conn *c, uint32_t req) {
-    csd_wire_open o = csd_wire_open_default(MAX_CTX);
+static void send_open_ctx(csd_conn *c, uint32_t req, uint32_t ctx) {
+    csd_wire_open o = csd_wire_open_default(ctx);
     uint8_t buf[64];
     size_t len = 0;
     csd_err err = {0};
@@ -106,6 +111,8 @@ static void send_open(csd_conn *c, uint32_t req) {
     csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_OPEN, 0, req, 0, (uint32_t)len);
     assert_int_equal(csd_conn_send(c, &h, buf, len, &err), 0);
 }
+
+static void send_open(csd_conn *c, uint32_t req) { send_open_ctx(c, req, MAX_CTX); }
 
 static void send_close(csd_conn *c, uint32_t req) {
     csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_CLOSE, 0, req, 0, 0);
@@ -202,10 +209,46 @@ static void test_stats_while_requests_churn(void **state) {
     csd_conn_destroy(stats);
 }
 
+/* The cap holds 20 tokens of KV: two requests of 8 fit; one of 32 never can. It is refused
+ * (ERROR for it) and the two stay open: nothing was evicted to make room that could not be made. */
+static int setup_small_cap(void **state) {
+    kv_cap_tokens = 20;
+    int rc = setup(state);
+    kv_cap_tokens = 0;
+    return rc;
+}
+
+static void test_request_over_cap_evicts_nobody(void **state) {
+    fixture *f = *state;
+    uint64_t bpt = csd_model_kv_bytes_per_token(f->model);
+    csd_conn *c = connect_coord(f);
+    send_open_ctx(c, 1, 8);
+    send_open_ctx(c, 2, 8);
+    csd_wire_stats st = stats_once_open(c, 2);
+    assert_int_equal(st.kv_bytes_used, 16 * bpt);
+    send_open_ctx(c, 3, MAX_CTX);
+    csd_netbuf buf = {0};
+    csd_wire_hdr h;
+    csd_err err = {0};
+    assert_int_equal(csd_conn_recv(c, &h, &buf, 5000, &err), 0); /* the refusal, to this link */
+    assert_int_equal(h.type, CSD_WIRE_ERROR);
+    assert_int_equal(h.request_id, 3);
+    csd_wire_error e;
+    assert_int_equal(csd_wire_decode_error(buf.data, h.payload_len, &e, &err), 0);
+    assert_non_null(strstr(e.text, "more than the stage's cap"));
+    csd_netbuf_fini(&buf);
+    st = ask_stats(c);
+    assert_int_equal(st.open_requests, 2);
+    assert_int_equal(st.kv_bytes_used, 16 * bpt);
+    csd_conn_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_follow_open_and_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_while_requests_churn, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_request_over_cap_evicts_nobody, setup_small_cap,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
