@@ -16,7 +16,7 @@
 #include "coord/engine.h"
 #include "core/alloc.h"
 #include "model/model.h"
-#include "model/synth.h"
+#include "test_synth.h"
 
 typedef struct collected {
     int32_t ids[256];
@@ -68,17 +68,8 @@ typedef struct fixture {
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
     snprintf(f->dir, sizeof f->dir, "/tmp/csd-engine-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
+    f->model = csd_test_load_tiny(f->dir, 128, 2);
     csd_err err = {0};
-    csd_model_config cfg;
-    assert_int_equal(
-        csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err), 0);
-    assert_int_equal(csd_synth_write(&cfg, 0 /* f32 */, 11, f->dir, &err), 0);
-    csd_model_opts opts;
-    csd_model_opts_default(&opts);
-    opts.n_threads = 2;
-    opts.max_ctx = 128;
-    assert_int_equal(csd_model_load_hf(&f->model, f->dir, &opts, &err), 0);
     assert_int_equal(csd_local_pipeline_create(&f->pipe, f->model, 8, &err), 0);
     *state = f;
     return 0;

@@ -183,6 +183,21 @@ static void sleep_ms(int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* An engine over f alone (prefix_min 8; queue_max < 0: the default). */
+static csd_engine *engine_over(fake_pipe *f, int parallel, int queue_max, int prefix_cache) {
+    csd_pipeline *pipe = &f->base;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = parallel;
+    if (queue_max >= 0) o.queue_max = queue_max;
+    o.prefix_cache = prefix_cache;
+    o.prefix_min = 8;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    return e;
+}
+
 /* ---- tests ---- */
 
 /* A request queued while the only pipeline is down starts when it comes back, with nothing else
@@ -192,13 +207,7 @@ static void test_queued_request_starts_after_reconnect(void **state) {
     static fake_pipe f; /* static: a failed test leaves its engine running */
     fake_init(&f);
     atomic_store(&f.up, false);
-    csd_pipeline *pipe = &f.base;
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 1;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    csd_engine *e = engine_over(&f, 1, -1, 0);
     int32_t prompt[3] = {1, 2, 3};
     outcome queued;
     submit(e, prompt, 3, 4, &queued);
@@ -219,14 +228,7 @@ static void test_cancel_frees_queue_place(void **state) {
     static fake_pipe f; /* static: a failed test leaves its engine running */
     fake_init(&f);
     atomic_store(&f.up, false);
-    csd_pipeline *pipe = &f.base;
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 1;
-    o.queue_max = 1; /* with the one free slot, two requests may wait */
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    csd_engine *e = engine_over(&f, 1, 1, 0); /* with the one free slot, two requests may wait */
     int32_t prompt[3] = {1, 2, 3};
     static outcome a, b, c;
     uint64_t id_a = submit(e, prompt, 3, 4, &a);
@@ -253,15 +255,7 @@ static void test_reconnect_forgets_prefix_cache(void **state) {
     (void)state;
     static fake_pipe f; /* static: a failed test leaves its engine running */
     fake_init(&f);
-    csd_pipeline *pipe = &f.base;
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 1;
-    o.prefix_cache = 4;
-    o.prefix_min = 8;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    csd_engine *e = engine_over(&f, 1, -1, 4);
     int32_t prompt[20];
     for (int i = 0; i < 20; i++) prompt[i] = 1 + i;
     outcome first, again, after;
@@ -310,15 +304,7 @@ static void test_stats_read_while_cache_changes(void **state) {
     (void)state;
     static fake_pipe f; /* static: a failed test leaves its engine running */
     fake_init(&f);
-    csd_pipeline *pipe = &f.base;
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 2;
-    o.prefix_cache = 2;
-    o.prefix_min = 8;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    csd_engine *e = engine_over(&f, 2, -1, 2);
     poller p = {.e = e};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, poll_stats, &p), 0);

@@ -332,15 +332,21 @@ static void test_handshake_link_mode_mismatch(void **state) {
     assert_non_null(strstr(err.msg, "encrypted"));
 }
 
+/* A plain TCP connection to 127.0.0.1:port, for peers that speak raw bytes. */
+static int raw_connect(uint16_t port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
 static void test_handshake_version_mismatch(void **state) {
     (void)state;
     server_ctx s;
     server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
     /* A raw peer speaking version 2. */
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(csd_listener_port(s.l))};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    int fd = raw_connect(csd_listener_port(s.l));
     uint8_t b[20 + CSD_WIRE_HELLO_SIZE + 8];
     memset(b, 0, sizeof b);
     csd_wire_put_u16(b, CSD_WIRE_MAGIC);
@@ -737,10 +743,7 @@ static void test_server_handshake_refuses_large_frame(void **state) {
     (void)state;
     server_ctx s;
     server_start(&s, &key_a, false, hello_stage(0, 0, 12, 0xAB));
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(csd_listener_port(s.l))};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    int fd = raw_connect(csd_listener_port(s.l));
     uint8_t hb[CSD_WIRE_HDR_SIZE];
     csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_FORWARD, 0, 1, 0, 64u << 20);
     csd_err err = {0};

@@ -19,11 +19,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model/model.h"
-#include "model/synth.h"
 #include "net/conn.h"
 #include "net/wire.h"
 #include "stage/stage_server.h"
+#include "test_synth.h"
 
 #define MAX_CTX 32
 
@@ -47,17 +46,8 @@ static void *serve(void *arg) {
 static int setup(void **state) {
     fixture *f = calloc(1, sizeof *f);
     snprintf(f->dir, sizeof f->dir, "/tmp/csd-stage-XXXXXX");
-    assert_non_null(mkdtemp(f->dir));
+    f->model = csd_test_load_tiny(f->dir, MAX_CTX, 1);
     csd_err err = {0};
-    csd_model_config cfg;
-    assert_int_equal(
-        csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err), 0);
-    assert_int_equal(csd_synth_write(&cfg, 0 /* f32 */, 11, f->dir, &err), 0);
-    csd_model_opts mo;
-    csd_model_opts_default(&mo);
-    mo.n_threads = 1;
-    mo.max_ctx = MAX_CTX;
-    assert_int_equal(csd_model_load_hf(&f->model, f->dir, &mo, &err), 0);
     csd_stage_opts so;
     memset(&so, 0, sizeof so);
     so.listen = "127.0.0.1:0";
