@@ -16,8 +16,10 @@
 #define BATCH_WAIT_MS 2000      /* longest wait for the rest of a BATCH_MORE group */
 #define CSD_STEP_MAX_BATCH_ITEMS 256 /* frames (requests) in one batched forward */
 /* Links at once (coordinators, the previous stage, benches, handshakes in progress): each has a
- * thread and a receive buffer, so a stranger opening connections must not get unbounded ones. */
-#define MAX_PEERS 32
+ * thread and a receive buffer, so a stranger opening connections must not get unbounded ones.
+ * Not fewer: strangers holding every place would keep a coordinator from reconnecting, and a
+ * stranger's place costs little now that a handshake reads at most 1 KB. */
+#define MAX_PEERS 128
 #define ACCEPT_RETRY_MS 100     /* after a failed accept (out of descriptors): no busy loop */
 
 typedef struct peer {

@@ -1,4 +1,5 @@
-/* A worker's accounting of open requests and their KV memory. Its STATS answer (what `cascadia
+/* A worker's limits and its accounting of open requests and their KV memory. At most 128 links
+ * at once: a further connection is closed at once. Its STATS answer (what `cascadia
  * bench` asks each stage for) follows OPEN and CLOSE, and a STATS asked while requests open and
  * close is safe: the compute thread frees a request's KV cache without a lock, so a reader thread
  * answering STATS must not walk the requests (it once did; the ThreadSanitizer pass of
@@ -15,7 +16,10 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -233,12 +237,41 @@ static void test_request_over_cap_evicts_nobody(void **state) {
     csd_conn_destroy(c);
 }
 
+/* 128 strangers connect and say nothing (each waits out the handshake's timeout on the worker):
+ * the next connection is closed at once, where it once got a thread and a buffer like them. */
+#define LINKS_MAX 128
+
+static int raw_connect(const fixture *f) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET,
+                             .sin_port = htons(csd_stage_server_port(f->server))};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof sa), 0);
+    return fd;
+}
+
+static void test_links_beyond_limit_closed(void **state) {
+    fixture *f = *state;
+    int fds[LINKS_MAX];
+    for (int i = 0; i < LINKS_MAX; i++) fds[i] = raw_connect(f);
+    struct timespec settle = {0, 300 * 1000 * 1000}; /* the worker accepts them all */
+    nanosleep(&settle, NULL);
+    int extra = raw_connect(f);
+    struct timeval tv = {3, 0}; /* far less than the handshake's 10 s timeout */
+    assert_int_equal(setsockopt(extra, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+    char b;
+    assert_int_equal(recv(extra, &b, 1, 0), 0); /* closed by the worker, not left waiting */
+    close(extra);
+    for (int i = 0; i < LINKS_MAX; i++) close(fds[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_follow_open_and_close, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats_while_requests_churn, setup, teardown),
         cmocka_unit_test_setup_teardown(test_request_over_cap_evicts_nobody, setup_small_cap,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_links_beyond_limit_closed, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
