@@ -18,6 +18,7 @@
 
 #include "coord/engine.h"
 #include "coord/pipeline.h"
+#include "core/clock.h"
 
 #define VOCAB 32
 #define ANSWER 5
@@ -130,14 +131,7 @@ static void outcome_init(outcome *o) {
 
 /* True when the request ended within ms milliseconds. */
 static bool wait_done_ms(outcome *o, int ms) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = csd_realtime_in_ms(ms);
     pthread_mutex_lock(&o->mu);
     while (!o->done)
         if (pthread_cond_timedwait(&o->cv, &o->mu, &ts) != 0) break;

@@ -204,7 +204,8 @@ static void test_stats_while_requests_churn(void **state) {
 }
 
 /* The cap holds 20 tokens of KV: two requests of 8 fit; one of 32 never can. It is refused
- * (ERROR for it) and the two stay open: nothing was evicted to make room that could not be made. */
+ * (ERROR for it) and the two stay open: nothing was evicted to make room that could not be made.
+ * A third of 8 fits once the least recently used one is evicted. */
 static int setup_small_cap(void **state) {
     kv_cap_tokens = 20;
     int rc = setup(state);
@@ -234,6 +235,12 @@ static void test_request_over_cap_evicts_nobody(void **state) {
     st = ask_stats(c);
     assert_int_equal(st.open_requests, 2);
     assert_int_equal(st.kv_bytes_used, 16 * bpt);
+    /* one that fits once the least recently used is gone: that one goes, the other stays */
+    send_open_ctx(c, 4, 8);
+    send_close(c, 2);
+    send_close(c, 4);
+    st = stats_once_open(c, 0); /* frames apply in order: 2 and 4 were open, 1 was evicted */
+    assert_int_equal(st.kv_bytes_used, 0);
     csd_conn_destroy(c);
 }
 

@@ -13,7 +13,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -453,13 +452,7 @@ static void wait_for_work(worker *w) {
         pthread_cond_wait(&e->cv, &e->mu);
         return;
     }
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts); /* the condition variable's clock */
-    ts.tv_nsec += RECHECK_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = csd_realtime_in_ms(RECHECK_MS);
     pthread_cond_timedwait(&e->cv, &e->mu, &ts);
 }
 

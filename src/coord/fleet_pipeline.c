@@ -612,13 +612,7 @@ static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
     pending_step *s = &f->steps[f->head];
     uint64_t deadline = s->t_begin + (uint64_t)(STEP_TIMEOUT_S * 1e9);
     while (s->n_resolved < s->n && csd_now_ns() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = csd_realtime_in_ms(100);
         pthread_cond_timedwait(&f->cv, &f->mu, &ts);
     }
     int rc = s->rc;
@@ -628,11 +622,13 @@ static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
     }
     if (rc) {
         csd_err_set(err, rc, "%s", s->msg);
-    } else {
-        for (int i = 0; i < s->n && !entry_rc && !rc; i++) rc = s->entry_rc[i];
-        if (entry_rc) memcpy(entry_rc, s->entry_rc, (size_t)s->n * sizeof *entry_rc);
-        if (s->entry_msg[0]) csd_err_set(err, rc ? rc : CSD_EPROTO, "%s", s->entry_msg);
+    } else if (s->entry_msg[0]) { /* a stage refused some entries alone */
+        int first = 0;
+        for (int i = 0; i < s->n && !first; i++) first = s->entry_rc[i];
+        csd_err_set(err, first, "%s", s->entry_msg);
+        if (!entry_rc) rc = first; /* a caller that cannot tell entries apart: the step failed */
     }
+    if (entry_rc && !rc) memcpy(entry_rc, s->entry_rc, (size_t)s->n * sizeof *entry_rc);
     f->timing.steps++;
     f->timing.wait_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
     f->head = (f->head + 1) % MAX_IN_FLIGHT;
@@ -759,9 +755,7 @@ void csd_fleet_pipeline_timing(csd_pipeline *p, csd_fleet_timing *out) {
     pthread_mutex_lock(&f->mu);
     uint64_t deadline = csd_now_ns() + 2000000000ull;
     while (f->stats_pending > 0 && csd_now_ns() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_sec += 1;
+        struct timespec ts = csd_realtime_in_ms(1000);
         pthread_cond_timedwait(&f->cv, &f->mu, &ts);
     }
     out->remote_compute_s = 0;

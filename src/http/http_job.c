@@ -6,10 +6,10 @@
 #include <stdio.h>
 #include <sodium.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/alloc.h"
 #include "core/build_info.h"
+#include "core/clock.h"
 #include "core/err.h"
 #include "core/log.h"
 #include "http_internal.h"
@@ -349,13 +349,7 @@ static bool client_gone(int fd) {
 }
 
 static void wait_a_bit(csd_http_job *j) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += WAIT_POLL_MS * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = csd_realtime_in_ms(WAIT_POLL_MS);
     pthread_cond_timedwait(&j->cv, &j->mu, &ts);
 }
 

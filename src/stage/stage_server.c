@@ -147,18 +147,18 @@ static void close_req(csd_stage_server *s, stage_req *r) {
     r->kv = NULL;
 }
 
-/* Frees least-recently-used requests until `need` more bytes fit under the cap. */
-static bool make_room(csd_stage_server *s, uint64_t need) {
-    for (;;) {
-        uint64_t used = 0;
-        stage_req *lru = NULL;
-        for (int i = 0; i < s->n_reqs; i++) {
-            if (!s->reqs[i].kv) continue;
-            used += kv_bytes(s, &s->reqs[i]);
-            if (!lru || s->reqs[i].last_used < lru->last_used) lru = &s->reqs[i];
-        }
-        if (used + need <= s->opts.kv_mem_cap) return true;
-        if (!lru) return false;
+/* The open request used least recently, or NULL when none is open. */
+static stage_req *lru_open(csd_stage_server *s) {
+    stage_req *lru = NULL;
+    for (int i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i].kv && (!lru || s->reqs[i].last_used < lru->last_used)) lru = &s->reqs[i];
+    return lru;
+}
+
+/* Frees least-recently-used requests until `need` more bytes fit under the cap (need <= cap). */
+static void make_room(csd_stage_server *s, uint64_t need) {
+    stage_req *lru;
+    while (atomic_load(&s->kv_used) + need > s->opts.kv_mem_cap && (lru = lru_open(s))) {
         CSD_LOGI("stage=%u evicting req=%u (least recently used) to fit a new request",
                  s->opts.stage_index, lru->id);
         close_req(s, lru);
@@ -194,23 +194,11 @@ static void handle_open(csd_stage_server *s, item *it) {
     stage_req *slot = NULL;
     for (int i = 0; i < s->n_reqs && !slot; i++)
         if (!s->reqs[i].kv) slot = &s->reqs[i];
-    if (!slot || !make_room(s, need)) {
-        if (!slot) { /* every slot busy: evict the least recently used */
-            stage_req *lru = &s->reqs[0];
-            for (int i = 1; i < s->n_reqs; i++)
-                if (s->reqs[i].last_used < lru->last_used) lru = &s->reqs[i];
-            close_req(s, lru);
-            slot = lru;
-        }
-        if (!make_room(s, need)) {
-            char msg[160];
-            snprintf(msg, sizeof msg,
-                     "request needs %.1f MiB of KV cache, the stage's cap is %.1f MiB",
-                     (double)need / (1 << 20), (double)s->opts.kv_mem_cap / (1 << 20));
-            send_req_error(s, id, CSD_EFULL, msg);
-            return;
-        }
+    if (!slot) { /* every slot busy: evict the least recently used */
+        slot = lru_open(s);
+        close_req(s, slot);
     }
+    make_room(s, need);
     if (csd_kv_create(&slot->kv, s->model, o.max_context, &err)) {
         send_req_error(s, id, err.code, err.msg);
         return;
@@ -417,13 +405,7 @@ static item *pop_item(csd_stage_server *s, int wait_ms) {
     pthread_mutex_lock(&s->mu);
     uint64_t deadline = csd_now_ns() + (uint64_t)wait_ms * 1000000ull;
     while (!s->q_head && !atomic_load(&s->stop) && csd_now_ns() < deadline) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        struct timespec ts = csd_realtime_in_ms(50);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     item *it = s->q_head;
