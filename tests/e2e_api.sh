@@ -97,6 +97,70 @@ json.dump(c, open(sys.argv[1], "w"))
 PY
 start_server busy tinylong --model-name tiny --chat-template chatml --parallel 1 --queue 0 --ctx 8192
 
+# --- connection flags: bad values refused at start; an idle connection closed after
+# --idle-timeout, while responses that wait for their tokens longer than that are not cut ---
+for bad in "--max-connections 0" "--max-connections 5000" "--idle-timeout 0" \
+           "--max-connections 4 --max-connections-per-ip 5"; do
+    # shellcheck disable=SC2086 # the flags are meant to split
+    "$CASCADIA" serve tiny $bad --port 0 2>"$WORK/bad.err" && fail "serve accepted $bad"
+    rc=$?
+    [ "$rc" = 2 ] && grep -q -- "--" "$WORK/bad.err" ||
+        fail "serve $bad: exit $rc, $(cat "$WORK/bad.err")"
+done
+start_server idle tinylong --model-name tiny --parallel 1 --ctx 8192 --idle-timeout 1
+/usr/bin/python3 - "$PORT_idle" <<'PY' || fail "--idle-timeout (above)"
+import http.client, json, socket, sys, threading, time
+port = int(sys.argv[1])
+def post(body, stream_first_line=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    c.request("POST", "/v1/completions", json.dumps(body),
+              {"Content-Type": "application/json", "Authorization": "Bearer secret"})
+    r = c.getresponse()
+    if stream_first_line is not None:
+        stream_first_line.append(r.readline())
+        stream_first_line.append(time.monotonic())
+    return r.status, r.read()
+# an idle connection is closed after about a second (the default would be 60)
+t0 = time.monotonic()
+s = socket.create_connection(("127.0.0.1", port), timeout=10)
+s.sendall(b"GET /health HTTP/1.1\r\n")
+assert s.recv(100) == b"", "an idle connection got an answer"
+idle_s = time.monotonic() - t0
+assert 0.5 <= idle_s <= 5, idle_s
+# requests sized to generate for about 3 s here, whatever this build's speed
+t0 = time.monotonic()
+st, _ = post({"prompt": "Once", "max_tokens": 200, "ignore_eos": True})
+assert st == 200, st
+n = max(200, min(7000, int(200 * 3.0 / max(time.monotonic() - t0, 1e-3))))
+base = {"prompt": "Once", "max_tokens": n, "ignore_eos": True}
+out, first = {}, []
+def run(name, body, delay, first_line=None):
+    time.sleep(delay)
+    out[name] = post(body, first_line)
+t0 = time.monotonic()
+threads = [threading.Thread(target=run, args=("first", base, 0)),
+           threading.Thread(target=run, args=("stream", dict(base, stream=True, stream_options={
+               "include_usage": True}), 0.3, first)),
+           threading.Thread(target=run, args=("plain", base, 0.6))]
+for t in threads: t.start()
+for t in threads: t.join()
+waited = first[1] - t0 - 0.3  # the queued stream's wait for its first token
+assert waited > 1.5, "the first request ended too soon to test the timeout: %.2f s" % waited
+for name in ("first", "plain"):
+    st, body = out[name]
+    assert st == 200 and json.loads(body)["usage"]["completion_tokens"] == n, (name, st, body[-200:])
+st, body = out["stream"]
+events = [l for l in (first[0] + body).decode().split("\n") if l.startswith("data: ")]
+assert st == 200 and len(events) >= 3 and events[-1] == "data: [DONE]", \
+    ("the queued stream was cut off", st, len(body), events[-3:])
+usage = json.loads(events[-2][6:])["usage"]  # the last chunk before [DONE] carries the usage
+assert usage["completion_tokens"] == n, (usage, n)
+assert json.loads(events[-3][6:])["choices"][0]["finish_reason"] == "length", events[-3]
+print("ok   --idle-timeout: idle closed after %.1f s; %d-token answers after %.1f s queued" % (idle_s, n, waited))
+PY
+kill "$PID_idle"
+wait "$PID_idle" 2>/dev/null || true
+
 # --- greedy reference from `cascadia run` ---
 RUN_PROMPT="Once upon a time"
 RUN_N=24

@@ -1,6 +1,7 @@
 /* test_http_server: the HTTP layer before a model is ready (no engine): /health and the API answer
  * 503 with Retry-After, /metrics says not ready, and routing, methods, the API key and the body
- * limit give 404/405/401/413 with OpenAI error bodies. Loopback, ephemeral port, bounded waits. */
+ * limit give 404/405/401/413 with OpenAI error bodies; the connection limits (all, per IP
+ * address) and the idle timeout hold. Loopback, ephemeral port, bounded waits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,10 +10,13 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "core/alloc.h"
@@ -62,7 +66,8 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* Sends req (a whole HTTP/1.1 request) and reads the response until the server closes. */
+/* Sends req (a whole HTTP/1.1 request) and reads the response until the server closes. The status,
+ * or 0 when the server closed the connection without an answer. */
 static int roundtrip(int port, const char *req, char *resp, size_t cap) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
@@ -72,9 +77,9 @@ static int roundtrip(int port, const char *req, char *resp, size_t cap) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
     size_t len = strlen(req);
-    assert_int_equal(send(fd, req, len, MSG_NOSIGNAL), (ssize_t)len);
     size_t n = 0;
-    while (n + 1 < cap) {
+    bool sent = send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len; /* no: closed unanswered */
+    while (sent && n + 1 < cap) {
         ssize_t r = recv(fd, resp + n, cap - 1 - n, 0);
         if (r <= 0) break;
         n += (size_t)r;
@@ -203,12 +208,131 @@ static void test_routes_methods_auth_limits(void **state) {
     assert_non_null(strstr(body_of(resp), "request_too_large"));
 }
 
+/* A server of its own (no API key) with the given connection options. */
+static csd_http_server *limited_server(const fixture *f, int max_conns, int per_ip, int idle_s) {
+    csd_http_opts o;
+    csd_http_opts_default(&o);
+    o.port = 0;
+    o.model_name = "tiny";
+    o.max_connections = max_conns;
+    o.max_per_ip = per_ip;
+    o.idle_timeout_s = idle_s;
+    csd_http_server *srv = NULL;
+    csd_err err = {0};
+    if (csd_http_server_create(&srv, &o, f->tok, NULL, &err)) printf("server: %s\n", err.msg);
+    assert_non_null(srv);
+    return srv;
+}
+
+/* A connection that has sent the start of a request and then nothing more. */
+static int idle_client(int port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    assert_int_equal(send(fd, "GET /health HTTP/1.1\r\n", 22, MSG_NOSIGNAL), 22);
+    return fd;
+}
+
+/* Waits up to timeout_ms for the server to close fd (EOF or reset): 1 if it did, 0 if not. */
+static int closed_by_server(int fd, int timeout_ms) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, timeout_ms) <= 0) return 0;
+    char c;
+    return recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+static double seconds_since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
+}
+
+/* Sends req until it is answered (up to 5 s: the server frees a place on its own time). */
+static int roundtrip_retry(int port, const char *req, char *resp, size_t cap) {
+    int status = 0;
+    for (int i = 0; i < 50 && status == 0; i++) {
+        status = roundtrip(port, req, resp, cap);
+        if (status == 0) usleep(100 * 1000);
+    }
+    return status;
+}
+
+static const char health_req[] = "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+
+/* With two places held by idle clients a third connection is closed unanswered (libmicrohttpd
+ * may close the older idle one at that moment too); the idle timeout (1 s) closes the other one a
+ * second after it went quiet, and then the server answers again. */
+static void test_connection_limit_and_idle_timeout(void **state) {
+    csd_http_server *srv = limited_server(*state, 2, 0, 1);
+    int port = csd_http_server_port(srv);
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int idle[2] = {idle_client(port), idle_client(port)};
+    char resp[4096];
+    assert_int_equal(roundtrip(port, health_req, resp, sizeof resp), 0);
+    assert_string_equal(resp, "");
+    for (int i = 0; i < 2; i++) {
+        assert_true(closed_by_server(idle[i], 5000));
+        close(idle[i]);
+    }
+    assert_true(seconds_since(&t0) >= 0.5); /* the timeout closed the last, not the refusal */
+    assert_int_equal(roundtrip_retry(port, health_req, resp, sizeof resp), 503); /* no engine */
+    csd_http_server_destroy(srv);
+}
+
+/* With one place per address, a second connection from 127.0.0.1 is closed unanswered, and a
+ * new one is served once the first has gone. */
+static void test_per_ip_limit(void **state) {
+    csd_http_server *srv = limited_server(*state, 8, 1, 60);
+    int port = csd_http_server_port(srv);
+    int first = idle_client(port);
+    char resp[4096];
+    assert_int_equal(roundtrip(port, health_req, resp, sizeof resp), 0);
+    assert_string_equal(resp, "");
+    assert_false(closed_by_server(first, 0)); /* the first one keeps its place */
+    close(first);
+    assert_int_equal(roundtrip_retry(port, health_req, resp, sizeof resp), 503);
+    csd_http_server_destroy(srv);
+}
+
+/* Options beyond their bounds are refused with a message, not clamped. */
+static void test_connection_options_refused(void **state) {
+    const fixture *f = *state;
+    csd_http_opts o;
+    csd_http_opts_default(&o);
+    o.port = 0;
+    o.model_name = "tiny";
+    csd_http_server *srv = NULL;
+    csd_err err = {0};
+    o.max_connections = CSD_HTTP_MAX_CONNECTIONS_LIMIT + 1;
+    assert_int_equal(csd_http_server_create(&srv, &o, f->tok, NULL, &err), CSD_ERANGE);
+    assert_non_null(strstr(err.msg, "max connections"));
+    csd_http_opts_default(&o);
+    o.port = 0;
+    o.model_name = "tiny";
+    o.max_per_ip = o.max_connections + 1;
+    assert_int_equal(csd_http_server_create(&srv, &o, f->tok, NULL, &err), CSD_ERANGE);
+    assert_non_null(strstr(err.msg, "per IP address"));
+    csd_http_opts_default(&o);
+    o.port = 0;
+    o.model_name = "tiny";
+    o.idle_timeout_s = CSD_HTTP_IDLE_TIMEOUT_LIMIT + 1;
+    assert_int_equal(csd_http_server_create(&srv, &o, f->tok, NULL, &err), CSD_ERANGE);
+    assert_non_null(strstr(err.msg, "idle timeout"));
+    assert_null(srv);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_loading),
         cmocka_unit_test(test_api_loading),
         cmocka_unit_test(test_metrics_not_ready),
         cmocka_unit_test(test_routes_methods_auth_limits),
+        cmocka_unit_test(test_connection_limit_and_idle_timeout),
+        cmocka_unit_test(test_per_ip_limit),
+        cmocka_unit_test(test_connection_options_refused),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -39,6 +39,14 @@ static const char *const serve_usage =
     "                       serves /v1/completions; chat requests get 400)\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
+    "  --max-connections N  HTTP connections held at once, a thread each (default 256;\n"
+    "                       beyond it new ones are closed unanswered)\n"
+    "  --max-connections-per-ip N\n"
+    "                       connections one client IP address may hold; more are closed at\n"
+    "                       once (default 0 = no limit of its own)\n"
+    "  --idle-timeout SECONDS\n"
+    "                       close a connection after this long without traffic (default 60;\n"
+    "                       a response still generating is not idle)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
     "                       (default 4, 0 = off)\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
         CSD_CLI_FLEET_FLAGS_HELP;
@@ -55,6 +63,9 @@ typedef struct serve_args {
     const char *chat_template;
     const char *model_name;
     size_t max_body;
+    int max_connections;
+    int max_per_ip;
+    int idle_timeout_s;
     int prefix_cache;
     csd_model_opts model;
     csd_cli_fleet fleet;                      /* shared fleet settings (manifest, key, ...) */
@@ -95,6 +106,15 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
     } else if (!strcmp(f, "--max-body")) {
         if (!csd_cli_int("serve", f, value, 1024, (int64_t)1 << 30, &v)) return 2;
         a->max_body = (size_t)v;
+    } else if (!strcmp(f, "--max-connections")) {
+        if (!csd_cli_int("serve", f, value, 1, CSD_HTTP_MAX_CONNECTIONS_LIMIT, &v)) return 2;
+        a->max_connections = (int)v;
+    } else if (!strcmp(f, "--max-connections-per-ip")) {
+        if (!csd_cli_int("serve", f, value, 0, CSD_HTTP_MAX_CONNECTIONS_LIMIT, &v)) return 2;
+        a->max_per_ip = (int)v;
+    } else if (!strcmp(f, "--idle-timeout")) {
+        if (!csd_cli_int("serve", f, value, 1, CSD_HTTP_IDLE_TIMEOUT_LIMIT, &v)) return 2;
+        a->idle_timeout_s = (int)v;
     } else if (!strcmp(f, "--api-key")) {
         a->api_key = value;
     } else if (!strcmp(f, "--chat-template")) {
@@ -126,6 +146,12 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
 /* Checks that the flags fit together and fills what follows from them. 0, or 2. */
 static int finish_args(serve_args *a) {
     if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
+    if (a->max_per_ip > a->max_connections) {
+        fprintf(stderr,
+                "cascadia serve: --max-connections-per-ip %d is above --max-connections %d\n",
+                a->max_per_ip, a->max_connections);
+        return 2;
+    }
     if (a->n_fleets && a->model_dir) {
         fprintf(stderr, "cascadia serve: give MODEL_DIR or --manifest/--fleet, not both\n");
         return 2;
@@ -151,6 +177,8 @@ static void default_args(serve_args *a) {
     a->parallel = 4;
     a->queue_max = 64;
     a->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
+    a->max_connections = CSD_HTTP_DEFAULT_MAX_CONNECTIONS;
+    a->idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
     a->prefix_cache = 4;
     csd_cli_fleet_init(&a->fleet);
 }
@@ -294,6 +322,9 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
     o.api_key = a->api_key;
     o.model_name = model_name;
     o.max_body = a->max_body;
+    o.max_connections = a->max_connections;
+    o.max_per_ip = a->max_per_ip;
+    o.idle_timeout_s = a->idle_timeout_s;
     int rc = csd_http_server_create(srv, &o, tok, tmpl, err);
     if (!rc)
         fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s build=%s\n",

@@ -57,6 +57,7 @@ struct csd_http_server {
     char *api_key;
     char *model_name;
     size_t max_body;
+    unsigned idle_timeout_s; /* MHD's per-connection timeout, restored after each wait for tokens */
     int port;
     atomic_int stopping;
     atomic_llong http_status[SC_COUNT];
@@ -78,6 +79,7 @@ typedef struct conn_state {
 typedef struct stream_state {
     csd_http_server *srv;
     csd_http_job *job;
+    struct MHD_Connection *conn;
     int fd;
     bool cancelled; /* the reader already cancelled the request (count it once) */
 } stream_state;
@@ -372,11 +374,18 @@ static int completion_prompt(const csd_http_server *s, const csd_http_req *req, 
     return 0;
 }
 
+/* The next bytes of a stream, waiting for them as long as generation takes. A connection waiting
+ * for its tokens is not idle: the idle timeout is off during the wait (the job notices a client
+ * that hangs up), and set again after it, which restarts its count, so that it still closes a
+ * client that stops reading what is sent. libmicrohttpd would otherwise count the whole wait
+ * (a queued request, a long prompt) as idle and close the stream after its headers. */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream_state *ss = cls;
+    MHD_set_connection_option(ss->conn, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
     ssize_t n = csd_http_job_read(ss->job, buf, max < STREAM_BLOCK ? max : STREAM_BLOCK, ss->fd,
                                   &ss->srv->stopping);
+    MHD_set_connection_option(ss->conn, MHD_CONNECTION_OPTION_TIMEOUT, ss->srv->idle_timeout_s);
     if (n > 0) return n;
     if (n < 0) {
         if (!ss->cancelled) atomic_fetch_add(&ss->srv->client_cancels, 1);
@@ -415,6 +424,7 @@ static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c
     }
     ss->srv = s;
     ss->job = j;
+    ss->conn = c;
     ss->fd = conn_fd(c);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
                                                                stream_reader, ss, stream_free);
@@ -728,6 +738,15 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     if (!o.max_body) o.max_body = CSD_HTTP_DEFAULT_MAX_BODY;
     if (o.max_connections <= 0) o.max_connections = CSD_HTTP_DEFAULT_MAX_CONNECTIONS;
     if (o.idle_timeout_s <= 0) o.idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
+    if (o.max_connections > CSD_HTTP_MAX_CONNECTIONS_LIMIT)
+        return csd_err_set(err, CSD_ERANGE, "max connections %d above %d", o.max_connections,
+                           CSD_HTTP_MAX_CONNECTIONS_LIMIT);
+    if (o.idle_timeout_s > CSD_HTTP_IDLE_TIMEOUT_LIMIT)
+        return csd_err_set(err, CSD_ERANGE, "idle timeout %d s above %d", o.idle_timeout_s,
+                           CSD_HTTP_IDLE_TIMEOUT_LIMIT);
+    if (o.max_per_ip < 0 || o.max_per_ip > o.max_connections)
+        return csd_err_set(err, CSD_ERANGE, "connections per IP address %d not in 0..%d",
+                           o.max_per_ip, o.max_connections);
     if (!tok) return csd_err_set(err, CSD_EINVAL, "server needs a tokenizer");
     if (!o.model_name || !o.model_name[0])
         return csd_err_set(err, CSD_EINVAL, "server needs a model name");
@@ -746,6 +765,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     s->tok = tok;
     s->tmpl = tmpl;
     s->max_body = o.max_body;
+    s->idle_timeout_s = (unsigned)o.idle_timeout_s;
     s->started = (long long)time(NULL);
     s->model_name = csd_strdup(o.model_name);
     if (o.api_key && o.api_key[0]) s->api_key = csd_strdup(o.api_key);
@@ -759,7 +779,8 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     s->mhd = MHD_start_daemon(
         flags, (uint16_t)o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
         (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o.max_per_ip, MHD_OPTION_NOTIFY_COMPLETED,
         on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
     /* no MHD_OPTION_LISTENING_ADDRESS_REUSE: on Linux it is SO_REUSEPORT, which would let a second
      * server silently share the port; MHD's default SO_REUSEADDR is enough for restarts */

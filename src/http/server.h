@@ -22,6 +22,9 @@
 #define CSD_HTTP_DEFAULT_MAX_CONNECTIONS 256
 /* Seconds a connection may stay idle before it is closed. */
 #define CSD_HTTP_DEFAULT_IDLE_TIMEOUT 60
+/* Upper bounds for the options above (a connection costs a thread; a day of idling is plenty). */
+#define CSD_HTTP_MAX_CONNECTIONS_LIMIT 4096
+#define CSD_HTTP_IDLE_TIMEOUT_LIMIT 86400
 
 typedef struct csd_http_opts {
     const char *host;       /* address to bind ("127.0.0.1", "0.0.0.0", "::1"); NULL: 127.0.0.1 */
@@ -31,6 +34,7 @@ typedef struct csd_http_opts {
     size_t max_body;        /* 0: CSD_HTTP_DEFAULT_MAX_BODY */
     int max_connections;    /* 0: CSD_HTTP_DEFAULT_MAX_CONNECTIONS */
     int idle_timeout_s;     /* 0: CSD_HTTP_DEFAULT_IDLE_TIMEOUT */
+    int max_per_ip;     /* connections one client IP address may hold; 0: no limit of its own */
 } csd_http_opts;
 
 void csd_http_opts_default(csd_http_opts *o);
