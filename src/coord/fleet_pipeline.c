@@ -742,17 +742,23 @@ void csd_fleet_pipeline_timing(csd_pipeline *p, csd_fleet_timing *out) {
     pthread_mutex_lock(&f->mu);
     *out = f->timing;
     pthread_mutex_unlock(&f->mu);
-    /* remote compute: ask every stage for its counters */
+    /* remote compute: ask every stage for its counters. The read lock and `connected` together
+     * keep the links still: while the fleet is down the reconnector rewrites conns[] without the
+     * lock, and it sets `connected` only after its last write (as send_first relies on too). */
     pthread_mutex_lock(&f->mu);
     f->stats_pending = f->opts.n_addrs;
     pthread_mutex_unlock(&f->mu);
+    int unsent = 0;
     for (int i = 0; i < f->opts.n_addrs; i++) {
         csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_STATS, 0, 0, 0, 0);
         pthread_rwlock_rdlock(&f->links_lock);
-        if (f->conns[i]) csd_conn_send(f->conns[i], &h, NULL, 0, NULL);
+        if (!atomic_load(&f->connected) || !f->conns[i] ||
+            csd_conn_send(f->conns[i], &h, NULL, 0, NULL) != 0)
+            unsent++;
         pthread_rwlock_unlock(&f->links_lock);
     }
     pthread_mutex_lock(&f->mu);
+    f->stats_pending -= unsent; /* no answer is coming for those: do not wait for it */
     uint64_t deadline = csd_now_ns() + 2000000000ull;
     while (f->stats_pending > 0 && csd_now_ns() < deadline) {
         struct timespec ts = csd_realtime_in_ms(1000);
