@@ -1,5 +1,6 @@
 /* A worker's limits and its accounting of open requests and their KV memory. At most 128 links
- * at once: a further connection is closed at once. Its STATS answer (what `cascadia
+ * at once: a further connection is closed at once. One coordinator at a time: a second one takes
+ * over, and the first is told so and closed. Its STATS answer (what `cascadia
  * bench` asks each stage for) follows OPEN and CLOSE, and a STATS asked while requests open and
  * close is safe: the compute thread frees a request's KV cache without a lock, so a reader thread
  * answering STATS must not walk the requests (it once did; the ThreadSanitizer pass of
@@ -184,7 +185,7 @@ static void *open_close(void *arg) {
 
 static void test_stats_while_requests_churn(void **state) {
     fixture *f = *state;
-    csd_conn *work = connect_coord(f), *stats = connect_coord(f);
+    csd_conn *work = connect_coord(f), *stats = work; /* one coordinator: STATS on its link */
     churn ch = {work, 2000};
     pthread_t t;
     assert_int_equal(pthread_create(&t, NULL, open_close, &ch), 0);
@@ -200,7 +201,6 @@ static void test_stats_while_requests_churn(void **state) {
     csd_wire_stats st = stats_once_open(stats, 0);
     assert_int_equal(st.kv_bytes_used, 0);
     csd_conn_destroy(work);
-    csd_conn_destroy(stats);
 }
 
 /* The cap holds 20 tokens of KV: two requests of 8 fit; one of 32 never can. It is refused
@@ -272,6 +272,28 @@ static void test_links_beyond_limit_closed(void **state) {
     for (int i = 0; i < LINKS_MAX; i++) close(fds[i]);
 }
 
+/* A second coordinator takes the results over; the first is told why and its link is closed. */
+static void test_second_coordinator_takes_over(void **state) {
+    fixture *f = *state;
+    csd_conn *first = connect_coord(f);
+    csd_conn *second = connect_coord(f);
+    csd_netbuf buf = {0};
+    csd_wire_hdr h;
+    csd_err err = {0};
+    assert_int_equal(csd_conn_recv(first, &h, &buf, 5000, &err), 0);
+    assert_int_equal(h.type, CSD_WIRE_ERROR);
+    assert_int_equal(h.request_id, 0);
+    csd_wire_error e;
+    assert_int_equal(csd_wire_decode_error(buf.data, h.payload_len, &e, &err), 0);
+    assert_non_null(strstr(e.text, "another coordinator connected (from 127.0.0.1:"));
+    assert_int_equal(csd_conn_recv(first, &h, &buf, 5000, &err), CSD_ECLOSED);
+    csd_wire_stats st = ask_stats(second); /* the new one is served */
+    assert_int_equal(st.open_requests, 0);
+    csd_netbuf_fini(&buf);
+    csd_conn_destroy(first);
+    csd_conn_destroy(second);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_follow_open_and_close, setup, teardown),
@@ -279,6 +301,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_request_over_cap_evicts_nobody, setup_small_cap,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_links_beyond_limit_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_second_coordinator_takes_over, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,7 +15,14 @@
 #include "model/model.h"
 
 #define MAX_IN_FLIGHT 16
-#define STEP_TIMEOUT_S 120.0     /* a step with no answer this long fails */
+/* A step waits for as long as its stages compute (a 512-token prompt chunk of a 70B model can take
+ * minutes on ordinary PCs), but not for a stage that has gone quiet: while it waits, every stage
+ * is PINGed a few times per silence limit, and a stage that answers nothing for that long (a
+ * machine that froze, a network that dropped without a reset) fails the step. */
+#define STEP_SILENCE_MS 120000   /* default csd_fleet_opts.step_silence_ms */
+#define STEP_PINGS_PER_SILENCE 8
+#define STEP_LIMIT_S 3600.0      /* a step not answered in an hour fails even if its stages answer
+                                  * PINGs: their compute has hung */
 #define RECONNECT_PERIOD_MS 1000
 #define RECV_POLL_MS 200
 
@@ -62,6 +69,7 @@ typedef struct fleet {
     pthread_rwlock_t links_lock;             /* senders read-lock; closing the links write-locks */
     csd_conn *conns[CSD_FLEET_MAX_STAGES];
     link_reader readers[CSD_FLEET_MAX_STAGES];
+    _Atomic uint64_t heard_ns[CSD_FLEET_MAX_STAGES]; /* the last frame from each stage */
     atomic_bool connected;
     atomic_bool stopping;
     _Atomic uint64_t epoch;                  /* connections made: +1 each time connected is set */
@@ -223,6 +231,7 @@ static void *reader_main(void *arg) {
         csd_err err = {0};
         int rc = csd_conn_recv(c, &h, &buf, RECV_POLL_MS, &err);
         if (rc == CSD_ETIMEOUT) continue;
+        if (!rc) atomic_store(&f->heard_ns[lr->index], csd_now_ns()); /* PONGs count too */
         if (rc) {
             if (!atomic_load(&f->stopping)) {
                 char why[CSD_ERR_MSG_MAX];
@@ -602,6 +611,65 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     return 0;
 }
 
+/* PINGs every stage (a stage's reader answers while its compute thread works). */
+static void ping_stages(fleet *f) {
+    uint8_t ping[CSD_WIRE_PING_SIZE];
+    size_t len = 0;
+    csd_wire_encode_ping(ping, sizeof ping, csd_now_ns(), &len, NULL);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_PING, 0, 0, 0, (uint32_t)len);
+    for (int i = 0; i < f->opts.n_addrs; i++) {
+        pthread_rwlock_rdlock(&f->links_lock);
+        if (atomic_load(&f->connected) && f->conns[i])
+            csd_conn_send(f->conns[i], &h, ping, len, NULL);
+        pthread_rwlock_unlock(&f->links_lock);
+    }
+}
+
+/* The first stage that sent nothing in the silence limit before now (counting from since at the
+ * earliest), or -1. */
+static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence_ns) {
+    for (int i = 0; i < f->opts.n_addrs; i++) {
+        uint64_t heard = atomic_load(&f->heard_ns[i]);
+        if (now - (heard > since ? heard : since) > silence_ns) return i;
+    }
+    return -1;
+}
+
+/* Waits (mu held) until step s is resolved, a stage goes silent, or the step limit passes; sets
+ * s->rc and s->msg on a timeout. */
+static void wait_step(fleet *f, pending_step *s) {
+    uint64_t silence_ns = (uint64_t)f->opts.step_silence_ms * 1000000ull;
+    uint64_t ping_ns = silence_ns / STEP_PINGS_PER_SILENCE;
+    uint64_t since = csd_now_ns(); /* a stage gets the whole limit from here */
+    uint64_t next_ping = since + ping_ns; /* steps that answer sooner (decode) send none */
+    uint64_t limit = s->t_begin + (uint64_t)(STEP_LIMIT_S * 1e9);
+    while (s->n_resolved < s->n) {
+        uint64_t now = csd_now_ns();
+        if (now >= next_ping) {
+            pthread_mutex_unlock(&f->mu); /* a send may wait for the link; results need mu */
+            ping_stages(f);
+            pthread_mutex_lock(&f->mu);
+            next_ping = now + ping_ns;
+            continue;
+        }
+        int quiet = silent_stage(f, since, now, silence_ns);
+        if (quiet >= 0 || now >= limit) {
+            if (s->rc) return; /* it failed already, and says why */
+            char why[sizeof s->msg]; /* (gcc cannot tell that addrs and s->msg do not overlap) */
+            if (quiet >= 0)
+                snprintf(why, sizeof why, "stage at %s answered nothing for %.0f s",
+                         f->opts.addrs[quiet], (double)silence_ns * 1e-9);
+            else
+                snprintf(why, sizeof why, "no answer from the fleet in %.0f s", STEP_LIMIT_S);
+            s->rc = CSD_ETIMEOUT;
+            memcpy(s->msg, why, sizeof why);
+            return;
+        }
+        struct timespec ts = csd_realtime_in_ms(100);
+        pthread_cond_timedwait(&f->cv, &f->mu, &ts);
+    }
+}
+
 static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
     fleet *f = (fleet *)p;
     pthread_mutex_lock(&f->mu);
@@ -610,16 +678,8 @@ static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
         return csd_err_set(err, CSD_EINVAL, "no step in flight");
     }
     pending_step *s = &f->steps[f->head];
-    uint64_t deadline = s->t_begin + (uint64_t)(STEP_TIMEOUT_S * 1e9);
-    while (s->n_resolved < s->n && csd_now_ns() < deadline) {
-        struct timespec ts = csd_realtime_in_ms(100);
-        pthread_cond_timedwait(&f->cv, &f->mu, &ts);
-    }
+    wait_step(f, s);
     int rc = s->rc;
-    if (!rc && s->n_resolved < s->n) {
-        rc = CSD_ETIMEOUT;
-        snprintf(s->msg, sizeof s->msg, "no answer from the fleet in %.0f s", STEP_TIMEOUT_S);
-    }
     if (rc) {
         csd_err_set(err, rc, "%s", s->msg);
     } else if (s->entry_msg[0]) { /* a stage refused some entries alone */
@@ -703,6 +763,7 @@ int csd_fleet_pipeline_create(csd_pipeline **out, const csd_fleet_opts *opts, cs
     f->opts = *opts;
     if (f->opts.hidden_dtype < 0) f->opts.hidden_dtype = CSD_DTYPE_F16;
     if (f->opts.max_step_tokens <= 0) f->opts.max_step_tokens = CSD_MODEL_DEFAULT_MAX_BATCH;
+    if (f->opts.step_silence_ms <= 0) f->opts.step_silence_ms = STEP_SILENCE_MS;
     f->local0 = local0;
     if (local0 && f->opts.max_step_tokens > csd_model_max_batch(local0))
         f->opts.max_step_tokens = csd_model_max_batch(local0);

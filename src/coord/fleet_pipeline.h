@@ -31,6 +31,8 @@ typedef struct csd_fleet_opts {
     int64_t max_ctx;
     int64_t max_step_tokens;                 /* the workers' batch limit */
     int micro_batches;                       /* steps in flight; 0: one a machine (fleet_hosts.h) */
+    int step_silence_ms;                     /* a stage silent this long while a step waits fails
+                                              * it (it is PINGed meanwhile); 0: 120 s */
 } csd_fleet_opts;
 
 typedef struct csd_model csd_model;

@@ -29,6 +29,8 @@ typedef struct peer {
     pthread_t reader;
     int role;                   /* enum csd_wire_role of the other side */
     atomic_bool finished;       /* reader thread has exited */
+    atomic_bool superseded;     /* a coordinator that connected later took over (set once) */
+    char superseded_by[64];     /* its address; written before superseded is set */
 } peer;
 
 typedef struct item {
@@ -558,6 +560,31 @@ static void reply_stats(csd_stage_server *s, peer *p) {
     }
 }
 
+/* A worker sends its results to one coordinator: the one that connected last. The one it replaces
+ * is told so and its link closed (by its own reader, say_superseded), so that its steps fail at
+ * once with the reason instead of waiting for answers that now go elsewhere. */
+static void take_over_results(csd_stage_server *s, peer *p) {
+    pthread_mutex_lock(&s->mu);
+    peer *old = s->coord;
+    s->coord = p;
+    if (old && old != p && !atomic_load(&old->superseded)) {
+        snprintf(old->superseded_by, sizeof old->superseded_by, "%s", csd_conn_peer(p->conn));
+        atomic_store(&old->superseded, true);
+        CSD_LOGW("stage=%u coordinator %s replaced by %s", s->opts.stage_index,
+                 csd_conn_peer(old->conn), old->superseded_by);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void say_superseded(peer *p) {
+    char text[160];
+    snprintf(text, sizeof text,
+             "another coordinator connected (from %s) and took over this worker: it serves one "
+             "coordinator at a time",
+             p->superseded_by);
+    csd_conn_send_error(p->conn, 0, CSD_EFULL, text, NULL);
+}
+
 static void *reader_main(void *arg) {
     peer *p = arg;
     csd_stage_server *s = p->s;
@@ -578,14 +605,14 @@ static void *reader_main(void *arg) {
         return NULL;
     }
     p->role = other.role;
-    if (p->role == CSD_WIRE_ROLE_COORD) {
-        pthread_mutex_lock(&s->mu);
-        s->coord = p;
-        pthread_mutex_unlock(&s->mu);
-    }
+    if (p->role == CSD_WIRE_ROLE_COORD) take_over_results(s, p);
     CSD_LOGI("stage=%u connected %s role=%s", s->opts.stage_index, csd_conn_peer(p->conn),
              csd_wire_role_name(p->role));
     while (!atomic_load(&s->stop)) {
+        if (atomic_load(&p->superseded)) {
+            say_superseded(p);
+            break;
+        }
         csd_wire_hdr h;
         int rc = csd_conn_recv(p->conn, &h, &buf, IDLE_POLL_MS, &err);
         if (rc == CSD_ETIMEOUT) continue;
