@@ -99,15 +99,20 @@ start_server busy tinylong --model-name tiny --chat-template chatml --parallel 1
 
 # --- connection flags: bad values refused at start; an idle connection closed after
 # --idle-timeout, while responses that wait for their tokens longer than that are not cut ---
-for bad in "--max-connections 0" "--max-connections 5000" "--idle-timeout 0" \
-           "--max-connections 4 --max-connections-per-ip 5"; do
+while IFS='|' read -r bad want; do
     # shellcheck disable=SC2086 # the flags are meant to split
     "$CASCADIA" serve tiny $bad --port 0 2>"$WORK/bad.err" && fail "serve accepted $bad"
     rc=$?
-    [ "$rc" = 2 ] && grep -q -- "--" "$WORK/bad.err" ||
+    [ "$rc" = 2 ] && grep -qF -- "$want" "$WORK/bad.err" ||
         fail "serve $bad: exit $rc, $(cat "$WORK/bad.err")"
-done
-start_server idle tinylong --model-name tiny --parallel 1 --ctx 8192 --idle-timeout 1
+done <<'CASES'
+--max-connections 0|--max-connections expects an integer in [1, 4096], got '0'
+--max-connections 5000|--max-connections expects an integer in [1, 4096], got '5000'
+--idle-timeout 0|--idle-timeout expects an integer in [1, 86400], got '0'
+--max-connections 4 --max-connections-per-ip 5|--max-connections-per-ip 5 is above --max-connections 4
+CASES
+start_server idle tinylong --model-name tiny --parallel 1 --ctx 8192 --idle-timeout 1 \
+    --max-connections 8 --max-connections-per-ip 4
 /usr/bin/python3 - "$PORT_idle" <<'PY' || fail "--idle-timeout (above)"
 import http.client, json, socket, sys, threading, time
 port = int(sys.argv[1])
@@ -127,6 +132,19 @@ s.sendall(b"GET /health HTTP/1.1\r\n")
 assert s.recv(100) == b"", "an idle connection got an answer"
 idle_s = time.monotonic() - t0
 assert 0.5 <= idle_s <= 5, idle_s
+# four connections from this address are allowed (--max-connections-per-ip 4): a fifth is closed
+idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(4)]
+for c in idle:
+    c.sendall(b"GET /health HTTP/1.1\r\n")
+time.sleep(0.3)  # the server takes them all in
+try:
+    st, _ = post({"prompt": "Once", "max_tokens": 1})
+    raise AssertionError("a fifth connection was answered: %d" % st)
+except (ConnectionError, http.client.HTTPException):
+    pass
+for c in idle:
+    c.close()
+time.sleep(0.3)  # the server notices they are gone
 # requests sized to generate for about 3 s here, whatever this build's speed
 t0 = time.monotonic()
 st, _ = post({"prompt": "Once", "max_tokens": 200, "ignore_eos": True})
@@ -156,7 +174,8 @@ assert st == 200 and len(events) >= 3 and events[-1] == "data: [DONE]", \
 usage = json.loads(events[-2][6:])["usage"]  # the last chunk before [DONE] carries the usage
 assert usage["completion_tokens"] == n, (usage, n)
 assert json.loads(events[-3][6:])["choices"][0]["finish_reason"] == "length", events[-3]
-print("ok   --idle-timeout: idle closed after %.1f s; %d-token answers after %.1f s queued" % (idle_s, n, waited))
+print("ok   connection flags: idle closed after %.1f s, a fifth from one address refused, "
+      "%d-token answers after %.1f s queued" % (idle_s, n, waited))
 PY
 kill "$PID_idle"
 wait "$PID_idle" 2>/dev/null || true

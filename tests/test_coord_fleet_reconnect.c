@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "coord/fleet_pipeline.h"
+#include "core/clock.h"
 #include "stage/stage_server.h"
 #include "test_synth.h"
 
@@ -154,6 +155,11 @@ static void test_timing_read_while_fleet_reconnects(void **state) {
     for (int i = 0; i < OUTAGES; i++) {
         worker_stop(&w);
         assert_true(wait_ready(p, false, 10000));
+        /* while the fleet is down the timing asks no stage, so it waits for no answer */
+        uint64_t t0 = csd_now_ns();
+        csd_fleet_timing t;
+        csd_fleet_pipeline_timing(p, &t);
+        assert_true(csd_now_ns() - t0 < 1000000000ull);
         if (i == 0) { /* the reconnector's next attempt stalls in the handshake */
             int silent = silent_listener(port);
             sleep_ms(RECONNECT_WAIT_MS);

@@ -167,7 +167,8 @@ static void test_stats_follow_open_and_close(void **state) {
     csd_conn_destroy(c);
 }
 
-/* One link opens and closes requests as fast as it can while another asks for STATS. */
+/* One thread opens and closes requests as fast as it can while another asks for STATS on the same
+ * link (a coordinator asks on its own link: `cascadia bench --fleet`). */
 typedef struct churn {
     csd_conn *c;
     int rounds;

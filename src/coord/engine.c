@@ -10,6 +10,7 @@
 #include "engine.h"
 
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -524,7 +525,10 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
     e->cfg = pipes[0]->cfg;
     e->max_ctx =
         opts->max_ctx > 0 && opts->max_ctx < pipes[0]->max_ctx ? opts->max_ctx : pipes[0]->max_ctx;
-    e->next_id = 1;
+    /* Ids start at a random place, so that two coordinators (or one restarted) that reach the
+     * same workers do not number their requests alike: a stage's late answer to one of them
+     * then matches no request of the other (docs/protocol.md, "Topology"). */
+    e->next_id = sodium_init() >= 0 ? 1 + (uint64_t)randombytes_uniform(1u << 30) : 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->cv, NULL);
     e->eog = csd_alloc_array((size_t)(n_eog > 0 ? n_eog : 1), sizeof(int32_t));
@@ -637,6 +641,7 @@ int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
                            e->stats.slots, e->opts.queue_max);
     }
     r->id = e->next_id++;
+    if ((uint32_t)r->id == 0) r->id = e->next_id++; /* the wire's id 0 means no request */
     if (e->queue_tail) e->queue_tail->next = r;
     else e->queue_head = r;
     e->queue_tail = r;

@@ -305,8 +305,16 @@ static int connect_stage(fleet *f, int i, double *rtt, csd_err *err) {
     if (!rc)
         rc = csd_conn_recv(f->conns[i], &h, &buf,
                            o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
-    if (!rc && h.type != CSD_WIRE_PONG)
+    if (!rc && h.type == CSD_WIRE_ERROR) { /* e.g. it serves another coordinator */
+        csd_wire_error e;
+        if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
+            rc = csd_err_set(err, e.code < 0 ? e.code : CSD_EPROTO, "stage at %s: %s",
+                             o->addrs[i], e.text);
+        else
+            rc = CSD_EPROTO;
+    } else if (!rc && h.type != CSD_WIRE_PONG) {
         rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
+    }
     *rtt += (double)(csd_now_ns() - t0) * 1e-9;
     csd_netbuf_fini(&buf);
     return rc;
@@ -626,18 +634,20 @@ static void ping_stages(fleet *f) {
 }
 
 /* The first stage that sent nothing in the silence limit before now (counting from since at the
- * earliest), or -1. */
+ * earliest), or -1. A reader may have stored a time later than now meanwhile: that stage spoke. */
 static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence_ns) {
     for (int i = 0; i < f->opts.n_addrs; i++) {
         uint64_t heard = atomic_load(&f->heard_ns[i]);
-        if (now - (heard > since ? heard : since) > silence_ns) return i;
+        uint64_t last = heard > since ? heard : since;
+        if (now > last && now - last > silence_ns) return i;
     }
     return -1;
 }
 
-/* Waits (mu held) until step s is resolved, a stage goes silent, or the step limit passes; sets
- * s->rc and s->msg on a timeout. */
-static void wait_step(fleet *f, pending_step *s) {
+/* Waits (mu held) until step s is resolved, a stage goes silent or the step limit passes. Returns
+ * false when it gave up, with why set: the chain is then to be reconnected, even if the step had
+ * failed for another reason already. */
+static bool wait_step(fleet *f, pending_step *s, char *why, size_t why_cap) {
     uint64_t silence_ns = (uint64_t)f->opts.step_silence_ms * 1000000ull;
     uint64_t ping_ns = silence_ns / STEP_PINGS_PER_SILENCE;
     uint64_t since = csd_now_ns(); /* a stage gets the whole limit from here */
@@ -653,21 +663,19 @@ static void wait_step(fleet *f, pending_step *s) {
             continue;
         }
         int quiet = silent_stage(f, since, now, silence_ns);
-        if (quiet >= 0 || now >= limit) {
-            if (s->rc) return; /* it failed already, and says why */
-            char why[sizeof s->msg]; /* (gcc cannot tell that addrs and s->msg do not overlap) */
-            if (quiet >= 0)
-                snprintf(why, sizeof why, "stage at %s answered nothing for %.0f s",
-                         f->opts.addrs[quiet], (double)silence_ns * 1e-9);
-            else
-                snprintf(why, sizeof why, "no answer from the fleet in %.0f s", STEP_LIMIT_S);
-            s->rc = CSD_ETIMEOUT;
-            memcpy(s->msg, why, sizeof why);
-            return;
+        if (quiet >= 0) {
+            snprintf(why, why_cap, "stage at %s answered nothing for %.0f s",
+                     f->opts.addrs[quiet], (double)silence_ns * 1e-9);
+            return false;
+        }
+        if (now >= limit) {
+            snprintf(why, why_cap, "no answer from the fleet in %.0f s", STEP_LIMIT_S);
+            return false;
         }
         struct timespec ts = csd_realtime_in_ms(100);
         pthread_cond_timedwait(&f->cv, &f->mu, &ts);
     }
+    return true;
 }
 
 static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
@@ -678,7 +686,11 @@ static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
         return csd_err_set(err, CSD_EINVAL, "no step in flight");
     }
     pending_step *s = &f->steps[f->head];
-    wait_step(f, s);
+    char gave_up[CSD_ERR_MSG_MAX] = "";
+    if (!wait_step(f, s, gave_up, sizeof gave_up) && !s->rc) {
+        s->rc = CSD_ETIMEOUT;
+        snprintf(s->msg, sizeof s->msg, "%s", gave_up);
+    }
     int rc = s->rc;
     if (rc) {
         csd_err_set(err, rc, "%s", s->msg);
@@ -694,7 +706,7 @@ static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
     f->head = (f->head + 1) % MAX_IN_FLIGHT;
     f->count--;
     pthread_mutex_unlock(&f->mu);
-    if (rc == CSD_ETIMEOUT) mark_broken(f, s->msg);
+    if (gave_up[0]) mark_broken(f, gave_up);
     return rc; /* the engine closes the failed requests, which frees their state */
 }
 

@@ -34,7 +34,7 @@ typedef struct csd_http_opts {
     size_t max_body;        /* 0: CSD_HTTP_DEFAULT_MAX_BODY */
     int max_connections;    /* 0: CSD_HTTP_DEFAULT_MAX_CONNECTIONS */
     int idle_timeout_s;     /* 0: CSD_HTTP_DEFAULT_IDLE_TIMEOUT */
-    int max_per_ip;     /* connections one client IP address may hold; 0: no limit of its own */
+    int max_per_ip;         /* connections one client IP address may hold; 0: no cap */
 } csd_http_opts;
 
 void csd_http_opts_default(csd_http_opts *o);

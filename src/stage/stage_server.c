@@ -30,7 +30,7 @@ typedef struct peer {
     int role;                   /* enum csd_wire_role of the other side */
     atomic_bool finished;       /* reader thread has exited */
     atomic_bool superseded;     /* a coordinator that connected later took over (set once) */
-    char superseded_by[64];     /* its address; written before superseded is set */
+    char superseded_by[CSD_CONN_PEER_MAX]; /* its address; written before superseded is set */
 } peer;
 
 typedef struct item {
@@ -500,11 +500,33 @@ static void enqueue(csd_stage_server *s, peer *p, const csd_wire_hdr *h, const u
     it->hdr = *h;
     if (h->payload_len) memcpy(it->data, data, h->payload_len);
     pthread_mutex_lock(&s->mu);
-    if (s->q_tail) s->q_tail->next = it;
-    else s->q_head = it;
-    s->q_tail = it;
-    pthread_cond_signal(&s->cv);
+    if (atomic_load(&p->superseded)) { /* from a coordinator replaced meanwhile: not its turn */
+        it->next = s->free_items;
+        s->free_items = it;
+    } else {
+        if (s->q_tail) s->q_tail->next = it;
+        else s->q_head = it;
+        s->q_tail = it;
+        pthread_cond_signal(&s->cv);
+    }
     pthread_mutex_unlock(&s->mu);
+}
+
+/* Drops the queued frames that came from p (mu held). */
+static void drop_queued_from(csd_stage_server *s, const peer *p) {
+    item **pp = &s->q_head;
+    s->q_tail = NULL;
+    while (*pp) {
+        item *it = *pp;
+        if (it->src == p) {
+            *pp = it->next;
+            it->next = s->free_items;
+            s->free_items = it;
+        } else {
+            s->q_tail = it;
+            pp = &it->next;
+        }
+    }
 }
 
 /* ROUTE: connect to the next stage named by the coordinator and check it is the right one. */
@@ -562,7 +584,9 @@ static void reply_stats(csd_stage_server *s, peer *p) {
 
 /* A worker sends its results to one coordinator: the one that connected last. The one it replaces
  * is told so and its link closed (by its own reader, say_superseded), so that its steps fail at
- * once with the reason instead of waiting for answers that now go elsewhere. */
+ * once with the reason instead of waiting for answers that now go elsewhere. Its frames still
+ * queued are dropped, and it can queue no more: their results would go to the new coordinator,
+ * whose request ids may be the same. (A frame the compute thread holds already still runs.) */
 static void take_over_results(csd_stage_server *s, peer *p) {
     pthread_mutex_lock(&s->mu);
     peer *old = s->coord;
@@ -570,6 +594,7 @@ static void take_over_results(csd_stage_server *s, peer *p) {
     if (old && old != p && !atomic_load(&old->superseded)) {
         snprintf(old->superseded_by, sizeof old->superseded_by, "%s", csd_conn_peer(p->conn));
         atomic_store(&old->superseded, true);
+        drop_queued_from(s, old);
         CSD_LOGW("stage=%u coordinator %s replaced by %s", s->opts.stage_index,
                  csd_conn_peer(old->conn), old->superseded_by);
     }
@@ -577,7 +602,7 @@ static void take_over_results(csd_stage_server *s, peer *p) {
 }
 
 static void say_superseded(peer *p) {
-    char text[160];
+    char text[CSD_CONN_PEER_MAX + 128];
     snprintf(text, sizeof text,
              "another coordinator connected (from %s) and took over this worker: it serves one "
              "coordinator at a time",
