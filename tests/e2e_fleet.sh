@@ -304,6 +304,20 @@ done
 [ "$overlapped" = 1 ] || fail "the two requests never overlapped in 5 attempts (nothing was tested)"
 echo "ok: a request the worker refused failed alone; the other in its step finished (attempt $attempt)"
 passed=$((passed + 1))
+
+# 9. one coordinator at a time: `cascadia run` pointed at the serving fleet's worker is refused,
+#    naming the coordinator it serves, and the server goes on serving
+if "$CASCADIA" run --manifest "$d" --fleet "127.0.0.1:$wport" --insecure -p "$PROMPT" -n 4 \
+    >"$WORK/second.out" 2>"$WORK/second.err"; then
+    fail "a second coordinator was served: $(cat "$WORK/second.out")"
+fi
+grep -q "this worker serves the coordinator at 127.0.0.1:" "$WORK/second.err" ||
+    fail "the second coordinator's error does not say why: $(cat "$WORK/second.err")"
+long >"$WORK/after.json"
+grep -q '"completion_tokens":150' "$WORK/after.json" ||
+    fail "serve failed after a second coordinator was refused: $(cat "$WORK/after.json")"
+echo "ok: a second coordinator was refused ($(grep -o 'this worker serves[^(]*' "$WORK/second.err" | head -1)); serve went on"
+passed=$((passed + 1))
 fleet_down
 
 echo "$passed passed, 0 failed"

@@ -1,13 +1,13 @@
 /* A worker's limits and its accounting of open requests and their KV memory. At most 128 links
- * at once: a further connection is closed at once. One coordinator at a time: a second one takes
- * over, and the first is told so and closed. Its STATS answer (what `cascadia
- * bench` asks each stage for) follows OPEN and CLOSE, and a STATS asked while requests open and
- * close is safe: the compute thread frees a request's KV cache without a lock, so a reader thread
- * answering STATS must not walk the requests (it once did; the ThreadSanitizer pass of
- * scripts/test reports that walk as a race here). The KV memory cap: a request that could never
- * fit is refused without evicting the requests that are open. The stage is a whole tiny
- * synthetic model, served in this process on a free port; the clients speak the wire protocol
- * in insecure mode. */
+ * at once: a further connection is closed at once. One coordinator at a time: a second one is
+ * refused while the first is alive, and replaces one that hung up or went quiet (which is told).
+ * Its STATS answer (what `cascadia bench` asks each stage for) follows OPEN and CLOSE, and a STATS
+ * asked while requests open and close is safe: the compute thread frees a request's KV cache
+ * without a lock, so a reader thread answering STATS must not walk the requests (it once did; the
+ * ThreadSanitizer pass of scripts/test reports that walk as a race here). The KV memory cap: a
+ * request that could never fit is refused without evicting the requests that are open. The stage
+ * is a whole tiny synthetic model, served in this process on a free port; the clients speak the
+ * wire protocol in insecure mode. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -32,6 +32,7 @@
 #define MAX_CTX 32
 
 static uint64_t kv_cap_tokens; /* the next fixture's --kv-mem, in tokens of KV (0: default) */
+static int coord_idle_ms;      /* the next fixture's coord_idle_ms (0: default) */
 
 typedef struct fixture {
     char dir[64];
@@ -59,6 +60,7 @@ static int setup(void **state) {
     so.link.insecure = true;
     so.max_requests = 8;
     so.kv_mem_cap = kv_cap_tokens * csd_model_kv_bytes_per_token(f->model);
+    so.coord_idle_ms = coord_idle_ms;
     assert_int_equal(csd_stage_server_create(&f->server, f->model, &so, &err), 0);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", csd_stage_server_port(f->server));
     assert_int_equal(pthread_create(&f->thread, NULL, serve, f), 0);
@@ -273,26 +275,54 @@ static void test_links_beyond_limit_closed(void **state) {
     for (int i = 0; i < LINKS_MAX; i++) close(fds[i]);
 }
 
-/* A second coordinator takes the results over; the first is told why and its link is closed. */
-static void test_second_coordinator_takes_over(void **state) {
-    fixture *f = *state;
-    csd_conn *first = connect_coord(f);
-    csd_conn *second = connect_coord(f);
+/* The next ERROR on c (request 0): its text. */
+static void expect_error(csd_conn *c, const char *text) {
     csd_netbuf buf = {0};
     csd_wire_hdr h;
     csd_err err = {0};
-    assert_int_equal(csd_conn_recv(first, &h, &buf, 5000, &err), 0);
+    if (csd_conn_recv(c, &h, &buf, 5000, &err)) fail_msg("no ERROR: %s", err.msg);
     assert_int_equal(h.type, CSD_WIRE_ERROR);
     assert_int_equal(h.request_id, 0);
     csd_wire_error e;
     assert_int_equal(csd_wire_decode_error(buf.data, h.payload_len, &e, &err), 0);
-    assert_non_null(strstr(e.text, "another coordinator connected (from 127.0.0.1:"));
-    assert_int_equal(csd_conn_recv(first, &h, &buf, 5000, &err), CSD_ECLOSED);
-    csd_wire_stats st = ask_stats(second); /* the new one is served */
-    assert_int_equal(st.open_requests, 0);
+    if (!strstr(e.text, text)) fail_msg("ERROR '%s' does not say '%s'", e.text, text);
+    assert_int_equal(csd_conn_recv(c, &h, &buf, 5000, &err), CSD_ECLOSED); /* then closed */
     csd_netbuf_fini(&buf);
-    csd_conn_destroy(first);
+}
+
+/* A second coordinator while the first is alive is refused, naming the first; the first goes on. */
+static void test_second_coordinator_refused(void **state) {
+    fixture *f = *state;
+    csd_conn *first = connect_coord(f);
+    csd_conn *second = connect_coord(f);
+    expect_error(second, "this worker serves the coordinator at 127.0.0.1:");
+    send_open(first, 7);
+    assert_int_equal(stats_once_open(first, 1).open_requests, 1);
     csd_conn_destroy(second);
+    csd_conn_destroy(first);
+}
+
+/* One that has hung up is replaced at once; one quiet for coord_idle_ms (200 ms here) is replaced
+ * too, and told why. */
+static int setup_short_idle(void **state) {
+    coord_idle_ms = 200;
+    int rc = setup(state);
+    coord_idle_ms = 0;
+    return rc;
+}
+
+static void test_gone_or_quiet_coordinator_replaced(void **state) {
+    fixture *f = *state;
+    csd_conn_destroy(connect_coord(f)); /* hangs up */
+    csd_conn *quiet = connect_coord(f);
+    ask_stats(quiet); /* served: the one that hung up was replaced */
+    struct timespec pause = {0, 400 * 1000 * 1000};
+    nanosleep(&pause, NULL);
+    csd_conn *next = connect_coord(f);
+    expect_error(quiet, "another coordinator connected (from 127.0.0.1:");
+    ask_stats(next);
+    csd_conn_destroy(quiet);
+    csd_conn_destroy(next);
 }
 
 int main(void) {
@@ -302,7 +332,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_request_over_cap_evicts_nobody, setup_small_cap,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_links_beyond_limit_closed, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_second_coordinator_takes_over, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_second_coordinator_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_gone_or_quiet_coordinator_replaced, setup_short_idle,
+                                        teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -359,6 +359,8 @@ static int connect_chain(fleet *f, csd_err *err) {
         close_links(f);
         return rc;
     }
+    uint64_t now = csd_now_ns(); /* silence is counted from here */
+    for (int i = 0; i < o->n_addrs; i++) atomic_store(&f->heard_ns[i], now);
     pthread_mutex_lock(&f->mu); /* the old readers are joined: what they saw is over */
     f->timing.rtt_s = rtt / o->n_addrs;
     f->lost_connecting = false;
@@ -389,13 +391,65 @@ static int connect_chain(fleet *f, csd_err *err) {
     return 0;
 }
 
+/* ---- liveness ---- */
+
+/* PINGs every stage (a stage's reader answers while its compute thread works). */
+static void ping_stages(fleet *f) {
+    uint8_t ping[CSD_WIRE_PING_SIZE];
+    size_t len = 0;
+    csd_wire_encode_ping(ping, sizeof ping, csd_now_ns(), &len, NULL);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_PING, 0, 0, 0, (uint32_t)len);
+    for (int i = 0; i < f->opts.n_addrs; i++) {
+        pthread_rwlock_rdlock(&f->links_lock);
+        if (atomic_load(&f->connected) && f->conns[i])
+            csd_conn_send(f->conns[i], &h, ping, len, NULL);
+        pthread_rwlock_unlock(&f->links_lock);
+    }
+}
+
+/* The first stage that sent nothing in the silence limit before now (counting from since at the
+ * earliest), or -1. A reader may have stored a time later than now meanwhile: that stage spoke. */
+static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence_ns) {
+    for (int i = 0; i < f->opts.n_addrs; i++) {
+        uint64_t heard = atomic_load(&f->heard_ns[i]);
+        uint64_t last = heard > since ? heard : since;
+        if (now > last && now - last > silence_ns) return i;
+    }
+    return -1;
+}
+
+/* While connected: PINGs the stages every eighth of the silence limit, so that they know this
+ * coordinator is alive (a worker refuses another coordinator meanwhile) and it learns of a stage
+ * that went quiet while no step was waiting. */
+static void keep_alive(fleet *f, uint64_t *next_ping) {
+    uint64_t silence_ns = (uint64_t)f->opts.step_silence_ms * 1000000ull, now = csd_now_ns();
+    if (now >= *next_ping) {
+        ping_stages(f);
+        *next_ping = now + silence_ns / STEP_PINGS_PER_SILENCE;
+    }
+    int quiet = silent_stage(f, 0, now, silence_ns);
+    if (quiet >= 0) {
+        char why[CSD_ERR_MSG_MAX];
+        snprintf(why, sizeof why, "stage at %s answered nothing for %.0f s", f->opts.addrs[quiet],
+                 (double)silence_ns * 1e-9);
+        mark_broken(f, why);
+    }
+}
+
 static void *reconnect_main(void *arg) {
     fleet *f = arg;
+    int ping_ms = f->opts.step_silence_ms / STEP_PINGS_PER_SILENCE;
+    int tick_ms = ping_ms > 0 && ping_ms < RECONNECT_PERIOD_MS ? ping_ms : RECONNECT_PERIOD_MS;
+    uint64_t next_ping = 0;
     while (!atomic_load(&f->stopping)) {
         /* tv_nsec must stay below 1e9, or nanosleep fails at once and this loop spins a core */
-        struct timespec ts = {RECONNECT_PERIOD_MS / 1000, (RECONNECT_PERIOD_MS % 1000) * 1000000L};
+        struct timespec ts = {tick_ms / 1000, (tick_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
-        if (atomic_load(&f->connected) || atomic_load(&f->stopping)) continue;
+        if (atomic_load(&f->stopping)) break;
+        if (atomic_load(&f->connected)) {
+            keep_alive(f, &next_ping);
+            continue;
+        }
         pthread_mutex_lock(&f->mu);
         bool idle = f->count == 0;
         pthread_mutex_unlock(&f->mu);
@@ -617,31 +671,6 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
         pthread_mutex_unlock(&f->mu);
     }
     return 0;
-}
-
-/* PINGs every stage (a stage's reader answers while its compute thread works). */
-static void ping_stages(fleet *f) {
-    uint8_t ping[CSD_WIRE_PING_SIZE];
-    size_t len = 0;
-    csd_wire_encode_ping(ping, sizeof ping, csd_now_ns(), &len, NULL);
-    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_PING, 0, 0, 0, (uint32_t)len);
-    for (int i = 0; i < f->opts.n_addrs; i++) {
-        pthread_rwlock_rdlock(&f->links_lock);
-        if (atomic_load(&f->connected) && f->conns[i])
-            csd_conn_send(f->conns[i], &h, ping, len, NULL);
-        pthread_rwlock_unlock(&f->links_lock);
-    }
-}
-
-/* The first stage that sent nothing in the silence limit before now (counting from since at the
- * earliest), or -1. A reader may have stored a time later than now meanwhile: that stage spoke. */
-static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence_ns) {
-    for (int i = 0; i < f->opts.n_addrs; i++) {
-        uint64_t heard = atomic_load(&f->heard_ns[i]);
-        uint64_t last = heard > since ? heard : since;
-        if (now > last && now - last > silence_ns) return i;
-    }
-    return -1;
 }
 
 /* Waits (mu held) until step s is resolved, a stage goes silent or the step limit passes. Returns

@@ -193,6 +193,17 @@ const char *csd_conn_peer(const csd_conn *c) { return c->peer; }
 
 bool csd_conn_is_closed(const csd_conn *c) { return atomic_load(&c->closed); }
 
+bool csd_conn_peer_gone(const csd_conn *c) {
+    if (atomic_load(&c->closed)) return true;
+#ifdef POLLRDHUP
+    short gone = POLLRDHUP | POLLHUP | POLLERR;
+#else
+    short gone = POLLHUP | POLLERR;
+#endif
+    struct pollfd p = {.fd = c->fd, .events = gone};
+    return poll(&p, 1, 0) > 0 && (p.revents & gone);
+}
+
 void csd_conn_get_counters(const csd_conn *c, csd_conn_counters *out) {
     out->frames_in = atomic_load(&c->frames_in);
     out->frames_out = atomic_load(&c->frames_out);

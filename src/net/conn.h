@@ -64,6 +64,9 @@ void csd_conn_shutdown(csd_conn *c);
 const char *csd_conn_peer(const csd_conn *c);
 /* True once the link has failed or was shut down. */
 bool csd_conn_is_closed(const csd_conn *c);
+/* True when the link is closed or the peer has hung up (its FIN or a reset has arrived), without
+ * reading anything: safe while another thread receives on c. */
+bool csd_conn_peer_gone(const csd_conn *c);
 void csd_conn_get_counters(const csd_conn *c, csd_conn_counters *out);
 
 /* Listens on "host:port" (port 0 picks an ephemeral port; read it back with csd_listener_port). */

@@ -30,6 +30,7 @@ typedef struct peer {
     int role;                   /* enum csd_wire_role of the other side */
     atomic_bool finished;       /* reader thread has exited */
     atomic_bool superseded;     /* a coordinator that connected later took over (set once) */
+    _Atomic uint64_t heard_ns;  /* the last frame from the other side */
     char superseded_by[CSD_CONN_PEER_MAX]; /* its address; written before superseded is set */
 } peer;
 
@@ -582,23 +583,42 @@ static void reply_stats(csd_stage_server *s, peer *p) {
     }
 }
 
-/* A worker sends its results to one coordinator: the one that connected last. The one it replaces
- * is told so and its link closed (by its own reader, say_superseded), so that its steps fail at
- * once with the reason instead of waiting for answers that now go elsewhere. Its frames still
- * queued are dropped, and it can queue no more: their results would go to the new coordinator,
- * whose request ids may be the same. (A frame the compute thread holds already still runs.) */
-static void take_over_results(csd_stage_server *s, peer *p) {
+/* A worker sends its results to one coordinator. A coordinator that connects while another is
+ * alive (heard from within coord_idle_ms, its link not hung up) is refused with the reason: say
+ * `cascadia run` pointed at the workers of a running `cascadia serve`, which then goes on
+ * unharmed (a coordinator PINGs its stages while idle, docs/protocol.md). One that has gone quiet
+ * (its machine froze, its network dropped without a reset) is replaced: the new one takes the
+ * results, and the old one is told so and its link closed (by its own reader, say_superseded).
+ * The old one's queued frames are dropped and it can queue no more: their results would go to the
+ * new coordinator. (A frame the compute thread holds already still runs.) Returns false, with
+ * why set, to refuse p. */
+static bool take_over_results(csd_stage_server *s, peer *p, char *why, size_t why_cap) {
     pthread_mutex_lock(&s->mu);
     peer *old = s->coord;
-    s->coord = p;
+    bool refuse = false;
     if (old && old != p && !atomic_load(&old->superseded)) {
-        snprintf(old->superseded_by, sizeof old->superseded_by, "%s", csd_conn_peer(p->conn));
-        atomic_store(&old->superseded, true);
-        drop_queued_from(s, old);
-        CSD_LOGW("stage=%u coordinator %s replaced by %s", s->opts.stage_index,
-                 csd_conn_peer(old->conn), old->superseded_by);
+        uint64_t quiet_ns = csd_now_ns() - atomic_load(&old->heard_ns);
+        refuse = quiet_ns < (uint64_t)s->opts.coord_idle_ms * 1000000ull &&
+                 !csd_conn_peer_gone(old->conn);
+        if (refuse) {
+            snprintf(why, why_cap,
+                     "this worker serves the coordinator at %s (last heard %.1f s ago): one "
+                     "coordinator at a time",
+                     csd_conn_peer(old->conn), (double)quiet_ns * 1e-9);
+        } else {
+            snprintf(old->superseded_by, sizeof old->superseded_by, "%s", csd_conn_peer(p->conn));
+            atomic_store(&old->superseded, true);
+            drop_queued_from(s, old);
+            CSD_LOGW("stage=%u coordinator %s (quiet for %.1f s) replaced by %s",
+                     s->opts.stage_index, csd_conn_peer(old->conn), (double)quiet_ns * 1e-9,
+                     old->superseded_by);
+        }
     }
+    if (!refuse) s->coord = p;
     pthread_mutex_unlock(&s->mu);
+    if (refuse) CSD_LOGW("stage=%u refused coordinator %s: %s", s->opts.stage_index,
+                         csd_conn_peer(p->conn), why);
+    return !refuse;
 }
 
 static void say_superseded(peer *p) {
@@ -630,7 +650,13 @@ static void *reader_main(void *arg) {
         return NULL;
     }
     p->role = other.role;
-    if (p->role == CSD_WIRE_ROLE_COORD) take_over_results(s, p);
+    atomic_store(&p->heard_ns, csd_now_ns());
+    char why[CSD_CONN_PEER_MAX + 128];
+    if (p->role == CSD_WIRE_ROLE_COORD && !take_over_results(s, p, why, sizeof why)) {
+        csd_conn_send_error(p->conn, 0, CSD_EFULL, why, NULL);
+        atomic_store(&p->finished, true);
+        return NULL;
+    }
     CSD_LOGI("stage=%u connected %s role=%s", s->opts.stage_index, csd_conn_peer(p->conn),
              csd_wire_role_name(p->role));
     while (!atomic_load(&s->stop)) {
@@ -641,6 +667,7 @@ static void *reader_main(void *arg) {
         csd_wire_hdr h;
         int rc = csd_conn_recv(p->conn, &h, &buf, IDLE_POLL_MS, &err);
         if (rc == CSD_ETIMEOUT) continue;
+        if (!rc) atomic_store(&p->heard_ns, csd_now_ns());
         if (rc) {
             if (rc != CSD_ECLOSED)
                 CSD_LOGW("stage=%u link %s: %s", s->opts.stage_index, csd_conn_peer(p->conn),
@@ -707,6 +734,7 @@ int csd_stage_server_create(csd_stage_server **out, csd_model *model, const csd_
     s->opts = *opts;
     if (s->opts.max_requests <= 0) s->opts.max_requests = 64;
     if (s->opts.kv_mem_cap == 0) s->opts.kv_mem_cap = 4ull << 30;
+    if (s->opts.coord_idle_ms <= 0) s->opts.coord_idle_ms = CSD_STAGE_COORD_IDLE_MS;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->send_mu, NULL);
     pthread_cond_init(&s->cv, NULL);

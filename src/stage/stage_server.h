@@ -23,7 +23,13 @@ typedef struct csd_stage_opts {
     uint8_t model_hash[CSD_WIRE_HASH_SIZE];
     int max_requests;              /* open requests at most; default 64 */
     uint64_t kv_mem_cap;           /* bytes of KV cache in all; 0: 4 GiB */
+    int coord_idle_ms;             /* a coordinator heard from within this is not replaced by
+                                    * another; 0: CSD_STAGE_COORD_IDLE_MS */
 } csd_stage_opts;
+
+/* A coordinator PINGs its stages at least every 15 s while connected (fleet_pipeline.c), so one
+ * silent for three of those has gone. */
+#define CSD_STAGE_COORD_IDLE_MS 45000
 
 typedef struct csd_stage_server csd_stage_server;
 
