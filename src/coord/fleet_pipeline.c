@@ -24,6 +24,7 @@
 #define STEP_LIMIT_S 3600.0      /* a step not answered in an hour fails even if its stages answer
                                   * PINGs: their compute has hung */
 #define RECONNECT_PERIOD_MS 1000
+#define RECONNECT_WARN_EVERY 60  /* failed attempts in a row between two warnings */
 #define RECV_POLL_MS 200
 
 typedef struct pending_step {
@@ -441,6 +442,7 @@ static void *reconnect_main(void *arg) {
     int ping_ms = f->opts.step_silence_ms / STEP_PINGS_PER_SILENCE;
     int tick_ms = ping_ms > 0 && ping_ms < RECONNECT_PERIOD_MS ? ping_ms : RECONNECT_PERIOD_MS;
     uint64_t next_ping = 0;
+    unsigned failures = 0; /* reconnect attempts failed in a row */
     while (!atomic_load(&f->stopping)) {
         /* tv_nsec must stay below 1e9, or nanosleep fails at once and this loop spins a core */
         struct timespec ts = {tick_ms / 1000, (tick_ms % 1000) * 1000000L};
@@ -456,8 +458,15 @@ static void *reconnect_main(void *arg) {
         if (!idle) continue; /* the steps in flight are being failed; wait for them to end */
         close_links(f);
         csd_err err = {0};
-        if (connect_chain(f, &err) == 0) CSD_LOGI("fleet reconnected");
-        else CSD_LOGD("fleet reconnect failed: %s", err.msg);
+        if (connect_chain(f, &err) == 0) {
+            CSD_LOGI("fleet reconnected");
+            failures = 0;
+        } else if (failures++ % RECONNECT_WARN_EVERY == 0) { /* the first, then once a minute */
+            CSD_LOGW("fleet reconnect failed (retrying every %d ms): %s", RECONNECT_PERIOD_MS,
+                     err.msg);
+        } else {
+            CSD_LOGD("fleet reconnect failed: %s", err.msg);
+        }
     }
     return NULL;
 }
