@@ -117,6 +117,7 @@ static csd_pipeline *fleet_over(fake_stage *fs, bool answer_pings) {
     o.cfg.dim = 8;
     o.cfg.n_layers = 1;
     o.link.insecure = true;
+    o.link.timeout_ms = 500; /* a reconnect to the fake stage's listener gives up soon */
     o.hidden_dtype = CSD_DTYPE_F16;
     o.max_ctx = 64;
     o.step_silence_ms = SILENCE_MS;

@@ -294,6 +294,7 @@ static void expect_error(csd_conn *c, const char *text) {
 static void test_second_coordinator_refused(void **state) {
     fixture *f = *state;
     csd_conn *first = connect_coord(f);
+    ask_stats(first); /* the worker has taken it (the handshake returns before that) */
     csd_conn *second = connect_coord(f);
     expect_error(second, "this worker serves the coordinator at 127.0.0.1:");
     send_open(first, 7);

@@ -419,16 +419,27 @@ static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence
     return -1;
 }
 
-/* While connected: PINGs the stages every eighth of the silence limit, so that they know this
- * coordinator is alive (a worker refuses another coordinator meanwhile) and it learns of a stage
- * that went quiet while no step was waiting. */
-static void keep_alive(fleet *f, uint64_t *next_ping) {
+/* How often a connected coordinator PINGs each stage: an eighth of the silence limit, and at least
+ * every CSD_WIRE_KEEPALIVE_MS (a worker refuses another coordinator while this one is heard). */
+static uint64_t keepalive_ns(const fleet *f) {
+    uint64_t ns = (uint64_t)f->opts.step_silence_ms * 1000000ull / STEP_PINGS_PER_SILENCE;
+    uint64_t cap = (uint64_t)CSD_WIRE_KEEPALIVE_MS * 1000000ull;
+    return ns < cap ? ns : cap;
+}
+
+/* While connected: PINGs the stages so that they know this coordinator is alive, and takes the
+ * chain down when a stage has answered nothing for the silence limit while no step was waiting.
+ * Silence counts from *since: the connection, or the end of a gap in these calls (this process
+ * was stopped or its machine suspended: the stages are given a fresh limit, not blamed). */
+static void keep_alive(fleet *f, uint64_t *next_ping, uint64_t *since, uint64_t *last_call) {
     uint64_t silence_ns = (uint64_t)f->opts.step_silence_ms * 1000000ull, now = csd_now_ns();
+    if (*last_call && now - *last_call > 4 * keepalive_ns(f)) *since = now;
+    *last_call = now;
     if (now >= *next_ping) {
         ping_stages(f);
-        *next_ping = now + silence_ns / STEP_PINGS_PER_SILENCE;
+        *next_ping = now + keepalive_ns(f);
     }
-    int quiet = silent_stage(f, 0, now, silence_ns);
+    int quiet = silent_stage(f, *since, now, silence_ns);
     if (quiet >= 0) {
         char why[CSD_ERR_MSG_MAX];
         snprintf(why, sizeof why, "stage at %s answered nothing for %.0f s", f->opts.addrs[quiet],
@@ -437,21 +448,25 @@ static void keep_alive(fleet *f, uint64_t *next_ping) {
     }
 }
 
+/* Brings the chain back after a failure, one attempt a second, and keeps it alive meanwhile. */
 static void *reconnect_main(void *arg) {
     fleet *f = arg;
-    int ping_ms = f->opts.step_silence_ms / STEP_PINGS_PER_SILENCE;
-    int tick_ms = ping_ms > 0 && ping_ms < RECONNECT_PERIOD_MS ? ping_ms : RECONNECT_PERIOD_MS;
-    uint64_t next_ping = 0;
+    uint64_t tick_ns = keepalive_ns(f) < 1000000000ull ? keepalive_ns(f) : 1000000000ull;
+    uint64_t next_ping = 0, since = 0, last_call = 0, next_attempt = 0;
     unsigned failures = 0; /* reconnect attempts failed in a row */
     while (!atomic_load(&f->stopping)) {
         /* tv_nsec must stay below 1e9, or nanosleep fails at once and this loop spins a core */
-        struct timespec ts = {tick_ms / 1000, (tick_ms % 1000) * 1000000L};
+        struct timespec ts = {(time_t)(tick_ns / 1000000000ull), (long)(tick_ns % 1000000000ull)};
         nanosleep(&ts, NULL);
         if (atomic_load(&f->stopping)) break;
         if (atomic_load(&f->connected)) {
-            keep_alive(f, &next_ping);
+            keep_alive(f, &next_ping, &since, &last_call);
             continue;
         }
+        last_call = 0;
+        uint64_t now = csd_now_ns();
+        if (now < next_attempt) continue;
+        next_attempt = now + (uint64_t)RECONNECT_PERIOD_MS * 1000000ull;
         pthread_mutex_lock(&f->mu);
         bool idle = f->count == 0;
         pthread_mutex_unlock(&f->mu);
@@ -461,6 +476,7 @@ static void *reconnect_main(void *arg) {
         if (connect_chain(f, &err) == 0) {
             CSD_LOGI("fleet reconnected");
             failures = 0;
+            since = csd_now_ns();
         } else if (failures++ % RECONNECT_WARN_EVERY == 0) { /* the first, then once a minute */
             CSD_LOGW("fleet reconnect failed (retrying every %d ms): %s", RECONNECT_PERIOD_MS,
                      err.msg);

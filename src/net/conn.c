@@ -193,6 +193,23 @@ const char *csd_conn_peer(const csd_conn *c) { return c->peer; }
 
 bool csd_conn_is_closed(const csd_conn *c) { return atomic_load(&c->closed); }
 
+void csd_conn_linger_close(csd_conn *c) {
+    enum { LINGER_MS = 200, DRAIN_MAX = 1 << 20 };
+    shutdown(c->fd, SHUT_WR);
+    uint64_t deadline = csd_now_ns() + (uint64_t)LINGER_MS * 1000000ull;
+    uint8_t sink[4096];
+    size_t drained = 0;
+    while (drained < DRAIN_MAX) {
+        int wait = csd_conn_remaining_ms(deadline);
+        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
+        if (wait == 0 || poll(&pfd, 1, wait) <= 0) break;
+        ssize_t r = recv(c->fd, sink, sizeof sink, 0);
+        if (r <= 0) break;
+        drained += (size_t)r;
+    }
+    csd_conn_fail_link(c);
+}
+
 bool csd_conn_peer_gone(const csd_conn *c) {
     if (atomic_load(&c->closed)) return true;
 #ifdef POLLRDHUP

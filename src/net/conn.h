@@ -64,6 +64,11 @@ void csd_conn_shutdown(csd_conn *c);
 const char *csd_conn_peer(const csd_conn *c);
 /* True once the link has failed or was shut down. */
 bool csd_conn_is_closed(const csd_conn *c);
+/* Closes after sending a refusal so the peer can still read it: half-close, then drain what the
+ * peer had already sent (at most 200 ms, 1 MiB), because closing with unread input makes TCP send
+ * a reset, which can destroy the ERROR in the peer's receive queue. Only the thread that receives
+ * on c may call it. */
+void csd_conn_linger_close(csd_conn *c);
 /* True when the link is closed or the peer has hung up (its FIN or a reset has arrived), without
  * reading anything: safe while another thread receives on c. */
 bool csd_conn_peer_gone(const csd_conn *c);

@@ -15,26 +15,6 @@
 /* Label of the session-key derivation; changing it is a protocol version bump. */
 static const char kdf_label[] = "cascadia link v1 session keys";
 
-/* Closes after a refusal so the peer can still read our ERROR: half-close, then drain what it had
- * already sent (bounded), because closing with unread input makes TCP send RST, which can destroy
- * the ERROR in the peer's receive queue. */
-static void linger_close(csd_conn *c) {
-    enum { LINGER_MS = 200, DRAIN_MAX = 1 << 20 };
-    shutdown(c->fd, SHUT_WR);
-    uint64_t deadline = csd_now_ns() + (uint64_t)LINGER_MS * 1000000ull;
-    uint8_t sink[4096];
-    size_t drained = 0;
-    while (drained < DRAIN_MAX) {
-        int wait = csd_conn_remaining_ms(deadline);
-        struct pollfd pfd = {.fd = c->fd, .events = POLLIN};
-        if (wait == 0 || poll(&pfd, 1, wait) <= 0) break;
-        ssize_t r = recv(c->fd, sink, sizeof sink, 0);
-        if (r <= 0) break;
-        drained += (size_t)r;
-    }
-    csd_conn_fail_link(c);
-}
-
 /* Refuses the handshake: best-effort ERROR frame in plain framing, log, close. Returns code. */
 static int refuse(csd_conn *c, int code, const char *text, const char *side) {
     uint8_t p[CSD_WIRE_ERROR_HDR_SIZE + CSD_WIRE_MAX_ERROR_TEXT];
@@ -45,7 +25,7 @@ static int refuse(csd_conn *c, int code, const char *text, const char *side) {
     }
     CSD_LOGW("net: handshake refused side=%s peer=%s code=%s: %s", side, c->peer,
              csd_err_name(code), text);
-    linger_close(c);
+    csd_conn_linger_close(c);
     return code;
 }
 

@@ -28,6 +28,9 @@
 #define CSD_WIRE_HASH_SIZE 32u            /* model hash bytes */
 #define CSD_WIRE_NONCE_SIZE 32u           /* handshake nonce bytes */
 #define CSD_WIRE_ANY 0xFFFFFFFFu /* HELLO wildcard for stage_index, layer_begin, layer_end */
+/* A connected coordinator PINGs every stage at least this often; a worker takes a coordinator it
+ * has heard nothing from for three of these to be gone (docs/protocol.md "Topology"). */
+#define CSD_WIRE_KEEPALIVE_MS 15000u
 #define CSD_WIRE_MAX_ROUTE 255u           /* ROUTE address bytes ("host:port") */
 
 /* Fixed payload sizes. */

@@ -13,6 +13,7 @@
 #include "core/log.h"
 
 #define IDLE_POLL_MS 200        /* how often blocked loops look at the stop flag */
+#define REFUSAL_WARN_NS 60000000000ull /* a refused coordinator is a warning once a minute */
 #define BATCH_WAIT_MS 2000      /* longest wait for the rest of a BATCH_MORE group */
 #define CSD_STEP_MAX_BATCH_ITEMS 256 /* frames (requests) in one batched forward */
 /* Links at once (coordinators, the previous stage, benches, handshakes in progress): each has a
@@ -81,6 +82,7 @@ struct csd_stage_server {
     atomic_uint_fast64_t forward_ns, forward_tokens;
     /* open requests and their KV bytes, for STATS: the compute thread owns reqs[] and frees
      * caches without a lock, so a reader thread must not walk it */
+    _Atomic uint64_t refusal_warned_ns; /* when a coordinator's refusal was last a warning */
     atomic_int kv_open;
     atomic_uint_fast64_t kv_used;
 };
@@ -597,14 +599,16 @@ static bool take_over_results(csd_stage_server *s, peer *p, char *why, size_t wh
     peer *old = s->coord;
     bool refuse = false;
     if (old && old != p && !atomic_load(&old->superseded)) {
-        uint64_t quiet_ns = csd_now_ns() - atomic_load(&old->heard_ns);
+        uint64_t heard = atomic_load(&old->heard_ns), now = csd_now_ns();
+        uint64_t quiet_ns = now > heard ? now - heard : 0; /* its reader may store after now */
         refuse = quiet_ns < (uint64_t)s->opts.coord_idle_ms * 1000000ull &&
                  !csd_conn_peer_gone(old->conn);
         if (refuse) {
             snprintf(why, why_cap,
                      "this worker serves the coordinator at %s (last heard %.1f s ago): one "
-                     "coordinator at a time",
-                     csd_conn_peer(old->conn), (double)quiet_ns * 1e-9);
+                     "coordinator at a time (one not heard from for %d s is replaced)",
+                     csd_conn_peer(old->conn), (double)quiet_ns * 1e-9,
+                     s->opts.coord_idle_ms / 1000);
         } else {
             snprintf(old->superseded_by, sizeof old->superseded_by, "%s", csd_conn_peer(p->conn));
             atomic_store(&old->superseded, true);
@@ -616,8 +620,13 @@ static bool take_over_results(csd_stage_server *s, peer *p, char *why, size_t wh
     }
     if (!refuse) s->coord = p;
     pthread_mutex_unlock(&s->mu);
-    if (refuse) CSD_LOGW("stage=%u refused coordinator %s: %s", s->opts.stage_index,
-                         csd_conn_peer(p->conn), why);
+    if (refuse) { /* a second coordinator may retry every second: warn once a minute at most */
+        uint64_t now = csd_now_ns(), last = atomic_load(&s->refusal_warned_ns);
+        bool warn = last == 0 || now - last > REFUSAL_WARN_NS;
+        if (warn) atomic_store(&s->refusal_warned_ns, now);
+        CSD_LOG(warn ? CSD_LOG_WARN : CSD_LOG_DEBUG, "stage=%u refused coordinator %s: %s",
+                s->opts.stage_index, csd_conn_peer(p->conn), why);
+    }
     return !refuse;
 }
 
@@ -654,6 +663,7 @@ static void *reader_main(void *arg) {
     char why[CSD_CONN_PEER_MAX + 128];
     if (p->role == CSD_WIRE_ROLE_COORD && !take_over_results(s, p, why, sizeof why)) {
         csd_conn_send_error(p->conn, 0, CSD_EFULL, why, NULL);
+        csd_conn_linger_close(p->conn); /* it may have sent a PING already: let it read why */
         atomic_store(&p->finished, true);
         return NULL;
     }
@@ -662,6 +672,7 @@ static void *reader_main(void *arg) {
     while (!atomic_load(&s->stop)) {
         if (atomic_load(&p->superseded)) {
             say_superseded(p);
+            csd_conn_linger_close(p->conn);
             break;
         }
         csd_wire_hdr h;

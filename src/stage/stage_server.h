@@ -27,9 +27,9 @@ typedef struct csd_stage_opts {
                                     * another; 0: CSD_STAGE_COORD_IDLE_MS */
 } csd_stage_opts;
 
-/* A coordinator PINGs its stages at least every 15 s while connected (fleet_pipeline.c), so one
- * silent for three of those has gone. */
-#define CSD_STAGE_COORD_IDLE_MS 45000
+/* A coordinator PINGs its stages at least every CSD_WIRE_KEEPALIVE_MS while connected
+ * (fleet_pipeline.c), so one silent for three of those has gone. */
+#define CSD_STAGE_COORD_IDLE_MS (3 * CSD_WIRE_KEEPALIVE_MS)
 
 typedef struct csd_stage_server csd_stage_server;
 
