@@ -87,8 +87,9 @@ cmake --build "$WORK/arm" -j "$(nproc)" >"$WORK/err" 2>&1 ||
 
 # Every unit test of the suite on aarch64: char is unsigned there, and alignment and the kernels'
 # dispatch differ from x86.
-ctest --test-dir "$WORK/arm" -R '^test_' -j "$(nproc)" >"$WORK/ctest.out" 2>&1 ||
-    { grep -E "Failed|\*\*\*" "$WORK/ctest.out" | head -10; fail "unit tests fail on aarch64 (qemu)"; }
+ctest --test-dir "$WORK/arm" -R '^test_' -j "$(nproc)" --output-on-failure >"$WORK/ctest.out" 2>&1 ||
+    { grep -E "Failed|\*\*\*|ERROR|LINE" "$WORK/ctest.out" | head -20
+      fail "unit tests fail on aarch64 (qemu)"; }
 summary=$(grep -E "tests passed" "$WORK/ctest.out")
 n_unit=$(find "$CSD_SOURCE_DIR/tests" -name 'test_*.c' | wc -l)
 echo "$summary" | grep -q "out of $n_unit\$" || fail "expected $n_unit unit tests on aarch64: $summary"

@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +32,7 @@
 
 typedef struct fake_stage {
     csd_listener *listener;
+    uint8_t hash[CSD_WIRE_HASH_SIZE]; /* random: no other test's coordinator gets this stage */
     bool answer_pings;    /* after the connect-time PING */
     atomic_bool stop;
     atomic_int pings, forwards;
@@ -95,6 +97,7 @@ static void *fake_main(void *arg) {
     self.role = CSD_WIRE_ROLE_STAGE;
     self.caps = CSD_WIRE_CAP_HIDDEN_F32 | CSD_WIRE_CAP_SAMPLE | CSD_WIRE_CAP_TRUNCATE;
     self.layer_end = 1;
+    memcpy(self.model_hash, fs->hash, sizeof fs->hash);
     if (csd_conn_handshake_server(c, &link, &self, &peer, &err) == 0) serve_link(fs, c);
     csd_conn_destroy(c);
     return NULL;
@@ -104,6 +107,8 @@ static void *fake_main(void *arg) {
 static csd_pipeline *fleet_over(fake_stage *fs, bool answer_pings) {
     memset(fs, 0, sizeof *fs);
     fs->answer_pings = answer_pings;
+    assert_true(sodium_init() >= 0);
+    randombytes_buf(fs->hash, sizeof fs->hash);
     csd_err err = {0};
     assert_int_equal(csd_listener_open(&fs->listener, "127.0.0.1:0", &err), 0);
     assert_int_equal(pthread_create(&fs->thread, NULL, fake_main, fs), 0);
@@ -113,6 +118,7 @@ static csd_pipeline *fleet_over(fake_stage *fs, bool answer_pings) {
              (unsigned)csd_listener_port(fs->listener));
     o.n_addrs = 1;
     o.layer_ranges[0][1] = 1;
+    memcpy(o.model_hash, fs->hash, sizeof fs->hash);
     o.cfg.vocab_size = VOCAB;
     o.cfg.dim = 8;
     o.cfg.n_layers = 1;

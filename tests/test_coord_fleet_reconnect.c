@@ -16,6 +16,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,10 @@ static void *serve(void *arg) {
     return NULL;
 }
 
+/* The model's identity on the links: random, so that no other test's coordinator can take this
+ * worker (or this fleet another test's worker) when a freed port is bound again. */
+static uint8_t model_hash[CSD_WIRE_HASH_SIZE];
+
 /* Starts a worker for model on 127.0.0.1:port (0: any free port); returns the port bound. */
 static uint16_t worker_start(worker *w, csd_model *model, uint16_t port) {
     char listen[32];
@@ -55,6 +60,7 @@ static uint16_t worker_start(worker *w, csd_model *model, uint16_t port) {
     so.listen = listen;
     so.link.insecure = true;
     so.max_requests = 4;
+    memcpy(so.model_hash, model_hash, sizeof model_hash);
     csd_err err = {0};
     if (csd_stage_server_create(&w->server, model, &so, &err)) fail_msg("worker: %s", err.msg);
     assert_int_equal(pthread_create(&w->thread, NULL, serve, w), 0);
@@ -129,6 +135,8 @@ static void test_timing_read_while_fleet_reconnects(void **state) {
     char dir[] = "/tmp/csd-fleet-XXXXXX";
     csd_model *model = csd_test_load_tiny(dir, MAX_CTX, 1);
     const csd_model_config *cfg = csd_model_cfg(model);
+    assert_true(sodium_init() >= 0);
+    randombytes_buf(model_hash, sizeof model_hash);
     worker w;
     uint16_t port = worker_start(&w, model, 0);
 
@@ -138,6 +146,7 @@ static void test_timing_read_while_fleet_reconnects(void **state) {
     o.n_addrs = 1;
     o.layer_ranges[0][1] = (uint32_t)cfg->n_layers;
     o.cfg = *cfg;
+    memcpy(o.model_hash, model_hash, sizeof model_hash);
     o.link.insecure = true;
     o.link.timeout_ms = HANDSHAKE_MS;
     o.hidden_dtype = CSD_DTYPE_F16;

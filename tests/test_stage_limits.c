@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <arpa/inet.h>
@@ -36,6 +37,7 @@ static int coord_idle_ms;      /* the next fixture's coord_idle_ms (0: default) 
 
 typedef struct fixture {
     char dir[64];
+    uint8_t hash[CSD_WIRE_HASH_SIZE]; /* random: another test's coordinator cannot connect */
     csd_model *model;
     csd_stage_server *server;
     pthread_t thread;
@@ -61,6 +63,9 @@ static int setup(void **state) {
     so.max_requests = 8;
     so.kv_mem_cap = kv_cap_tokens * csd_model_kv_bytes_per_token(f->model);
     so.coord_idle_ms = coord_idle_ms;
+    assert_true(sodium_init() >= 0);
+    randombytes_buf(f->hash, sizeof f->hash);
+    memcpy(so.model_hash, f->hash, sizeof f->hash);
     assert_int_equal(csd_stage_server_create(&f->server, f->model, &so, &err), 0);
     snprintf(f->addr, sizeof f->addr, "127.0.0.1:%u", csd_stage_server_port(f->server));
     assert_int_equal(pthread_create(&f->thread, NULL, serve, f), 0);
@@ -94,6 +99,7 @@ static csd_conn *connect_coord(const fixture *f) {
     expect.stage_index = 0;
     expect.layer_begin = CSD_WIRE_ANY;
     expect.layer_end = CSD_WIRE_ANY;
+    memcpy(expect.model_hash, f->hash, sizeof f->hash);
     if (csd_conn_handshake_client(c, &link, &expect, &peer, &err) != 0)
         fail_msg("handshake: %s", err.msg);
     return c;
