@@ -17,6 +17,7 @@
 #include "core/alloc.h"
 #include "model/model.h"
 #include "test_synth.h"
+#include "test_util.h"
 
 typedef struct collected {
     int32_t ids[256];
@@ -79,9 +80,7 @@ static int teardown(void **state) {
     fixture *f = *state;
     f->pipe->ops->destroy(f->pipe);
     csd_model_destroy(f->model);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(csd_test_remove_tree(f->dir), 0);
     free(f);
     return 0;
 }

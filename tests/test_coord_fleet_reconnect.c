@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "stage/stage_server.h"
 #include "test_synth.h"
+#include "test_util.h"
 
 #define MAX_CTX 32
 #define OUTAGES 2
@@ -186,9 +187,7 @@ static void test_timing_read_while_fleet_reconnects(void **state) {
     worker_stop(&w);
     free(logits);
     csd_model_destroy(model);
-    char cmd[64];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(csd_test_remove_tree(dir), 0);
 }
 
 int main(void) {

@@ -29,6 +29,7 @@
 #include "net/wire.h"
 #include "stage/stage_server.h"
 #include "test_synth.h"
+#include "test_util.h"
 
 #define MAX_CTX 32
 
@@ -79,9 +80,7 @@ static int teardown(void **state) {
     pthread_join(f->thread, NULL);
     csd_stage_server_destroy(f->server);
     csd_model_destroy(f->model);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", f->dir);
-    assert_int_equal(system(cmd), 0);
+    assert_int_equal(csd_test_remove_tree(f->dir), 0);
     free(f);
     return 0;
 }

@@ -43,7 +43,7 @@ static const char *const serve_usage =
     "                       beyond it new ones are closed unanswered)\n"
     "  --max-connections-per-ip N\n"
     "                       connections one client IP address may hold; more are closed at\n"
-    "                       once (default 0 = no limit of its own)\n"
+    "                       once (default 0: no cap)\n"
     "  --idle-timeout SECONDS\n"
     "                       close a connection after this long without traffic (default 60;\n"
     "                       a response still generating is not idle)\n"

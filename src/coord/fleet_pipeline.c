@@ -16,9 +16,10 @@
 
 #define MAX_IN_FLIGHT 16
 /* A step waits for as long as its stages compute (a 512-token prompt chunk of a 70B model can take
- * minutes on ordinary PCs), but not for a stage that has gone quiet: while it waits, every stage
- * is PINGed a few times per silence limit, and a stage that answers nothing for that long (a
- * machine that froze, a network that dropped without a reset) fails the step. */
+ * minutes on ordinary PCs), but not for a stage that has gone quiet: while connected, every stage
+ * is PINGed a few times per silence limit (keep_alive), and a stage that answers nothing for that
+ * long (a machine that froze, a network that dropped without a reset) takes the chain down, which
+ * fails the steps in flight. */
 #define STEP_SILENCE_MS 120000   /* default csd_fleet_opts.step_silence_ms */
 #define STEP_PINGS_PER_SILENCE 8
 #define STEP_LIMIT_S 3600.0      /* a step not answered in an hour fails even if its stages answer
@@ -408,13 +409,17 @@ static void ping_stages(fleet *f) {
     }
 }
 
+static uint64_t silence_ns(const fleet *f) {
+    return (uint64_t)f->opts.step_silence_ms * 1000000ull;
+}
+
 /* The first stage that sent nothing in the silence limit before now (counting from since at the
  * earliest), or -1. A reader may have stored a time later than now meanwhile: that stage spoke. */
-static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence_ns) {
+static int silent_stage(fleet *f, uint64_t since, uint64_t now) {
     for (int i = 0; i < f->opts.n_addrs; i++) {
         uint64_t heard = atomic_load(&f->heard_ns[i]);
         uint64_t last = heard > since ? heard : since;
-        if (now > last && now - last > silence_ns) return i;
+        if (now > last && now - last > silence_ns(f)) return i;
     }
     return -1;
 }
@@ -422,28 +427,29 @@ static int silent_stage(fleet *f, uint64_t since, uint64_t now, uint64_t silence
 /* How often a connected coordinator PINGs each stage: an eighth of the silence limit, and at least
  * every CSD_WIRE_KEEPALIVE_MS (a worker refuses another coordinator while this one is heard). */
 static uint64_t keepalive_ns(const fleet *f) {
-    uint64_t ns = (uint64_t)f->opts.step_silence_ms * 1000000ull / STEP_PINGS_PER_SILENCE;
+    uint64_t ns = silence_ns(f) / STEP_PINGS_PER_SILENCE;
     uint64_t cap = (uint64_t)CSD_WIRE_KEEPALIVE_MS * 1000000ull;
     return ns < cap ? ns : cap;
 }
 
-/* While connected: PINGs the stages so that they know this coordinator is alive, and takes the
- * chain down when a stage has answered nothing for the silence limit while no step was waiting.
- * Silence counts from *since: the connection, or the end of a gap in these calls (this process
- * was stopped or its machine suspended: the stages are given a fresh limit, not blamed). */
+/* While connected, idle or not: PINGs the stages so that they know this coordinator is alive (a
+ * worker's link reader answers while its compute thread works), and takes the chain down when a
+ * stage has answered nothing for the silence limit. Silence counts from *since: the connection,
+ * or the end of a gap in these calls (this process was stopped or its machine suspended: the
+ * stages are given a fresh limit, not blamed). */
 static void keep_alive(fleet *f, uint64_t *next_ping, uint64_t *since, uint64_t *last_call) {
-    uint64_t silence_ns = (uint64_t)f->opts.step_silence_ms * 1000000ull, now = csd_now_ns();
+    uint64_t now = csd_now_ns();
     if (*last_call && now - *last_call > 4 * keepalive_ns(f)) *since = now;
     *last_call = now;
     if (now >= *next_ping) {
         ping_stages(f);
         *next_ping = now + keepalive_ns(f);
     }
-    int quiet = silent_stage(f, *since, now, silence_ns);
+    int quiet = silent_stage(f, *since, now);
     if (quiet >= 0) {
         char why[CSD_ERR_MSG_MAX];
         snprintf(why, sizeof why, "stage at %s answered nothing for %.0f s", f->opts.addrs[quiet],
-                 (double)silence_ns * 1e-9);
+                 (double)silence_ns(f) * 1e-9);
         mark_broken(f, why);
     }
 }
@@ -698,31 +704,13 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     return 0;
 }
 
-/* Waits (mu held) until step s is resolved, a stage goes silent or the step limit passes. Returns
- * false when it gave up, with why set: the chain is then to be reconnected, even if the step had
- * failed for another reason already. */
+/* Waits (mu held) until step s is resolved, or fails (a silent stage takes the chain down:
+ * keep_alive), or the step limit passes. Returns false at the limit, with why set: the chain is
+ * then to be reconnected, even if the step had failed for another reason already. */
 static bool wait_step(fleet *f, pending_step *s, char *why, size_t why_cap) {
-    uint64_t silence_ns = (uint64_t)f->opts.step_silence_ms * 1000000ull;
-    uint64_t ping_ns = silence_ns / STEP_PINGS_PER_SILENCE;
-    uint64_t since = csd_now_ns(); /* a stage gets the whole limit from here */
-    uint64_t next_ping = since + ping_ns; /* steps that answer sooner (decode) send none */
     uint64_t limit = s->t_begin + (uint64_t)(STEP_LIMIT_S * 1e9);
     while (s->n_resolved < s->n) {
-        uint64_t now = csd_now_ns();
-        if (now >= next_ping) {
-            pthread_mutex_unlock(&f->mu); /* a send may wait for the link; results need mu */
-            ping_stages(f);
-            pthread_mutex_lock(&f->mu);
-            next_ping = now + ping_ns;
-            continue;
-        }
-        int quiet = silent_stage(f, since, now, silence_ns);
-        if (quiet >= 0) {
-            snprintf(why, why_cap, "stage at %s answered nothing for %.0f s",
-                     f->opts.addrs[quiet], (double)silence_ns * 1e-9);
-            return false;
-        }
-        if (now >= limit) {
+        if (csd_now_ns() >= limit) {
             snprintf(why, why_cap, "no answer from the fleet in %.0f s", STEP_LIMIT_S);
             return false;
         }

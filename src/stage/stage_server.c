@@ -80,9 +80,9 @@ struct csd_stage_server {
     size_t send_cap;
     /* counters */
     atomic_uint_fast64_t forward_ns, forward_tokens;
+    _Atomic uint64_t refusal_warned_ns; /* when a coordinator's refusal was last a warning */
     /* open requests and their KV bytes, for STATS: the compute thread owns reqs[] and frees
      * caches without a lock, so a reader thread must not walk it */
-    _Atomic uint64_t refusal_warned_ns; /* when a coordinator's refusal was last a warning */
     atomic_int kv_open;
     atomic_uint_fast64_t kv_used;
 };
