@@ -8,6 +8,7 @@
 #  - a worker that dies fails the request with a clear error instead of hanging.
 #  - a bad --kv-mem size is refused before anything is loaded.
 #  - a request a worker refuses fails alone, not with the others of its batched step.
+#  - serve waits for workers that start after it; a wrong export fails at once.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -317,6 +318,52 @@ long >"$WORK/after.json"
 grep -q '"completion_tokens":150' "$WORK/after.json" ||
     fail "serve failed after a second coordinator was refused: $(cat "$WORK/after.json")"
 echo "ok: a second coordinator was refused ($(grep -o 'this worker serves[^(]*' "$WORK/second.err" | head -1)); serve went on"
+passed=$((passed + 1))
+fleet_down
+
+# 10. serve waits for workers that start after it (--wait-workers). Stage 0 is up and stage 1 is
+#     not: serve retries with /health saying loading, and answers once stage 1 starts. With no
+#     worker at all it gives up when the wait is over, naming the address; a fleet of another
+#     export fails at once, however long the wait.
+free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+d="$WORK/x-f32-2"
+read -r pid p0 < <(start_worker "$d/stage-0.shard" "$WORK/wait0.log" --insecure); PIDS+=("$pid")
+p1=$(free_port)
+CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$p0,127.0.0.1:$p1" --insecure --port 0 \
+    --wait-workers 300 >"$WORK/serve.log" 2>&1 &
+spid=$!; PIDS+=("$spid")
+wait_for 60 logged_or_gone "$WORK/serve.log" "waiting for the fleet" "$spid"
+grep -q "waiting for the fleet (.*stage 1: connect 127.0.0.1:$p1" "$WORK/serve.log" ||
+    fail "serve did not say what it waits for: $(cat "$WORK/serve.log")"
+port=$(sed -n 's|.*listening on http://[0-9.]*:\([0-9]*\).*|\1|p' "$WORK/serve.log")
+code=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")
+[ "$code" = 503 ] || fail "/health while waiting for a worker: $code, not 503"
+"$CASCADIA" worker --shard "$d/stage-1.shard" --listen "127.0.0.1:$p1" --threads 1 --insecure \
+    >"$WORK/wait1.log" 2>&1 &
+PIDS+=("$!")
+wait_for 120 serve_up || { cat "$WORK/serve.log"; fail "serve did not start once its last worker did"; }
+complete | grep -q '"completion_tokens":12' || fail "serve after waiting: $(complete)"
+echo "ok: serve waited for a late worker (/health 503 meanwhile), then served"; passed=$((passed + 1))
+fleet_down
+t0=$(date +%s); rc=0
+timeout 120 "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$p0,127.0.0.1:$p1" --insecure \
+    --port 0 --wait-workers 2 >"$WORK/nowork.log" 2>&1 || rc=$?
+waited=$(($(date +%s) - t0))
+[ "$rc" = 1 ] || fail "serve with no worker: exit $rc, not 1: $(tail -3 "$WORK/nowork.log")"
+[ "$waited" -ge 2 ] || fail "serve with no worker gave up after $waited s, before --wait-workers 2"
+grep -q "after waiting [0-9]* s for the workers: .*127.0.0.1:$p0" "$WORK/nowork.log" ||
+    fail "serve with no worker does not say what it waited for: $(tail -3 "$WORK/nowork.log")"
+echo "ok: with no worker, serve gave up after --wait-workers 2 ($waited s), naming the address"
+passed=$((passed + 1))
+fleet_up "$WORK/x-f32-2" 2 --insecure
+t0=$(date +%s); rc=0
+timeout 120 "$CASCADIA" serve --manifest "$WORK/x-int8-2" --fleet "$FLEET" --insecure --port 0 \
+    --wait-workers 100 >"$WORK/other.log" 2>&1 || rc=$?
+waited=$(($(date +%s) - t0))
+[ "$rc" = 1 ] && grep -qi "hash\|mismatch" "$WORK/other.log" ||
+    fail "serve against another export's fleet: exit $rc: $(tail -3 "$WORK/other.log")"
+[ "$waited" -lt 60 ] || fail "serve waited $waited s for a fleet of another export"
+echo "ok: a fleet of another export fails at once ($waited s) despite --wait-workers 100"
 passed=$((passed + 1))
 fleet_down
 

@@ -53,10 +53,10 @@ static int fake_step_begin(csd_pipeline *p, const csd_step_entry *entries, int n
     return 0;
 }
 
-static int fake_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
+static int fake_step_end(csd_pipeline *p, csd_err *entry_err, csd_err *err) {
     fake_pipe *f = (fake_pipe *)p;
     (void)err;
-    if (entry_rc) memset(entry_rc, 0, (size_t)f->n_entries * sizeof *entry_rc);
+    if (entry_err) memset(entry_err, 0, (size_t)f->n_entries * sizeof *entry_err);
     for (int r = 0; r < f->n_want; r++)
         for (int v = 0; v < VOCAB; v++) f->logits[r * VOCAB + v] = v == ANSWER ? 10.0f : 0.0f;
     return 0;

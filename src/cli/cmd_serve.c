@@ -52,6 +52,9 @@ static const char *const serve_usage =
         CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
+/* --wait-workers' default: longer than a worker waits (45 s) before it replaces a quiet
+ * coordinator */
+#define SERVE_WAIT_WORKERS_S 60
 
 typedef struct serve_args {
     const char *model_dir;
@@ -146,6 +149,9 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
 /* Checks that the flags fit together and fills what follows from them. 0, or 2. */
 static int finish_args(serve_args *a) {
     if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
+    /* a service may start before its workers: wait for them, and stop waiting on a signal */
+    if (a->fleet.wait_workers_s < 0) a->fleet.wait_workers_s = SERVE_WAIT_WORKERS_S;
+    a->fleet.stop = &g_stop_signal;
     if (a->max_per_ip > a->max_connections) {
         fprintf(stderr,
                 "cascadia serve: --max-connections-per-ip %d is above --max-connections %d\n",

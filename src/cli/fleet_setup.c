@@ -4,16 +4,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
+#include "cli_util.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 #include "core/dtype.h"
 #include "core/file_map.h"
+#include "core/log.h"
 #include "format/manifest.h"
 
 void csd_cli_fleet_init(csd_cli_fleet *f) {
     memset(f, 0, sizeof *f);
     f->local_stage = -1;
     f->hidden_dtype = CSD_DTYPE_F16;
+    f->wait_workers_s = -1;
 }
 
 int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd_cli_fleet *f,
@@ -25,7 +30,8 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
         return 1;
     }
     if (strcmp(flag, "--fleet") && strcmp(flag, "--manifest") && strcmp(flag, "--local-stage") &&
-        strcmp(flag, "--key") && strcmp(flag, "--hidden-dtype") && strcmp(flag, "--micro-batches"))
+        strcmp(flag, "--key") && strcmp(flag, "--hidden-dtype") &&
+        strcmp(flag, "--micro-batches") && strcmp(flag, "--wait-workers"))
         return 0;
     if (!value) {
         fprintf(stderr, "cascadia %s: %s needs a value\n", cmd, flag);
@@ -43,6 +49,10 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
             return -1;
         }
         f->micro_batches = (int)n;
+    } else if (!strcmp(flag, "--wait-workers")) {
+        int64_t s = 0;
+        if (!csd_cli_int(cmd, flag, value, 0, CSD_CLI_FLEET_MAX_WAIT_S, &s)) return -1;
+        f->wait_workers_s = (int)s;
     } else if (!strcmp(flag, "--local-stage")) {
         if (strcmp(value, "0")) {
             fprintf(stderr,
@@ -93,6 +103,47 @@ static int split_fleet(const char *fleet, csd_fleet_opts *o, csd_err *err) {
     return o->n_addrs ? 0 : csd_err_set(err, CSD_EINVAL, "--fleet lists no worker");
 }
 
+bool csd_cli_fleet_retryable(int code) {
+    return code == CSD_EIO || code == CSD_ETIMEOUT || code == CSD_ECLOSED || code == CSD_EFULL;
+}
+
+static bool stopped(const csd_cli_fleet *f) { return f->stop && *f->stop; }
+
+/* Sleeps about ms, in short slices so that a stop request is seen at once. */
+static void nap(const csd_cli_fleet *f, int ms) {
+    for (int left = ms; left > 0 && !stopped(f); left -= 100) {
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Creates the fleet pipeline, trying again every second for f->wait_workers_s while the failure
+ * is one a worker can outgrow: it starts after the coordinator (a service started in any order),
+ * or it still serves a coordinator that died without closing its link (replaced once quiet for
+ * 45 s). Says why it waits when it starts and every WAIT_REPORT_S after. */
+#define WAIT_REPORT_S 10
+static int connect_waiting(csd_cli_fleet *f, const csd_fleet_opts *o, int max_requests,
+                           csd_pipeline **out, csd_err *err) {
+    int wait_s = f->wait_workers_s > 0 ? f->wait_workers_s : 0;
+    uint64_t t0 = csd_now_ns(), limit_ns = (uint64_t)wait_s * 1000000000ull, next_report = 0;
+    for (;;) {
+        int rc = csd_fleet_pipeline_create(out, o, f->model0, max_requests, err);
+        uint64_t waited = csd_now_ns() - t0;
+        if (!rc || !csd_cli_fleet_retryable(rc) || waited >= limit_ns || stopped(f)) {
+            if (rc && waited >= 1000000000ull)
+                csd_err_prefix(err, "after waiting %.0f s for the workers: ",
+                               (double)waited * 1e-9);
+            return rc;
+        }
+        if (waited >= next_report) {
+            CSD_LOGW("waiting for the fleet (%.0f of %d s): %s", (double)waited * 1e-9, wait_s,
+                     err->msg);
+            next_report = waited + WAIT_REPORT_S * 1000000000ull;
+        }
+        nap(f, 1000);
+    }
+}
+
 int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_requests,
                        csd_pipeline **out, csd_err *err) {
     *out = NULL;
@@ -132,7 +183,7 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
                                                                        : CSD_MODEL_DEFAULT_MAX_CTX;
         o.max_ctx = f->model0 ? csd_model_max_ctx(f->model0) : ctx;
         o.max_step_tokens = CSD_MODEL_DEFAULT_MAX_BATCH;
-        rc = csd_fleet_pipeline_create(out, &o, f->model0, max_requests, err);
+        rc = connect_waiting(f, &o, max_requests, out, err);
     }
     csd_manifest_destroy(m);
     return rc;

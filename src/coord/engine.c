@@ -49,7 +49,7 @@ typedef struct inflight_step {
     csd_step_entry entries[CSD_STEP_MAX_ENTRIES];
     req *reqs[CSD_STEP_MAX_ENTRIES];
     float *logits;                          /* (n_entries with logits, vocab) */
-    int entry_rc[CSD_STEP_MAX_ENTRIES];     /* entries the pipeline failed alone */
+    csd_err entry_err[CSD_STEP_MAX_ENTRIES]; /* entries the pipeline failed alone, and why */
     uint64_t t_begin;
 } inflight_step;
 
@@ -417,7 +417,7 @@ static void emit_token(worker *w, req *r, float *logits) {
 
 static void complete_step(worker *w, inflight_step *s) {
     csd_err err = {0};
-    int rc = w->pipe->ops->step_end(w->pipe, s->entry_rc, &err);
+    int rc = w->pipe->ops->step_end(w->pipe, s->entry_err, &err);
     csd_engine *e = w->e;
     pthread_mutex_lock(&e->mu);
     e->stats.step_sum_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
@@ -428,9 +428,10 @@ static void complete_step(worker *w, inflight_step *s) {
         req *r = s->reqs[i];
         bool wanted = s->entries[i].want_logits;
         /* the pipeline failed (a worker died) or refused this request: fail it, keep serving */
-        int failed = rc ? rc : s->entry_rc[i] ? s->entry_rc[i] : r->fail_code;
+        const csd_err *alone = &s->entry_err[i];
+        int failed = rc ? rc : alone->code ? alone->code : r->fail_code;
         if (failed) {
-            step_release(w, r, failed, err.msg);
+            step_release(w, r, failed, rc ? err.msg : alone->msg);
             row += wanted;
             continue;
         }

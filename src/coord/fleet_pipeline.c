@@ -35,8 +35,8 @@ typedef struct pending_step {
     bool resolved[CSD_STEP_MAX_ENTRIES];
     int n_resolved;
     int entry_rc[CSD_STEP_MAX_ENTRIES];      /* a stage refused this entry's request alone */
-    char entry_msg[CSD_ERR_MSG_MAX];         /* the first such refusal */
     /* fields above are zeroed when a step begins */
+    char entry_msg[CSD_STEP_MAX_ENTRIES][CSD_ERR_MSG_MAX]; /* why, where entry_rc is set */
     float *logits;                           /* caller's buffer, packed rows for want entries */
     int rc;                                  /* first error of the step */
     char msg[CSD_ERR_MSG_MAX];
@@ -212,9 +212,8 @@ static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *
     int64_t row;
     pending_step *s = match_entry(f, h->request_id, &entry, &row);
     if (s) { /* the stage refused this request alone and went on with the step's others */
-        if (!s->entry_msg[0])
-            snprintf(s->entry_msg, sizeof s->entry_msg, "stage at %s: %s", f->opts.addrs[index],
-                     e.text);
+        snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "stage at %s: %s",
+                 f->opts.addrs[index], e.text);
         s->entry_rc[entry] = e.code < 0 ? e.code : CSD_EPROTO;
         s->resolved[entry] = true;
         s->n_resolved++;
@@ -282,9 +281,9 @@ static int send_simple(csd_conn *c, int type, uint32_t req, const uint8_t *paylo
 /* Connects stage i, checks who it is (handshake), and adds one PING round trip to *rtt. */
 static int connect_stage(fleet *f, int i, double *rtt, csd_err *err) {
     const csd_fleet_opts *o = &f->opts;
-    int rc = csd_conn_connect(&f->conns[i], o->addrs[i], o->link.timeout_ms, err);
-    if (rc) return rc;
     csd_wire_hello expect = {0}, peer;
+    int rc = csd_conn_connect(&f->conns[i], o->addrs[i], o->link.timeout_ms, err);
+    if (rc) return csd_err_prefix(err, "stage %u: ", o->first_remote_stage + (uint32_t)i);
     expect.proto_version = CSD_WIRE_VERSION;
     expect.role = CSD_WIRE_ROLE_COORD;
     expect.stage_index = o->first_remote_stage + (uint32_t)i;
@@ -337,8 +336,11 @@ static int route_stage(fleet *f, int i, csd_err *err) {
     if (!rc && h.type == CSD_WIRE_ERROR) {
         csd_wire_error e;
         if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
-            rc = csd_err_set(err, CSD_EMISMATCH, "stage at %s could not reach %s: %s", o->addrs[i],
-                             o->addrs[i + 1], e.text);
+            /* the worker's own code: a next stage not listening yet is worth retrying, another
+             * export's is not (csd_cli_fleet_retryable) */
+            rc = csd_err_set(err, e.code < 0 ? e.code : CSD_EPROTO,
+                             "stage at %s could not connect to the next stage: %s", o->addrs[i],
+                             e.text);
         else
             rc = CSD_EPROTO;
     } else if (!rc && h.type != CSD_WIRE_PONG) {
@@ -720,7 +722,22 @@ static bool wait_step(fleet *f, pending_step *s, char *why, size_t why_cap) {
     return true;
 }
 
-static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
+/* Hands the entries a stage refused alone to the caller (entry_err), or without entry_err fails
+ * the step with the first of them. Returns the step's code. */
+static int report_entries(const pending_step *s, csd_err *entry_err, csd_err *err) {
+    int first = -1;
+    for (int i = 0; i < s->n; i++) {
+        if (entry_err && s->entry_rc[i])
+            csd_err_set(&entry_err[i], s->entry_rc[i], "%s", s->entry_msg[i]);
+        else if (entry_err)
+            csd_err_clear(&entry_err[i]);
+        if (s->entry_rc[i] && first < 0) first = i;
+    }
+    if (first < 0 || entry_err) return 0;
+    return csd_err_set(err, s->entry_rc[first], "%s", s->entry_msg[first]);
+}
+
+static int fleet_step_end(csd_pipeline *p, csd_err *entry_err, csd_err *err) {
     fleet *f = (fleet *)p;
     pthread_mutex_lock(&f->mu);
     if (f->count == 0) {
@@ -733,16 +750,7 @@ static int fleet_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
         s->rc = CSD_ETIMEOUT;
         snprintf(s->msg, sizeof s->msg, "%s", gave_up);
     }
-    int rc = s->rc;
-    if (rc) {
-        csd_err_set(err, rc, "%s", s->msg);
-    } else if (s->entry_msg[0]) { /* a stage refused some entries alone */
-        int first = 0;
-        for (int i = 0; i < s->n && !first; i++) first = s->entry_rc[i];
-        csd_err_set(err, first, "%s", s->entry_msg);
-        if (!entry_rc) rc = first; /* a caller that cannot tell entries apart: the step failed */
-    }
-    if (entry_rc && !rc) memcpy(entry_rc, s->entry_rc, (size_t)s->n * sizeof *entry_rc);
+    int rc = s->rc ? csd_err_set(err, s->rc, "%s", s->msg) : report_entries(s, entry_err, err);
     f->timing.steps++;
     f->timing.wait_s += (double)(csd_now_ns() - s->t_begin) * 1e-9;
     f->head = (f->head + 1) % MAX_IN_FLIGHT;

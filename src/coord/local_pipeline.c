@@ -90,10 +90,10 @@ static int local_step_begin(csd_pipeline *p, const csd_step_entry *entries, int 
     return 0;
 }
 
-static int local_step_end(csd_pipeline *p, int *entry_rc, csd_err *err) {
+static int local_step_end(csd_pipeline *p, csd_err *entry_err, csd_err *err) {
     local_pipeline *lp = (local_pipeline *)p;
     if (!lp->pending) return csd_err_set(err, CSD_EINVAL, "no step in flight");
-    if (entry_rc) memset(entry_rc, 0, (size_t)lp->pending_n * sizeof *entry_rc);
+    for (int i = 0; entry_err && i < lp->pending_n; i++) csd_err_clear(&entry_err[i]);
     lp->pending = 0;
     if (lp->pending_rc && err) *err = lp->pending_err;
     return lp->pending_rc;

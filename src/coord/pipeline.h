@@ -41,10 +41,11 @@ typedef struct csd_pipeline_ops {
     int (*step_begin)(csd_pipeline *p, const csd_step_entry *entries, int n_entries, float *logits,
                       csd_err *err);
     /* Waits for the oldest step. A non-zero return failed the whole step (a link broke). With
-     * entry_rc (n_entries codes), an entry that failed alone (a stage refused that request) gets
-     * its code there, the step returns 0 and err holds the first such message: the others' logits
-     * are good. Without entry_rc such a failure is the step's return value. */
-    int (*step_end)(csd_pipeline *p, int *entry_rc, csd_err *err);
+     * entry_err (n_entries of them), an entry that failed alone (a stage refused that request)
+     * gets its code and message there (code 0: it went through), and the step returns 0: the
+     * others' logits are good. Without entry_err such a failure is the step's return value, with
+     * the first such entry's message. */
+    int (*step_end)(csd_pipeline *p, csd_err *entry_err, csd_err *err);
     /* Forgets positions >= pos of req. */
     int (*truncate)(csd_pipeline *p, uint32_t req, int64_t pos, csd_err *err);
     /* dst (open, empty) takes the first n positions of src's KV in every stage (prefix cache). */
