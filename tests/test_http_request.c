@@ -68,6 +68,7 @@ static void test_chat_minimal_defaults(void **state) {
     assert_int_equal(r.n_stop, 0);
     assert_false(r.logprobs);
     assert_false(r.ignore_eos);
+    assert_int_equal(r.n, 1);
     assert_null(r.tools);
     assert_int_equal(json_array_size(r.messages), 1);
     json_t *m = json_array_get(r.messages, 0);
@@ -91,7 +92,7 @@ static void test_chat_every_parameter(void **state) {
         "\"stream\":true,\"stream_options\":{\"include_usage\":true},\"max_tokens\":5,"
         "\"max_completion_tokens\":7,\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,"
         "\"seed\":-3,\"stop\":[\"x\",\"yy\"],\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,"
-        "\"repetition_penalty\":1.1,\"logprobs\":true,\"top_logprobs\":3,\"n\":1,\"user\":\"u1\","
+        "\"repetition_penalty\":1.1,\"logprobs\":true,\"top_logprobs\":3,\"n\":3,\"user\":\"u1\","
         "\"ignore_eos\":true,"
         "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{}}}],"
         "\"tool_choice\":\"auto\",\"response_format\":{\"type\":\"text\"},"
@@ -118,6 +119,7 @@ static void test_chat_every_parameter(void **state) {
     assert_true(r.logprobs);
     assert_int_equal(r.top_logprobs, 3);
     assert_true(r.ignore_eos);
+    assert_int_equal(r.n, 3);
     assert_string_equal(r.user, "u1");
     assert_non_null(r.tools);
     assert_string_equal(json_string_value(r.tool_choice), "auto");
@@ -219,8 +221,9 @@ static void test_chat_range_errors(void **state) {
     expect_chat_error("\"max_tokens\":0", "max_tokens");
     expect_chat_error("\"max_tokens\":-5", "max_tokens");
     expect_chat_error("\"max_completion_tokens\":0", "max_completion_tokens");
-    expect_chat_error("\"n\":2", "n");
+    expect_chat_error("\"n\":17", "n"); /* CSD_HTTP_MAX_N choices at most */
     expect_chat_error("\"n\":0", "n");
+    expect_chat_error("\"n\":1.5", "n");
     expect_chat_error("\"best_of\":3", "best_of");
     expect_chat_error("\"top_logprobs\":21", "top_logprobs");
     expect_chat_error("\"top_logprobs\":-1", "top_logprobs");
@@ -233,11 +236,11 @@ static void test_chat_range_errors(void **state) {
     char extra[512];
     snprintf(extra, sizeof extra, "\"stop\":\"%s\"", big);
     expect_chat_error(extra, "stop");
-    /* n > 1 says what to do instead */
+    /* n beyond the cap says what the cap is */
     csd_http_req r;
     csd_http_error e;
-    assert_int_not_equal(parse(&r, CHAT, "{" MSGS ",\"n\":3}", &e), 0);
-    assert_non_null(strstr(e.message, "not supported"));
+    assert_int_not_equal(parse(&r, CHAT, "{" MSGS ",\"n\":17}", &e), 0);
+    assert_non_null(strstr(e.message, "at most 16 choices"));
     csd_http_req_fini(&r);
 }
 
@@ -362,7 +365,7 @@ static void test_completion_errors(void **state) {
     expect_error(COMP, "{\"prompt\":\"x\",\"echo\":1}", 400, "echo");
     expect_error(COMP, "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix");
     expect_error(COMP, "{\"prompt\":\"x\",\"temperature\":3}", 400, "temperature");
-    expect_error(COMP, "{\"prompt\":\"x\",\"n\":2}", 400, "n");
+    expect_error(COMP, "{\"prompt\":\"x\",\"n\":99}", 400, "n");
 }
 
 /* logit_bias: token-id keys (vocab 1000 here) with biases in [-100, 100], as OpenAI. */

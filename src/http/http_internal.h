@@ -28,10 +28,29 @@ typedef struct csd_http_buf {
 int csd_http_buf_append(csd_http_buf *b, const char *s, size_t n);
 void csd_http_buf_fini(csd_http_buf *b);
 
-typedef struct csd_http_job {
+typedef struct csd_http_job csd_http_job;
+
+/* One choice of a request (OpenAI's `n`): one engine request with its own text state. */
+typedef struct csd_http_choice {
+    csd_http_job *job;
+    int index;
+    uint64_t engine_id;
+    /* touched only by the engine's callbacks (one request's callbacks never run concurrently) */
+    csd_detok detok;
+    csd_http_stop stop;
+    char piece[CSD_HTTP_PIECE_MAX];
+    int64_t text_offset; /* completions logprobs: bytes of text so far */
+    /* results, under the job's mu */
+    csd_http_buf text; /* non-stream: the generated text */
+    json_t *lp;        /* non-stream logprobs: chat array / completions object */
+    bool done;
+    csd_req_result res;
+} csd_http_choice;
+
+struct csd_http_job {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int refs; /* connection + engine; under mu */
+    int refs; /* connection + one per submitted choice (the engine's); under mu */
     /* set before submit, read-only afterwards */
     int kind; /* enum csd_http_kind */
     bool stream, include_usage, logprobs;
@@ -41,35 +60,34 @@ typedef struct csd_http_job {
     char model[128];
     const csd_tok *tok; /* borrowed */
     csd_engine *engine; /* borrowed */
-    uint64_t engine_id;
     int64_t n_prompt;
     int n_stop;
     char *stops[CSD_HTTP_MAX_STOP]; /* owned copies: the job outlives the parsed request */
-    /* touched only by the engine's callbacks (one request's callbacks never run concurrently) */
-    csd_detok detok;
-    csd_http_stop stop;
-    char piece[CSD_HTTP_PIECE_MAX];
-    int64_t text_offset; /* completions logprobs: bytes of text so far */
+    int n_choices;
+    int n_submitted;           /* choices given to the engine (the rest are never started) */
+    csd_http_choice *choices;  /* n_choices */
     /* results, under mu */
     csd_http_buf out; /* stream: SSE bytes; out_sent of them already sent */
     size_t out_sent;
-    csd_http_buf text; /* non-stream: the generated text */
-    json_t *lp;        /* non-stream logprobs: chat array / completions object */
-    bool done;
-    csd_req_result res;
-} csd_http_job;
+    int n_done;       /* submitted choices finished */
+    bool done;        /* every submitted choice finished */
+    bool cancelled;   /* a choice ended cancelled (the client left or the server stops) */
+};
 
-/* Creates a job for a parsed request (refs = 1, the connection's). */
+/* Creates a job for a parsed request, with req->n choices (refs = 1, the connection's). */
 int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_tok *tok,
                         const char *model_name, csd_engine *engine, int64_t n_prompt);
-/* The echo text (completions echo) or role chunk (chat stream) queued before generation. */
+/* The echo text (completions echo) or role chunk (chat stream) of every choice, queued before
+ * generation. */
 int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len);
-/* Engine callbacks (ctx = job); submit with refs incremented for the engine. */
+/* Engine callbacks (ctx = a choice); submit each with refs incremented for the engine. */
 bool csd_http_job_on_token(void *ctx, const csd_token_event *ev);
 void csd_http_job_on_done(void *ctx, const csd_req_result *res);
 /* Drops one reference; frees the job at zero. */
 void csd_http_job_release(csd_http_job *j);
 
+/* Cancels every submitted choice still running (not under mu). */
+void csd_http_job_cancel(csd_http_job *j);
 /* Waits until the job is done. Returns false (after cancelling the request) when the client
  * socket fd hung up or *stopping became true. */
 bool csd_http_job_wait(csd_http_job *j, int fd, const atomic_int *stopping);

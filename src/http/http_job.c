@@ -53,6 +53,25 @@ static void random_hex(char out[2 * JOB_ID_RANDOM_BYTES + 1]) {
     sodium_bin2hex(out, 2 * JOB_ID_RANDOM_BYTES + 1, raw, sizeof raw);
 }
 
+/* Sets up choice i's text state. */
+static int choice_init(csd_http_job *j, int i) {
+    csd_http_choice *ch = &j->choices[i];
+    ch->job = j;
+    ch->index = i;
+    csd_detok_init(&ch->detok, j->tok, true);
+    /* a completion continues its prompt: keep the leading space a decoder strips at text start */
+    if (j->kind != CSD_HTTP_KIND_CHAT) ch->detok.at_start = false;
+    csd_http_stop_init(&ch->stop, j->stops, j->n_stop);
+    if (j->logprobs && !j->stream) {
+        ch->lp = j->kind == CSD_HTTP_KIND_CHAT
+                     ? json_array()
+                     : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                 "top_logprobs", "text_offset");
+        if (!ch->lp) return CSD_ENOMEM;
+    }
+    return 0;
+}
+
 int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_tok *tok,
                         const char *model_name, csd_engine *engine, int64_t n_prompt) {
     *out = NULL;
@@ -75,9 +94,6 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->tok = tok;
     j->engine = engine;
     j->n_prompt = n_prompt;
-    csd_detok_init(&j->detok, tok, true);
-    /* a completion continues its prompt: keep the leading space a decoder strips at text start */
-    if (!chat) j->detok.at_start = false;
     for (int i = 0; i < req->n_stop; i++) {
         if (!(j->stops[i] = csd_strdup(req->stop[i]))) {
             csd_http_job_release(j);
@@ -85,12 +101,15 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
         }
         j->n_stop = i + 1;
     }
-    csd_http_stop_init(&j->stop, j->stops, j->n_stop);
-    if (j->logprobs && !j->stream) {
-        j->lp = chat ? json_array()
-                     : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
-                                 "top_logprobs", "text_offset");
-        if (!j->lp) {
+    int n = req->n >= 1 && req->n <= CSD_HTTP_MAX_N ? req->n : 1;
+    j->choices = csd_alloc_array((size_t)n, sizeof *j->choices);
+    if (!j->choices) {
+        csd_http_job_release(j);
+        return CSD_ENOMEM;
+    }
+    for (; j->n_choices < n; j->n_choices++) {
+        if (choice_init(j, j->n_choices)) {
+            j->n_choices++; /* partly set up: release frees it */
             csd_http_job_release(j);
             return CSD_ENOMEM;
         }
@@ -105,12 +124,15 @@ void csd_http_job_release(csd_http_job *j) {
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
     if (left > 0) return;
-    csd_http_stop_fini(&j->stop);
+    for (int i = 0; i < j->n_choices; i++) {
+        csd_http_stop_fini(&j->choices[i].stop);
+        csd_http_buf_fini(&j->choices[i].text);
+        json_decref(j->choices[i].lp);
+    }
+    csd_free(j->choices);
     for (int i = 0; i < j->n_stop; i++)
         csd_free(j->stops[i]);
     csd_http_buf_fini(&j->out);
-    csd_http_buf_fini(&j->text);
-    json_decref(j->lp);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
     csd_free(j);
@@ -141,12 +163,12 @@ static int emit_event(csd_http_job *j, json_t *c) {
     return rc;
 }
 
-/* One choice chunk: text (may be NULL for the final one), logprobs (stolen, may be NULL),
- * finish reason (NULL while going on), role chunk for chat's first event. */
-static int emit_choice(csd_http_job *j, const char *text, size_t len, json_t *lp,
+/* One chunk of choice `index`: text (may be NULL for the final one), logprobs (stolen, may be
+ * NULL), finish reason (NULL while going on), role chunk for chat's first event. */
+static int emit_choice(csd_http_job *j, int index, const char *text, size_t len, json_t *lp,
                        const char *finish, bool role) {
     json_t *c = chunk_base(j);
-    json_t *choice = json_pack("{s:i}", "index", 0);
+    json_t *choice = json_pack("{s:i}", "index", index);
     if (!c || !choice) {
         json_decref(c);
         json_decref(choice);
@@ -175,15 +197,17 @@ static int emit_choice(csd_http_job *j, const char *text, size_t len, json_t *lp
 int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
     int rc = 0;
     pthread_mutex_lock(&j->mu);
-    if (j->stream) {
-        if (j->kind == CSD_HTTP_KIND_CHAT)
-            rc = emit_choice(j, NULL, 0, NULL, NULL, true);
-        else if (echo_len)
-            rc = emit_choice(j, echo, echo_len, NULL, NULL, false);
-    } else if (echo_len) {
-        rc = csd_http_buf_append(&j->text, echo, echo_len);
+    for (int i = 0; i < j->n_choices && !rc; i++) {
+        if (j->stream) {
+            if (j->kind == CSD_HTTP_KIND_CHAT)
+                rc = emit_choice(j, i, NULL, 0, NULL, NULL, true);
+            else if (echo_len)
+                rc = emit_choice(j, i, echo, echo_len, NULL, NULL, false);
+        } else if (echo_len) {
+            rc = csd_http_buf_append(&j->choices[i].text, echo, echo_len);
+        }
+        j->choices[i].text_offset = (int64_t)echo_len;
     }
-    j->text_offset = (int64_t)echo_len;
     pthread_mutex_unlock(&j->mu);
     return rc;
 }
@@ -240,8 +264,10 @@ static void completion_lp_add(const csd_http_job *j, json_t *lp, const csd_token
 
 /* ---- engine callbacks ---- */
 
-/* Queues generated text (and the logprobs of the token that produced it). mu held. */
-static int add_text(csd_http_job *j, const char *text, size_t len, const csd_token_event *ev) {
+/* Queues a choice's generated text (and the logprobs of the token that produced it). mu held. */
+static int add_text(csd_http_choice *ch, const char *text, size_t len,
+                    const csd_token_event *ev) {
+    csd_http_job *j = ch->job;
     int rc = 0;
     if (j->stream) {
         json_t *lp = NULL;
@@ -251,34 +277,35 @@ static int add_text(csd_http_job *j, const char *text, size_t len, const csd_tok
             } else {
                 lp = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
                                "top_logprobs", "text_offset");
-                if (lp) completion_lp_add(j, lp, ev, j->text_offset);
+                if (lp) completion_lp_add(j, lp, ev, ch->text_offset);
             }
         }
-        if (len || lp) rc = emit_choice(j, text, len, lp, NULL, false);
+        if (len || lp) rc = emit_choice(j, ch->index, text, len, lp, NULL, false);
     } else {
-        if (ev && j->lp) {
+        if (ev && ch->lp) {
             if (j->kind == CSD_HTTP_KIND_CHAT)
-                json_array_append_new(j->lp, chat_lp_entry(j, ev));
+                json_array_append_new(ch->lp, chat_lp_entry(j, ev));
             else
-                completion_lp_add(j, j->lp, ev, j->text_offset);
+                completion_lp_add(j, ch->lp, ev, ch->text_offset);
         }
-        rc = csd_http_buf_append(&j->text, text, len);
+        rc = csd_http_buf_append(&ch->text, text, len);
     }
-    j->text_offset += (int64_t)len;
+    ch->text_offset += (int64_t)len;
     return rc;
 }
 
 bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
-    csd_http_job *j = ctx;
+    csd_http_choice *ch = ctx;
+    csd_http_job *j = ch->job;
     size_t n = 0;
     const char *emit = "";
     size_t emit_len = 0;
     int stopped = 0;
-    if (csd_detok_push(&j->detok, ev->id, j->piece, sizeof j->piece, &n) != 0) n = 0;
-    stopped = csd_http_stop_push(&j->stop, j->piece, n, &emit, &emit_len);
+    if (csd_detok_push(&ch->detok, ev->id, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
+    stopped = csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len);
     if (stopped < 0) return true; /* out of memory: end the request rather than lose text */
     pthread_mutex_lock(&j->mu);
-    int rc = add_text(j, emit, emit_len, ev);
+    int rc = add_text(ch, emit, emit_len, ev);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     return stopped == 1 || rc != 0;
@@ -286,56 +313,75 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
 
 static const char *finish_name(int end) { return end == CSD_REQ_END_LENGTH ? "length" : "stop"; }
 
+/* Appends "data: <error json>\n\n" for a choice that failed. mu held. */
+static void emit_failure(csd_http_job *j, const csd_req_result *res) {
+    csd_http_error e;
+    csd_http_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                       res->message);
+    char *s = csd_http_error_json(&e);
+    if (!s) return;
+    csd_http_buf_append(&j->out, "data: ", 6);
+    csd_http_buf_append(&j->out, s, strlen(s));
+    csd_http_buf_append(&j->out, "\n\n", 2);
+    free(s);
+}
+
+/* The usage chunk (include_usage) once every choice has ended: the prompt counts once, the
+ * completion tokens of every choice add up (as OpenAI and vLLM count them). mu held. */
+static void emit_usage(csd_http_job *j) {
+    json_t *c = chunk_base(j);
+    if (!c) return;
+    int64_t completion = 0;
+    for (int i = 0; i < j->n_submitted; i++)
+        completion += j->choices[i].res.completion_tokens;
+    int64_t prompt = j->choices[0].res.prompt_tokens;
+    json_object_set_new(c, "choices", json_array());
+    json_object_set_new(c, "usage",
+                        json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)prompt,
+                                  "completion_tokens", (json_int_t)completion, "total_tokens",
+                                  (json_int_t)(prompt + completion)));
+    emit_event(j, c);
+}
+
+/* A stream's events for a choice that ended, and the end of the stream after the last. mu held. */
+static void stream_choice_end(csd_http_job *j, const csd_http_choice *ch) {
+    bool failed = false;
+    if (ch->res.end == CSD_REQ_END_ERROR)
+        emit_failure(j, &ch->res);
+    else if (ch->res.end != CSD_REQ_END_CANCELLED)
+        emit_choice(j, ch->index, NULL, 0, NULL, finish_name(ch->res.end), false);
+    if (j->n_done < j->n_submitted || j->cancelled) return;
+    for (int i = 0; i < j->n_submitted; i++) failed |= j->choices[i].res.end == CSD_REQ_END_ERROR;
+    if (j->include_usage && !failed) emit_usage(j);
+    csd_http_buf_append(&j->out, "data: [DONE]\n\n", 14);
+}
+
 void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
-    csd_http_job *j = ctx;
+    csd_http_choice *ch = ctx;
+    csd_http_job *j = ch->job;
     /* the detokenizer's held-back bytes may still complete a stop string */
     size_t n = 0;
     const char *emit = "", *rest = "";
     size_t emit_len = 0, rest_len = 0;
-    if (csd_detok_flush(&j->detok, j->piece, sizeof j->piece, &n) != 0) n = 0;
-    if (csd_http_stop_push(&j->stop, j->piece, n, &emit, &emit_len) < 0) emit_len = 0;
+    if (csd_detok_flush(&ch->detok, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
+    if (csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len) < 0) emit_len = 0;
     pthread_mutex_lock(&j->mu);
-    add_text(j, emit, emit_len, NULL);
-    csd_http_stop_flush(&j->stop, &rest, &rest_len);
-    add_text(j, rest, rest_len, NULL);
-    j->res = *res;
-    if (j->stream && res->end != CSD_REQ_END_CANCELLED) {
-        if (res->end == CSD_REQ_END_ERROR) {
-            csd_http_error e;
-            csd_http_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                               res->message);
-            char *s = csd_http_error_json(&e);
-            if (s) {
-                csd_http_buf_append(&j->out, "data: ", 6);
-                csd_http_buf_append(&j->out, s, strlen(s));
-                csd_http_buf_append(&j->out, "\n\n", 2);
-                free(s);
-            }
-        } else {
-            emit_choice(j, NULL, 0, NULL, finish_name(res->end), false);
-            if (j->include_usage) {
-                json_t *c = chunk_base(j);
-                if (c) {
-                    json_object_set_new(c, "choices", json_array());
-                    json_object_set_new(
-                        c, "usage",
-                        json_pack("{s:I, s:I, s:I}", "prompt_tokens",
-                                  (json_int_t)res->prompt_tokens, "completion_tokens",
-                                  (json_int_t)res->completion_tokens, "total_tokens",
-                                  (json_int_t)(res->prompt_tokens + res->completion_tokens)));
-                    emit_event(j, c);
-                }
-            }
-        }
-        csd_http_buf_append(&j->out, "data: [DONE]\n\n", 14);
-    }
-    j->done = true;
+    add_text(ch, emit, emit_len, NULL);
+    csd_http_stop_flush(&ch->stop, &rest, &rest_len);
+    add_text(ch, rest, rest_len, NULL);
+    ch->res = *res;
+    ch->done = true;
+    j->n_done++;
+    if (res->end == CSD_REQ_END_CANCELLED) j->cancelled = true;
+    if (j->stream) stream_choice_end(j, ch);
+    j->done = j->n_done == j->n_submitted;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    CSD_LOGD("request done req=%s end=%d prompt=%lld completion=%lld ttft=%.3f total=%.3f", j->id,
-             res->end, (long long)res->prompt_tokens, (long long)res->completion_tokens,
-             res->ttft_s, res->total_s);
-    csd_http_job_release(j); /* the engine's reference */
+    CSD_LOGD("request done req=%s choice=%d end=%d prompt=%lld completion=%lld ttft=%.3f "
+             "total=%.3f",
+             j->id, ch->index, res->end, (long long)res->prompt_tokens,
+             (long long)res->completion_tokens, res->ttft_s, res->total_s);
+    csd_http_job_release(j); /* this choice's engine reference */
 }
 
 /* ---- connection side ---- */
@@ -353,13 +399,19 @@ static void wait_a_bit(csd_http_job *j) {
     pthread_cond_timedwait(&j->cv, &j->mu, &ts);
 }
 
+void csd_http_job_cancel(csd_http_job *j) {
+    /* not under our lock: the engine may hold its own while calling on_done. n_submitted and the
+     * engine ids are written before the connection thread can get here. */
+    for (int i = 0; i < j->n_submitted; i++) csd_engine_cancel(j->engine, j->choices[i].engine_id);
+}
+
 /* mu held: is it time to give up on this request? Cancels it when so. */
 static bool abandon(csd_http_job *j, int fd, const atomic_int *stopping) {
     if (!atomic_load(stopping) && !client_gone(fd)) return false;
     CSD_LOGI("client gone or server stopping, cancelling req=%s", j->id);
-    if (!j->done) { /* not under our lock: the engine may hold its own while calling on_done */
+    if (!j->done) {
         pthread_mutex_unlock(&j->mu);
-        csd_engine_cancel(j->engine, j->engine_id);
+        csd_http_job_cancel(j);
         pthread_mutex_lock(&j->mu);
     }
     return true;
@@ -397,45 +449,61 @@ ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
         }
         wait_a_bit(j);
     }
-    bool clean = j->res.end != CSD_REQ_END_CANCELLED;
+    bool clean = !j->cancelled;
     pthread_mutex_unlock(&j->mu);
     return clean ? 0 : -1;
 }
 
+/* Choice ch of a non-streamed answer. mu held. */
+static json_t *choice_json(const csd_http_job *j, const csd_http_choice *ch) {
+    json_t *text = json_stringn(ch->text.data ? ch->text.data : "", ch->text.len);
+    if (!text) text = json_string("");
+    const char *finish = finish_name(ch->res.end);
+    if (j->kind == CSD_HTTP_KIND_CHAT)
+        return json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", ch->index, "message", "role",
+                         "assistant", "content", text, "logprobs",
+                         ch->lp ? json_pack("{s:O}", "content", ch->lp) : json_null(),
+                         "finish_reason", finish);
+    return json_pack("{s:i, s:o, s:O, s:s}", "index", ch->index, "text", text, "logprobs",
+                     ch->lp ? ch->lp : json_null(), "finish_reason", finish);
+}
+
+/* The first choice that failed or was cancelled, or NULL. mu held. */
+static const csd_http_choice *failed_choice(const csd_http_job *j) {
+    for (int i = 0; i < j->n_submitted; i++)
+        if (j->choices[i].res.end == CSD_REQ_END_ERROR ||
+            j->choices[i].res.end == CSD_REQ_END_CANCELLED)
+            return &j->choices[i];
+    return NULL;
+}
+
 char *csd_http_job_response(csd_http_job *j, int *status) {
     pthread_mutex_lock(&j->mu);
-    const csd_req_result *res = &j->res;
-    char *s = NULL;
-    if (res->end == CSD_REQ_END_ERROR || res->end == CSD_REQ_END_CANCELLED) {
+    const csd_http_choice *bad = failed_choice(j);
+    if (bad) {
         csd_http_error e;
         csd_http_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                           res->end == CSD_REQ_END_CANCELLED ? "cancelled" : res->message);
+                           bad->res.end == CSD_REQ_END_CANCELLED ? "cancelled" : bad->res.message);
         *status = 500;
         pthread_mutex_unlock(&j->mu);
         return csd_http_error_json(&e);
     }
     bool chat = j->kind == CSD_HTTP_KIND_CHAT;
-    json_t *text = json_stringn(j->text.data ? j->text.data : "", j->text.len);
-    if (!text) text = json_string("");
-    json_t *choice;
-    if (chat) {
-        choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
-                           "assistant", "content", text, "logprobs",
-                           j->lp ? json_pack("{s:O}", "content", j->lp) : json_null(),
-                           "finish_reason", finish_name(res->end));
-    } else {
-        choice = json_pack("{s:i, s:o, s:O, s:s}", "index", 0, "text", text, "logprobs",
-                           j->lp ? j->lp : json_null(), "finish_reason", finish_name(res->end));
+    json_t *choices = json_array();
+    int64_t completion = 0;
+    for (int i = 0; i < j->n_submitted; i++) {
+        json_array_append_new(choices, choice_json(j, &j->choices[i]));
+        completion += j->choices[i].res.completion_tokens;
     }
+    int64_t prompt = j->choices[0].res.prompt_tokens;
     json_t *root =
-        json_pack("{s:s, s:s, s:I, s:s, s:s, s:[o], s:{s:I, s:I, s:I}}", "id", j->id, "object",
+        json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:{s:I, s:I, s:I}}", "id", j->id, "object",
                   chat ? "chat.completion" : "text_completion", "created", (json_int_t)j->created,
                   "model", j->model, "system_fingerprint", csd_build_fingerprint(), "choices",
-                  choice, "usage", "prompt_tokens", (json_int_t)res->prompt_tokens,
-                  "completion_tokens", (json_int_t)res->completion_tokens, "total_tokens",
-                  (json_int_t)(res->prompt_tokens + res->completion_tokens));
+                  choices, "usage", "prompt_tokens", (json_int_t)prompt, "completion_tokens",
+                  (json_int_t)completion, "total_tokens", (json_int_t)(prompt + completion));
     pthread_mutex_unlock(&j->mu);
-    if (root) s = json_dumps(root, JSON_COMPACT);
+    char *s = root ? json_dumps(root, JSON_COMPACT) : NULL;
     json_decref(root);
     *status = s ? 200 : 500;
     return s;

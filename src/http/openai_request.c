@@ -204,10 +204,11 @@ static int parse_sampling(const json_t *root, csd_http_req *r, csd_http_error *e
         if (present) r->max_tokens = v;
     }
     if ((rc = read_int(root, "n", 1, INT32_MAX, "an integer >= 1", &present, &v, e))) return rc;
-    if (present && v != 1)
-        return csd_http_error_set(e, 400, NULL, "n", "unsupported_value",
-                                  "'n' > 1 is not supported: send %lld requests instead",
-                                  (long long)v);
+    if (present && v > CSD_HTTP_MAX_N)
+        return csd_http_error_set(e, 400, NULL, "n", "invalid_value",
+                                  "'n' is %lld; at most %d choices per request", (long long)v,
+                                  CSD_HTTP_MAX_N);
+    r->n = present ? (int)v : 1;
     if ((rc = read_int(root, "best_of", 1, 1, "1 (best_of > 1 is not supported)", NULL, &v, e)))
         return rc;
     return csd_http_read_bool(root, "ignore_eos", &r->ignore_eos, e);

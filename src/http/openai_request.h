@@ -19,6 +19,8 @@
 #define CSD_HTTP_MAX_STOP_LEN 256
 /* Top alternatives per token (OpenAI: 20 for chat, 5 for completions; we allow 20 for both). */
 #define CSD_HTTP_MAX_TOP_LOGPROBS 20
+/* Choices per request (`n`): each is a request of its own to the engine, with a slot of its own. */
+#define CSD_HTTP_MAX_N 16
 /* Messages per chat request and prompt ids per completion: bounds the work before tokenizing. */
 #define CSD_HTTP_MAX_MESSAGES 4096
 #define CSD_HTTP_MAX_PROMPT_IDS (1 << 20)
@@ -68,6 +70,7 @@ typedef struct csd_http_req {
     csd_sampler_params sampling; /* OpenAI defaults where absent (temperature 1, top_p 1) */
     bool has_seed;               /* sampling.seed came from the request */
     bool ignore_eos;             /* vLLM / llama-server extension: no stop at end-of-generation */
+    int n;                       /* choices, 1..CSD_HTTP_MAX_N */
     int n_stop;
     char *stop[CSD_HTTP_MAX_STOP]; /* non-empty UTF-8 strings */
     bool logprobs;                 /* return logprobs of the chosen tokens */

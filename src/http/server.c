@@ -402,7 +402,7 @@ static void stream_free(void *cls) {
     bool done = ss->job->done;
     pthread_mutex_unlock(&ss->job->mu);
     if (!done && !ss->cancelled) { /* a write failed before the end: the client went away */
-        csd_engine_cancel(ss->job->engine, ss->job->engine_id);
+        csd_http_job_cancel(ss->job);
         atomic_fetch_add(&ss->srv->client_cancels, 1);
     }
     csd_http_job_release(ss->job);
@@ -418,7 +418,7 @@ static int conn_fd(struct MHD_Connection *c) {
 static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c, csd_http_job *j) {
     stream_state *ss = csd_alloc(sizeof *ss);
     if (!ss) {
-        csd_engine_cancel(j->engine, j->engine_id);
+        csd_http_job_cancel(j);
         csd_http_job_release(j);
         return send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
     }
@@ -485,6 +485,38 @@ static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connectio
     return ret;
 }
 
+/* Gives every choice of j to the engine, the same prompt each; choice i samples with seed + i when
+ * the request set one (each choice reproducible, and no two alike), else with a fresh seed. All or
+ * nothing: when one cannot be queued (every slot and the queue full), those already given are
+ * cancelled, and the error is returned. */
+static int submit_choices(csd_engine *engine, csd_http_job *j, const int32_t *ids, int64_t n_ids,
+                          const csd_req_params *base, bool has_seed, csd_err *err) {
+    static atomic_ullong counter;
+    csd_req_callbacks cb = {csd_http_job_on_token, csd_http_job_on_done};
+    /* the choices are not shared yet (no lock needed); counted before the first can finish */
+    j->n_submitted = j->n_choices;
+    j->refs += j->n_choices; /* the engine's references, one dropped by each on_done */
+    for (int i = 0; i < j->n_choices; i++) {
+        csd_req_params rp = *base;
+        uint64_t k = atomic_fetch_add(&counter, 1);
+        /* a fresh seed per choice without one in the request, as OpenAI */
+        rp.sampling.seed = has_seed ? base->sampling.seed + (uint64_t)i
+                                    : csd_now_ns() ^ (k * 0x9e3779b97f4a7c15ull);
+        int rc = csd_engine_submit(engine, ids, n_ids, &rp, &cb, &j->choices[i],
+                                   &j->choices[i].engine_id, err);
+        if (rc) {
+            pthread_mutex_lock(&j->mu);
+            j->n_submitted = i;
+            j->refs -= j->n_choices - i;
+            j->done = j->n_done == i;
+            pthread_mutex_unlock(&j->mu);
+            csd_http_job_cancel(j);
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection *c, int route,
                                        const conn_state *cs) {
     csd_engine *engine = atomic_load(&s->engine);
@@ -530,10 +562,6 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     csd_req_params rp;
     memset(&rp, 0, sizeof rp);
     rp.sampling = req.sampling;
-    if (!req.has_seed) { /* a fresh seed per request, like OpenAI without a seed */
-        static atomic_ullong counter;
-        rp.sampling.seed = csd_now_ns() ^ (atomic_fetch_add(&counter, 1) * 0x9e3779b97f4a7c15ull);
-    }
     /* without max_tokens, generate until the context is full (the engine stops there) */
     rp.max_tokens = req.max_tokens > 0 ? req.max_tokens : max_ctx - (int64_t)n_ids;
     rp.logprobs = req.logprobs;
@@ -555,12 +583,9 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
         goto done;
     }
-    csd_req_callbacks cb = {csd_http_job_on_token, csd_http_job_on_done};
     csd_err err = {0};
-    j->refs++; /* the engine's reference, dropped by on_done (not yet shared: no lock needed) */
-    rc = csd_engine_submit(engine, ids, (int64_t)n_ids, &rp, &cb, j, &j->engine_id, &err);
+    rc = submit_choices(engine, j, ids, (int64_t)n_ids, &rp, req.has_seed, &err);
     if (rc) {
-        j->refs--;
         if (rc == CSD_EFULL) {
             ret = send_error_msg(s, c, 429, "rate_limit_error", NULL, "server_busy",
                                  "every slot and the queue are full; retry shortly", "Retry-After",
@@ -574,8 +599,8 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         }
         goto done;
     }
-    CSD_LOGD("request submitted req=%s kind=%s prompt=%zu stream=%d", j->id,
-             csd_http_kind_name(kind), n_ids, req.stream);
+    CSD_LOGD("request submitted req=%s kind=%s prompt=%zu stream=%d n=%d", j->id,
+             csd_http_kind_name(kind), n_ids, req.stream, j->n_choices);
     if (req.stream) {
         ret = start_stream(s, c, j);
         j = NULL; /* owned by the stream now */

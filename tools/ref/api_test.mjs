@@ -45,11 +45,11 @@ async function test(name, fn) {
   console.log(results[results.length - 1]);
 }
 
-async function raw(path, { method = 'POST', body, headers = {}, auth = true } = {}) {
+async function raw(path, { method = 'POST', body, headers = {}, auth = true } = {}, server = base) {
   const h = { ...headers };
   if (auth) h.Authorization = `Bearer ${key}`;
   if (body !== undefined && !h['Content-Type']) h['Content-Type'] = 'application/json';
-  const res = await fetch(base + path, {
+  const res = await fetch(server + path, {
     method,
     headers: h,
     body: body === undefined ? undefined : typeof body === 'string' ? body : JSON.stringify(body),
@@ -259,7 +259,38 @@ await test('max_tokens gives finish_reason length; logprobs are returned', async
   if (c.usage.completion_tokens === 3) eq(c.choices[0].finish_reason, 'length', 'finish_reason');
 });
 
-await test('error: malformed JSON, wrong types, bad ranges, n>1 -> 400 naming the field', async () => {
+await test('n choices: one engine request each, seed + i, usage adds the completions', async () => {
+  const opts = { max_tokens: 16, seed: 5, temperature: 1.0 };
+  const r = await client.chat.completions.create({ model, messages: chatMsgs, n: 3, ...opts });
+  eq(r.choices.length, 3, 'choices');
+  const single = [];
+  for (let i = 0; i < 3; i++) {
+    eq(r.choices[i].index, i, 'index');
+    const one = await client.chat.completions.create({ model, messages: chatMsgs, ...opts, seed: 5 + i });
+    eq(r.choices[i].message.content, one.choices[0].message.content, `choice ${i} = seed ${5 + i} alone`);
+    eq(r.choices[i].finish_reason, one.choices[0].finish_reason, `choice ${i} finish_reason`);
+    single.push(one);
+  }
+  assert(new Set(r.choices.map((c) => c.message.content)).size > 1, 'three choices, one text');
+  eq(r.usage.prompt_tokens, single[0].usage.prompt_tokens, 'the prompt counts once');
+  eq(r.usage.completion_tokens, single.reduce((a, o) => a + o.usage.completion_tokens, 0), 'completions add up');
+  // streamed: each index's chunks give its text, one finish chunk each, then one usage chunk
+  const c = await client.completions.create({ model, prompt: 'Once upon a time', n: 2, ...opts });
+  const chunks = await streamCompletion({ n: 2, ...opts, stream_options: { include_usage: true } });
+  for (let i = 0; i < 2; i++) {
+    const mine = chunks.filter((k) => k.choices[0] && k.choices[0].index === i);
+    eq(mine.map((k) => k.choices[0].text).join(''), c.choices[i].text, `streamed choice ${i}`);
+    eq(mine.filter((k) => k.choices[0].finish_reason).length, 1, `one finish chunk for choice ${i}`);
+  }
+  const last = chunks[chunks.length - 1];
+  eq(last.choices.length, 0, 'usage chunk last');
+  eq(last.usage.completion_tokens, c.usage.completion_tokens, 'streamed usage');
+  // greedy choices are all the same text
+  const g = await client.completions.create({ model, prompt: 'Once upon a time', n: 2, max_tokens: 8, temperature: 0 });
+  eq(g.choices[0].text, g.choices[1].text, 'greedy choices');
+});
+
+await test('error: malformed JSON, wrong types, bad ranges, n>16 -> 400 naming the field', async () => {
   let r = await raw('/v1/chat/completions', { body: '{"model": "x", "messages": [' });
   expectError(r, 400, null, 'invalid_json');
   const bad = [
@@ -274,7 +305,8 @@ await test('error: malformed JSON, wrong types, bad ranges, n>1 -> 400 naming th
     [{ messages: chatMsgs, stop: 5 }, 'stop'],
     [{ messages: chatMsgs, presence_penalty: 5 }, 'presence_penalty'],
     [{ messages: chatMsgs, top_logprobs: 50, logprobs: true }, 'top_logprobs'],
-    [{ messages: chatMsgs, n: 2 }, 'n'],
+    [{ messages: chatMsgs, n: 17 }, 'n'],
+    [{ messages: chatMsgs, n: 0 }, 'n'],
   ];
   for (const [body, param] of bad) {
     r = await raw('/v1/chat/completions', { body: { model, ...body } });
@@ -379,6 +411,21 @@ await test('error: 429 with Retry-After when every slot and the queue are full',
   assert(Number(r.headers.get('retry-after')) >= 1, 'Retry-After');
   eq(body.error.type, 'rate_limit_error', 'type');
   await busyIdle(before);
+});
+
+await test('n choices that do not all fit are refused whole (429), none left running', async () => {
+  // the busy server has one slot and no queue: the second choice cannot be queued
+  const r = await raw('/v1/completions', { body: { model, prompt: 'x', n: 2, max_tokens: 4000, ignore_eos: true } }, busy);
+  eq(r.status, 429, `status of ${r.text.slice(0, 200)}`);
+  let m;
+  for (let i = 0; i < 200; i++) {
+    m = await metrics(busy);
+    if (m.cascadia_active_requests === 0 && m.cascadia_queue_depth === 0) break;
+    await new Promise((res) => setTimeout(res, 50));
+  }
+  eq(m.cascadia_active_requests, 0, 'the first choice was cancelled');
+  const ok = await busyClient.completions.create({ model, prompt: 'x', max_tokens: 2 });
+  eq(ok.choices.length, 1, 'an answer after the refusal');
 });
 
 await test('a client that disconnects mid-stream frees its request', async () => {
