@@ -86,7 +86,7 @@ assert r["count"] == len(r["tokens"]) > 0 and all(isinstance(t, int) for t in r[
 ' || fail "the docs/api.md /tokenize example did not work: $tok_out"
 echo "ok   docs/api.md /tokenize example"
 
-# --- a second server with one slot and no queue, for 429 and disconnects: the same weights with an
+# --- a second server with two slots and no queue, for 429 and disconnects: the same weights with an
 # 8192-token context, so that a request with ignore_eos runs for seconds, not milliseconds ---
 cp -r tiny tinylong
 /usr/bin/python3 - tinylong/config.json <<'PY' || fail "could not lengthen the context"
@@ -95,7 +95,7 @@ c = json.load(open(sys.argv[1]))
 c["max_position_embeddings"] = 8192
 json.dump(c, open(sys.argv[1], "w"))
 PY
-start_server busy tinylong --model-name tiny --chat-template chatml --parallel 1 --queue 0 --ctx 8192
+start_server busy tinylong --model-name tiny --chat-template chatml --parallel 2 --queue 0 --ctx 8192
 
 # --- connection flags: bad values refused at start; an idle connection closed after
 # --idle-timeout, while responses that wait for their tokens longer than that are not cut ---

@@ -366,5 +366,28 @@ waited=$(($(date +%s) - t0))
 echo "ok: a fleet of another export fails at once ($waited s) despite --wait-workers 100"
 passed=$((passed + 1))
 fleet_down
+fleet_up "$WORK/x-int8-2" 2 --key "$WORK/fleet.key"
+t0=$(date +%s); rc=0
+timeout 120 "$CASCADIA" serve --manifest "$WORK/x-int8-2" --fleet "$FLEET" --key "$WORK/other.key" \
+    --port 0 --wait-workers 100 >"$WORK/badkey.log" 2>&1 || rc=$?
+waited=$(($(date +%s) - t0))
+[ "$rc" = 1 ] && grep -qi "key" "$WORK/badkey.log" ||
+    fail "serve with a wrong fleet key: exit $rc: $(tail -3 "$WORK/badkey.log")"
+[ "$waited" -lt 60 ] || fail "serve waited $waited s with a wrong fleet key"
+echo "ok: a wrong fleet key fails at once ($waited s) despite --wait-workers 100"
+passed=$((passed + 1))
+fleet_down
+# a signal ends the wait: a clean shutdown (exit 0), not an error
+"$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$p0,127.0.0.1:$p1" --insecure --port 0 \
+    --wait-workers 300 >"$WORK/sig.log" 2>&1 &
+spid=$!
+wait_for 60 logged_or_gone "$WORK/sig.log" "waiting for the fleet" "$spid"
+gone "$spid" && fail "serve did not wait: $(tail -3 "$WORK/sig.log")"
+kill -TERM "$spid"
+wait_for 10 gone "$spid" || fail "serve did not stop waiting on SIGTERM"
+rc=0; wait "$spid" || rc=$?
+[ "$rc" = 0 ] && grep -q "shutting down" "$WORK/sig.log" ||
+    fail "SIGTERM while waiting for workers: exit $rc: $(tail -3 "$WORK/sig.log")"
+echo "ok: SIGTERM ends the wait for workers cleanly (exit 0)"; passed=$((passed + 1))
 
 echo "$passed passed, 0 failed"

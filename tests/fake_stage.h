@@ -2,7 +2,7 @@
  * misbehave in ways a real worker does not on demand. It speaks the wire protocol (insecure mode)
  * to one coordinator: answers PINGs (or, with answer_pings false, only the connect-time one),
  * answers each FORWARD compute_ms after it came, with logits that pick FAKE_STAGE_ANSWER, and
- * refuses the requests `refusal` names (an ERROR with that text instead of the logits).
+ * refuses the requests `refusal` names (an ERROR with that code and text instead of the logits).
  * Include after <cmocka.h>; the fleet over it has vocabulary FAKE_STAGE_VOCAB and dim 8. */
 #ifndef CSD_TEST_FAKE_STAGE_H
 #define CSD_TEST_FAKE_STAGE_H
@@ -28,8 +28,8 @@ typedef struct fake_stage {
     uint8_t hash[CSD_WIRE_HASH_SIZE]; /* random: no other test's coordinator gets this stage */
     bool answer_pings;                /* after the connect-time PING */
     int compute_ms;                   /* per FORWARD */
-    /* the text to refuse a request with, or NULL to answer it */
-    const char *(*refusal)(uint32_t request_id);
+    /* the text (and *code) to refuse a request with, or NULL to answer it */
+    const char *(*refusal)(uint32_t request_id, int *code);
     atomic_bool stop;
     atomic_int pings, forwards;
     pthread_t thread;
@@ -38,9 +38,10 @@ typedef struct fake_stage {
 /* (This runs on the fake stage's thread, where a cmocka assert cannot report: a failure to encode
  * sends nothing, and the step then fails in the test's own thread.) */
 static void fake_stage_answer(fake_stage *fs, csd_conn *c, const csd_wire_hdr *fwd) {
-    const char *why = fs->refusal ? fs->refusal(fwd->request_id) : NULL;
+    int code = CSD_EPROTO;
+    const char *why = fs->refusal ? fs->refusal(fwd->request_id, &code) : NULL;
     if (why) {
-        csd_conn_send_error(c, fwd->request_id, CSD_ENOTFOUND, why, NULL);
+        csd_conn_send_error(c, fwd->request_id, code, why, NULL);
         return;
     }
     float logits[FAKE_STAGE_VOCAB] = {0};

@@ -1,6 +1,7 @@
 /* The serving engine: concurrent requests give exactly the tokens they give alone (continuous
  * batching is invisible to a user), max_tokens and EOS end requests, cancel frees a request, a
- * full engine refuses with CSD_EFULL, and prompts beyond the context are refused. */
+ * full engine refuses with CSD_EFULL (a group of requests: all of it or none), and prompts beyond
+ * the context are refused. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -230,6 +231,47 @@ static void test_refusals(void **state) {
     csd_engine_destroy(e);
 }
 
+/* A group (OpenAI's n) is queued whole or not at all: with one slot and two queue places, one
+ * long request leaves room for two more, so a group of three is refused without queuing any of
+ * it, and a group of two is taken; its members are requests of their own (their own ids, one can
+ * be cancelled alone). */
+static void test_group_all_or_none(void **state) {
+    fixture *f = *state;
+    csd_engine *e = NULL;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 1;
+    o.queue_max = 2;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    assert_int_equal(csd_engine_capacity(e), 3);
+    csd_req_callbacks cb = {on_token, on_done};
+    int32_t prompt[4] = {5, 6, 7, 8};
+    csd_req_params p[3] = {params_for(0, 100), params_for(1, 100), params_for(2, 100)};
+    collected c[4];
+    void *ctx[3] = {&c[1], &c[2], &c[3]};
+    for (int i = 0; i < 4; i++) collected_init(&c[i]);
+    assert_int_equal(csd_engine_submit(e, prompt, 4, &p[0], &cb, &c[0], NULL, &err), 0);
+    csd_engine_stats before, after;
+    csd_engine_get_stats(e, &before);
+    uint64_t ids[3] = {0};
+    assert_int_equal(csd_engine_submit_group(e, prompt, 4, p, 3, &cb, ctx, ids, &err), CSD_EFULL);
+    csd_engine_get_stats(e, &after);
+    assert_int_equal(after.requests_total, before.requests_total); /* none of it queued */
+    assert_int_equal(after.requests_rejected, before.requests_rejected + 3);
+    assert_int_equal(csd_engine_submit_group(e, prompt, 4, p, 2, &cb, ctx, ids, &err), 0);
+    assert_true(ids[0] != 0 && ids[1] != 0 && ids[0] != ids[1]);
+    csd_engine_cancel(e, ids[1]);
+    for (int i = 0; i < 3; i++) wait_done(&c[i]);
+    assert_int_equal(c[0].end, CSD_REQ_END_LENGTH);
+    assert_int_equal(c[1].end, CSD_REQ_END_LENGTH);
+    assert_int_equal(c[1].n, 100);
+    assert_int_equal(c[2].end, CSD_REQ_END_CANCELLED);
+    assert_false(c[3].done); /* never given: no callback */
+    assert_int_equal(csd_engine_submit_group(e, prompt, 4, p, 0, &cb, ctx, ids, &err), CSD_EINVAL);
+    csd_engine_destroy(e);
+}
+
 /* Runs prompt through e and waits: the tokens and how many prompt tokens came from the cache. */
 static void run_prompt(csd_engine *e, const int32_t *prompt, int n, collected *c) {
     csd_err err = {0};
@@ -286,6 +328,7 @@ int main(void) {
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_stop_eog_and_cancel),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_group_all_or_none),
         cmocka_unit_test(test_prefix_cache),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

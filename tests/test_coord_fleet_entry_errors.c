@@ -1,8 +1,9 @@
 /* A stage that refuses some requests of a batched step fails those alone, each with its own reason,
  * and the others' logits arrive. The stage is a fake one (tests/fake_stage.h) that refuses
- * requests 11 and 13 with different texts and answers 12. Through step_end with per-entry errors
- * each refused entry gets its own code and message (until stop 49 every refused entry got the
- * first refusal's text), the answered one none; without them the step fails with the first. */
+ * requests 11 and 13 with different codes and texts and answers 12. Through step_end with
+ * per-entry errors each refused entry gets its own code and message (until stop 49 every refused
+ * entry got the first refusal's text), the answered one none; without them the step fails with
+ * the first. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -14,7 +15,8 @@
 #define N_ENTRIES 3
 #define FIRST_REQ 11
 
-static const char *refuse_odd(uint32_t request_id) {
+static const char *refuse_odd(uint32_t request_id, int *code) {
+    *code = request_id == 11 ? CSD_ERANGE : CSD_ENOTFOUND;
     if (request_id == 11) return "request 11: position beyond this stage's context";
     if (request_id == 13) return "request 13 is not open on this stage";
     return NULL;
@@ -49,7 +51,7 @@ static void test_each_refused_entry_has_its_reason(void **state) {
     csd_err entry_err[N_ENTRIES], err = {0};
     memset(entry_err, 0x5a, sizeof entry_err); /* every entry must be written */
     assert_int_equal(p->ops->step_end(p, entry_err, &err), 0);
-    assert_int_equal(entry_err[0].code, CSD_ENOTFOUND);
+    assert_int_equal(entry_err[0].code, CSD_ERANGE);
     assert_non_null(strstr(entry_err[0].msg, "request 11: position beyond"));
     assert_int_equal(entry_err[1].code, 0);
     assert_string_equal(entry_err[1].msg, "");
@@ -72,7 +74,7 @@ static void test_without_entry_errors_the_step_fails(void **state) {
     float logits[N_ENTRIES * FAKE_STAGE_VOCAB];
     begin_step(p, logits);
     csd_err err = {0};
-    assert_int_equal(p->ops->step_end(p, NULL, &err), CSD_ENOTFOUND);
+    assert_int_equal(p->ops->step_end(p, NULL, &err), CSD_ERANGE);
     assert_non_null(strstr(err.msg, "request 11: position beyond")); /* the first refusal */
     fake_stage_done(p, &fs);
 }

@@ -387,6 +387,7 @@ int csd_cmd_serve(int argc, char **argv) {
     }
     if (g_stop_signal)
         fprintf(stderr, "cascadia serve: signal %d, shutting down\n", (int)g_stop_signal);
+    if (rc && err.code == CSD_ECANCELED && g_stop_signal) rc = 0; /* stopped while waiting */
     if (rc) csd_cli_error("serve", &err);
     /* reverse order: no new requests, then the engine ends what is left, then the model */
     csd_http_server_destroy(srv);

@@ -120,7 +120,8 @@ static void nap(const csd_cli_fleet *f, int ms) {
 /* Creates the fleet pipeline, trying again every second for f->wait_workers_s while the failure
  * is one a worker can outgrow: it starts after the coordinator (a service started in any order),
  * or it still serves a coordinator that died without closing its link (replaced once quiet for
- * 45 s). Says why it waits when it starts and every WAIT_REPORT_S after. */
+ * 45 s). Says why it waits when it starts and every WAIT_REPORT_S after. A stop request (f->stop)
+ * ends the wait with CSD_ECANCELED. */
 #define WAIT_REPORT_S 10
 static int connect_waiting(csd_cli_fleet *f, const csd_fleet_opts *o, int max_requests,
                            csd_pipeline **out, csd_err *err) {
@@ -130,6 +131,7 @@ static int connect_waiting(csd_cli_fleet *f, const csd_fleet_opts *o, int max_re
         int rc = csd_fleet_pipeline_create(out, o, f->model0, max_requests, err);
         uint64_t waited = csd_now_ns() - t0;
         if (!rc || !csd_cli_fleet_retryable(rc) || waited >= limit_ns || stopped(f)) {
+            if (rc && stopped(f)) break;
             if (rc && waited >= 1000000000ull)
                 csd_err_prefix(err, "after waiting %.0f s for the workers: ",
                                (double)waited * 1e-9);
@@ -141,7 +143,9 @@ static int connect_waiting(csd_cli_fleet *f, const csd_fleet_opts *o, int max_re
             next_report = waited + WAIT_REPORT_S * 1000000000ull;
         }
         nap(f, 1000);
+        if (stopped(f)) break;
     }
+    return csd_err_set(err, CSD_ECANCELED, "stopped waiting for the workers (a signal)");
 }
 
 int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_requests,

@@ -601,9 +601,9 @@ void csd_engine_destroy(csd_engine *e) {
     csd_free(e);
 }
 
-int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
-                      const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
-                      uint64_t *id, csd_err *err) {
+/* Checks what a request asks before anything is allocated for it. */
+static int check_request(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                         const csd_req_params *params, csd_err *err) {
     if (n_prompt <= 0) return csd_err_set(err, CSD_EINVAL, "empty prompt");
     if (n_prompt >= e->max_ctx)
         return csd_err_set(err, CSD_ERANGE,
@@ -616,6 +616,13 @@ int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->cfg.vocab_size)
             return csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary", prompt[i]);
+    return 0;
+}
+
+/* A request's state (its own copy of the prompt, a sampler that has seen it); NULL with err. */
+static req *req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                    const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
+                    csd_err *err) {
     req *r = csd_alloc(sizeof *r);
     int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
                : csd_err_set(err, CSD_ENOMEM, "request");
@@ -623,7 +630,7 @@ int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
         rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
     if (rc) {
         req_free(r);
-        return rc;
+        return NULL;
     }
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(r->sampler, prompt[i]);
@@ -632,28 +639,69 @@ int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     r->cb = *cb;
     r->ctx = ctx;
     r->t_submit = csd_now_ns();
-    pthread_mutex_lock(&e->mu);
+    return r;
+}
+
+/* Queues rs[0..n) together, or none of them (lock held): CSD_EFULL when the free slots and the
+ * queue cannot take all n. */
+static int enqueue_all(csd_engine *e, req **rs, int n, uint64_t *ids, csd_err *err) {
     int free_slots = e->stats.slots - e->stats.active;
-    if (e->stopping || e->queue_len >= e->opts.queue_max + (free_slots > 0 ? free_slots : 0)) {
-        e->stats.requests_rejected++;
-        pthread_mutex_unlock(&e->mu);
-        req_free(r);
+    if (e->stopping || e->queue_len + n > e->opts.queue_max + (free_slots > 0 ? free_slots : 0)) {
+        e->stats.requests_rejected += n;
         return csd_err_set(err, CSD_EFULL, "server is at capacity (%d slots, %d queued)",
                            e->stats.slots, e->opts.queue_max);
     }
-    r->id = e->next_id++;
-    if ((uint32_t)r->id == 0) r->id = e->next_id++; /* the wire's id 0 means no request */
-    if (e->queue_tail) e->queue_tail->next = r;
-    else e->queue_head = r;
-    e->queue_tail = r;
-    e->queue_len++;
-    e->stats.requests_total++;
-    e->stats.prompt_tokens_total += n_prompt;
+    for (int i = 0; i < n; i++) {
+        req *r = rs[i];
+        r->id = e->next_id++;
+        if ((uint32_t)r->id == 0) r->id = e->next_id++; /* the wire's id 0 means no request */
+        if (e->queue_tail) e->queue_tail->next = r;
+        else e->queue_head = r;
+        e->queue_tail = r;
+        e->queue_len++;
+        e->stats.requests_total++;
+        e->stats.prompt_tokens_total += r->n_prompt;
+        if (ids) ids[i] = r->id;
+    }
     e->stats.queue_depth = e->queue_len;
-    if (id) *id = r->id;
     pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
     return 0;
+}
+
+int csd_engine_submit_group(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                            const csd_req_params *params, int n, const csd_req_callbacks *cb,
+                            void *const *ctx, uint64_t *ids, csd_err *err) {
+    if (n < 1 || n > CSD_ENGINE_MAX_GROUP)
+        return csd_err_set(err, CSD_EINVAL, "a group of %d requests (1 to %d)", n,
+                           CSD_ENGINE_MAX_GROUP);
+    req *rs[CSD_ENGINE_MAX_GROUP] = {0};
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        rc = check_request(e, prompt, n_prompt, &params[i], err);
+        if (!rc && !(rs[i] = req_new(e, prompt, n_prompt, &params[i], cb, ctx[i], err)))
+            rc = err && err->code ? err->code : CSD_ENOMEM;
+    }
+    if (!rc) {
+        pthread_mutex_lock(&e->mu);
+        rc = enqueue_all(e, rs, n, ids, err);
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (rc)
+        for (int i = 0; i < n; i++) req_free(rs[i]);
+    return rc;
+}
+
+int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                      const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
+                      uint64_t *id, csd_err *err) {
+    return csd_engine_submit_group(e, prompt, n_prompt, params, 1, cb, &ctx, id, err);
+}
+
+int csd_engine_capacity(csd_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    int n = e->stats.slots + e->opts.queue_max;
+    pthread_mutex_unlock(&e->mu);
+    return n;
 }
 
 /* Takes request id out of the queue (lock held); NULL when it is not queued. */

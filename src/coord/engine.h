@@ -103,6 +103,16 @@ void csd_engine_destroy(csd_engine *e);
 int csd_engine_submit(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
                       const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
                       uint64_t *id, csd_err *err);
+/* Requests submitted together (OpenAI's n): the same prompt, params[i] and ctx[i] for request i,
+ * queued all or none (CSD_EFULL), so that a group never holds slots it cannot complete; ids[i]
+ * identifies request i for cancel. n is 1..CSD_ENGINE_MAX_GROUP. */
+#define CSD_ENGINE_MAX_GROUP 16
+int csd_engine_submit_group(csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                            const csd_req_params *params, int n, const csd_req_callbacks *cb,
+                            void *const *ctx, uint64_t *ids, csd_err *err);
+/* Requests the engine holds at once: its slots and its queue. A group larger than this can never
+ * be queued. */
+int csd_engine_capacity(csd_engine *e);
 /* Asks the engine to stop a request; on_done(CANCELLED) follows (unless it already ended). For a
  * request still in the queue it is called at once, from this call: the caller must not hold a
  * lock that its on_done takes. */

@@ -194,6 +194,11 @@ static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
     pthread_mutex_unlock(&f->mu);
 }
 
+/* A worker's ERROR code as ours: one of our negative codes, else a protocol error. */
+static int known_code(int code) {
+    return code < 0 && strcmp(csd_err_name(code), "CSD_E?") != 0 ? code : CSD_EPROTO;
+}
+
 static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *data) {
     csd_wire_error e;
     csd_err err = {0};
@@ -214,7 +219,7 @@ static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *
     if (s) { /* the stage refused this request alone and went on with the step's others */
         snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "stage at %s: %s",
                  f->opts.addrs[index], e.text);
-        s->entry_rc[entry] = e.code < 0 ? e.code : CSD_EPROTO;
+        s->entry_rc[entry] = known_code(e.code);
         s->resolved[entry] = true;
         s->n_resolved++;
         pthread_cond_broadcast(&f->cv);
@@ -309,8 +314,7 @@ static int connect_stage(fleet *f, int i, double *rtt, csd_err *err) {
     if (!rc && h.type == CSD_WIRE_ERROR) { /* e.g. it serves another coordinator */
         csd_wire_error e;
         if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
-            rc = csd_err_set(err, e.code < 0 ? e.code : CSD_EPROTO, "stage at %s: %s",
-                             o->addrs[i], e.text);
+            rc = csd_err_set(err, known_code(e.code), "stage at %s: %s", o->addrs[i], e.text);
         else
             rc = CSD_EPROTO;
     } else if (!rc && h.type != CSD_WIRE_PONG) {
@@ -337,10 +341,10 @@ static int route_stage(fleet *f, int i, csd_err *err) {
         csd_wire_error e;
         if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
             /* the worker's own code: a next stage not listening yet is worth retrying, another
-             * export's is not (csd_cli_fleet_retryable) */
-            rc = csd_err_set(err, e.code < 0 ? e.code : CSD_EPROTO,
-                             "stage at %s could not connect to the next stage: %s", o->addrs[i],
-                             e.text);
+             * export's is not (csd_cli_fleet_retryable); a code we do not know is a protocol
+             * error */
+            rc = csd_err_set(err, known_code(e.code), "stage at %s could not connect to %s: %s",
+                             o->addrs[i], o->addrs[i + 1], e.text);
         else
             rc = CSD_EPROTO;
     } else if (!rc && h.type != CSD_WIRE_PONG) {

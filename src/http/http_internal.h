@@ -71,7 +71,10 @@ struct csd_http_job {
     size_t out_sent;
     int n_done;       /* submitted choices finished */
     bool done;        /* every submitted choice finished */
-    bool cancelled;   /* a choice ended cancelled (the client left or the server stops) */
+    bool failed;      /* a choice ended in an error: the others are stopped, the answer is it */
+    bool others_stopped; /* ... and the connection thread has cancelled them */
+    bool cancelled;   /* a choice ended cancelled, not for a failed one (the client left, the
+                       * server stops) */
 };
 
 /* Creates a job for a parsed request, with req->n choices (refs = 1, the connection's). */

@@ -345,14 +345,12 @@ static void emit_usage(csd_http_job *j) {
 
 /* A stream's events for a choice that ended, and the end of the stream after the last. mu held. */
 static void stream_choice_end(csd_http_job *j, const csd_http_choice *ch) {
-    bool failed = false;
     if (ch->res.end == CSD_REQ_END_ERROR)
         emit_failure(j, &ch->res);
     else if (ch->res.end != CSD_REQ_END_CANCELLED)
         emit_choice(j, ch->index, NULL, 0, NULL, finish_name(ch->res.end), false);
     if (j->n_done < j->n_submitted || j->cancelled) return;
-    for (int i = 0; i < j->n_submitted; i++) failed |= j->choices[i].res.end == CSD_REQ_END_ERROR;
-    if (j->include_usage && !failed) emit_usage(j);
+    if (j->include_usage && !j->failed) emit_usage(j);
     csd_http_buf_append(&j->out, "data: [DONE]\n\n", 14);
 }
 
@@ -372,7 +370,8 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
     ch->res = *res;
     ch->done = true;
     j->n_done++;
-    if (res->end == CSD_REQ_END_CANCELLED) j->cancelled = true;
+    if (res->end == CSD_REQ_END_ERROR) j->failed = true;
+    else if (res->end == CSD_REQ_END_CANCELLED && !j->failed) j->cancelled = true;
     if (j->stream) stream_choice_end(j, ch);
     j->done = j->n_done == j->n_submitted;
     pthread_cond_broadcast(&j->cv);
@@ -405,6 +404,16 @@ void csd_http_job_cancel(csd_http_job *j) {
     for (int i = 0; i < j->n_submitted; i++) csd_engine_cancel(j->engine, j->choices[i].engine_id);
 }
 
+/* mu held: once a choice has failed, the answer is that error: the other choices are stopped
+ * rather than left to run to their end for nothing. */
+static void stop_others(csd_http_job *j) {
+    if (!j->failed || j->others_stopped || j->done) return;
+    j->others_stopped = true;
+    pthread_mutex_unlock(&j->mu);
+    csd_http_job_cancel(j); /* the finished ones are no longer known to the engine: no-ops */
+    pthread_mutex_lock(&j->mu);
+}
+
 /* mu held: is it time to give up on this request? Cancels it when so. */
 static bool abandon(csd_http_job *j, int fd, const atomic_int *stopping) {
     if (!atomic_load(stopping) && !client_gone(fd)) return false;
@@ -424,7 +433,8 @@ bool csd_http_job_wait(csd_http_job *j, int fd, const atomic_int *stopping) {
             pthread_mutex_unlock(&j->mu);
             return false;
         }
-        wait_a_bit(j);
+        stop_others(j);
+        if (!j->done) wait_a_bit(j);
     }
     pthread_mutex_unlock(&j->mu);
     return true;
@@ -447,7 +457,8 @@ ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
             pthread_mutex_unlock(&j->mu);
             return -1;
         }
-        wait_a_bit(j);
+        stop_others(j);
+        if (!j->done && j->out_sent == j->out.len) wait_a_bit(j);
     }
     bool clean = !j->cancelled;
     pthread_mutex_unlock(&j->mu);
@@ -468,13 +479,16 @@ static json_t *choice_json(const csd_http_job *j, const csd_http_choice *ch) {
                      ch->lp ? ch->lp : json_null(), "finish_reason", finish);
 }
 
-/* The first choice that failed or was cancelled, or NULL. mu held. */
+/* The choice that makes the answer an error, or NULL: one that failed (the others were then
+ * stopped), else one that was cancelled. mu held. */
 static const csd_http_choice *failed_choice(const csd_http_job *j) {
-    for (int i = 0; i < j->n_submitted; i++)
-        if (j->choices[i].res.end == CSD_REQ_END_ERROR ||
-            j->choices[i].res.end == CSD_REQ_END_CANCELLED)
-            return &j->choices[i];
-    return NULL;
+    const csd_http_choice *cancelled = NULL;
+    for (int i = 0; i < j->n_submitted; i++) {
+        if (j->choices[i].res.end == CSD_REQ_END_ERROR) return &j->choices[i];
+        if (j->choices[i].res.end == CSD_REQ_END_CANCELLED && !cancelled)
+            cancelled = &j->choices[i];
+    }
+    return cancelled;
 }
 
 char *csd_http_job_response(csd_http_job *j, int *status) {

@@ -485,35 +485,35 @@ static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connectio
     return ret;
 }
 
-/* Gives every choice of j to the engine, the same prompt each; choice i samples with seed + i when
- * the request set one (each choice reproducible, and no two alike), else with a fresh seed. All or
- * nothing: when one cannot be queued (every slot and the queue full), those already given are
- * cancelled, and the error is returned. */
+/* Gives every choice of j to the engine, the same prompt each, all or none (a choice never holds a
+ * slot while its siblings cannot get one). Choice i samples with seed + i when the request set one
+ * (each choice reproducible, and no two alike), else with a fresh seed. */
 static int submit_choices(csd_engine *engine, csd_http_job *j, const int32_t *ids, int64_t n_ids,
                           const csd_req_params *base, bool has_seed, csd_err *err) {
     static atomic_ullong counter;
     csd_req_callbacks cb = {csd_http_job_on_token, csd_http_job_on_done};
-    /* the choices are not shared yet (no lock needed); counted before the first can finish */
-    j->n_submitted = j->n_choices;
-    j->refs += j->n_choices; /* the engine's references, one dropped by each on_done */
+    csd_req_params rp[CSD_HTTP_MAX_N];
+    void *ctx[CSD_HTTP_MAX_N];
+    uint64_t engine_ids[CSD_HTTP_MAX_N];
     for (int i = 0; i < j->n_choices; i++) {
-        csd_req_params rp = *base;
+        rp[i] = *base;
         uint64_t k = atomic_fetch_add(&counter, 1);
         /* a fresh seed per choice without one in the request, as OpenAI */
-        rp.sampling.seed = has_seed ? base->sampling.seed + (uint64_t)i
-                                    : csd_now_ns() ^ (k * 0x9e3779b97f4a7c15ull);
-        int rc = csd_engine_submit(engine, ids, n_ids, &rp, &cb, &j->choices[i],
-                                   &j->choices[i].engine_id, err);
-        if (rc) {
-            pthread_mutex_lock(&j->mu);
-            j->n_submitted = i;
-            j->refs -= j->n_choices - i;
-            j->done = j->n_done == i;
-            pthread_mutex_unlock(&j->mu);
-            csd_http_job_cancel(j);
-            return rc;
-        }
+        rp[i].sampling.seed = has_seed ? base->sampling.seed + (uint64_t)i
+                                       : csd_now_ns() ^ (k * 0x9e3779b97f4a7c15ull);
+        ctx[i] = &j->choices[i];
     }
+    /* the job is not shared yet (no lock needed); counted before the first choice can finish */
+    j->n_submitted = j->n_choices;
+    j->refs += j->n_choices; /* the engine's references, one dropped by each on_done */
+    int rc = csd_engine_submit_group(engine, ids, n_ids, rp, j->n_choices, &cb, ctx, engine_ids,
+                                     err);
+    if (rc) { /* none was queued: no callback will come */
+        j->n_submitted = 0;
+        j->refs -= j->n_choices;
+        return rc;
+    }
+    for (int i = 0; i < j->n_choices; i++) j->choices[i].engine_id = engine_ids[i];
     return 0;
 }
 
@@ -581,6 +581,14 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     csd_free(echo);
     if (rc) {
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
+        goto done;
+    }
+    if (req.n > csd_engine_capacity(engine)) { /* a 429 would say retry: it never fits */
+        csd_http_error_set(&e, 400, NULL, "n", "invalid_value",
+                           "'n' is %d, but this server holds at most %d requests at once "
+                           "(slots and queue)",
+                           req.n, csd_engine_capacity(engine));
+        ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }
     csd_err err = {0};
