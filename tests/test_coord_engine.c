@@ -202,15 +202,22 @@ static void test_stop_eog_and_cancel(void **state) {
     csd_engine_destroy(e);
 }
 
-static void test_refusals(void **state) {
-    fixture *f = *state;
+/* An engine over the fixture's pipeline with one slot and queue_max queue places. */
+static csd_engine *one_slot_engine(fixture *f, int queue_max) {
     csd_engine *e = NULL;
     csd_engine_opts o;
     csd_engine_opts_default(&o);
     o.parallel = 1;
-    o.queue_max = 1;
+    o.queue_max = queue_max;
     csd_err err = {0};
     assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    return e;
+}
+
+static void test_refusals(void **state) {
+    fixture *f = *state;
+    csd_engine *e = one_slot_engine(f, 1);
+    csd_err err = {0};
     csd_req_callbacks cb = {on_token, on_done};
     int32_t prompt[200];
     for (int i = 0; i < 200; i++) prompt[i] = 5;
@@ -237,13 +244,8 @@ static void test_refusals(void **state) {
  * be cancelled alone). */
 static void test_group_all_or_none(void **state) {
     fixture *f = *state;
-    csd_engine *e = NULL;
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 1;
-    o.queue_max = 2;
+    csd_engine *e = one_slot_engine(f, 2);
     csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
     assert_int_equal(csd_engine_capacity(e), 3);
     csd_req_callbacks cb = {on_token, on_done};
     int32_t prompt[4] = {5, 6, 7, 8};
