@@ -199,6 +199,36 @@ got = post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4, "t
 assert got["choices"][0]["text"].strip() == want, (got, want)
 PY
 echo "ok: logit_bias forces a token through the fleet"; passed=$((passed + 1))
+# n choices through the fleet: each equals its seed alone, and at least one copies its leader's
+# prompt on the stages (COPY_PREFIX) instead of computing it (the first replica to look admits
+# two of the three)
+/usr/bin/python3 - "http://127.0.0.1:$port" <<'PY' || fail "n choices through the fleet"
+import json, sys, urllib.request
+def post(path, body):
+    req = urllib.request.Request(sys.argv[1] + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+def copied():
+    with urllib.request.urlopen(sys.argv[1] + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("cascadia_prefix_cache_tokens_total "):
+                return int(float(line.split()[1]))
+prompt = "Three little foxes ran over the green hill, and one of them said to the others"
+n_prompt = post("/tokenize", {"prompt": prompt})["count"]
+assert n_prompt > 17, n_prompt
+base = {"prompt": prompt, "max_tokens": 8, "temperature": 0.9, "seed": 11}
+before = copied()
+group = post("/v1/completions", dict(base, n=3))
+shared = copied() - before
+for i in range(3):
+    alone = post("/v1/completions", dict(base, seed=11 + i))
+    assert group["choices"][i]["text"] == alone["choices"][0]["text"], (i, group, alone)
+assert shared >= n_prompt - 1, (shared, n_prompt)
+print("shared", shared, "of", 2 * (n_prompt - 1), "prompt positions")
+PY
+echo "ok: n choices through the fleet equal their seeds alone; a choice copied its leader's prompt"
+passed=$((passed + 1))
 # different prompts and seeds, sampled: each alone, then all at once (batched with each other in
 # every stage): a user's answer never depends on who else is served
 ask() { curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \

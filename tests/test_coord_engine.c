@@ -274,6 +274,52 @@ static void test_group_all_or_none(void **state) {
     csd_engine_destroy(e);
 }
 
+/* Runs a group of n (parallel n, no prefix cache) of one prompt, params[i] each, to the end. */
+static void run_group(fixture *f, const int32_t *prompt, int n_prompt, const csd_req_params *p,
+                      int n, collected *c, csd_engine_stats *st) {
+    csd_engine *e = NULL;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = n;
+    o.prefix_cache = 0;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    csd_req_callbacks cb = {on_token, on_done};
+    void *ctx[3];
+    for (int i = 0; i < n; i++) {
+        collected_init(&c[i]);
+        ctx[i] = &c[i];
+    }
+    assert_int_equal(csd_engine_submit_group(e, prompt, n_prompt, p, n, &cb, ctx, NULL, &err), 0);
+    for (int i = 0; i < n; i++) wait_done(&c[i]);
+    csd_engine_get_stats(e, st);
+    csd_engine_destroy(e);
+}
+
+/* A group's members copy their leader's prompt KV instead of computing it (every position but
+ * the last), and each still gives the tokens it gives alone. */
+static void test_group_shares_prompt(void **state) {
+    fixture *f = *state;
+    int32_t prompt[24];
+    for (int k = 0; k < 24; k++) prompt[k] = (int32_t)(1 + (k * 11) % 290);
+    csd_req_params p[3] = {params_for(1, 12), params_for(3, 12), params_for(5, 12)}; /* sampled */
+    collected alone[3], grouped[3];
+    csd_engine_stats st;
+    for (int i = 0; i < 3; i++) {
+        run_group(f, prompt, 24, &p[i], 1, &alone[i], &st);
+        assert_int_equal(st.prefix_tokens, 0);
+    }
+    run_group(f, prompt, 24, p, 3, grouped, &st);
+    assert_int_equal(st.prefix_hits, 2);
+    assert_int_equal(st.prefix_tokens, 2 * 23);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(grouped[i].n, 12);
+        assert_memory_equal(grouped[i].ids, alone[i].ids, 12 * sizeof(int32_t));
+        assert_int_equal(grouped[i].cached_tokens, i ? 23 : 0);
+    }
+    assert_memory_not_equal(alone[0].ids, alone[1].ids, 12 * sizeof(int32_t)); /* seeds matter */
+}
+
 /* Runs prompt through e and waits: the tokens and how many prompt tokens came from the cache. */
 static void run_prompt(csd_engine *e, const int32_t *prompt, int n, collected *c) {
     csd_err err = {0};
@@ -331,6 +377,7 @@ int main(void) {
         cmocka_unit_test(test_stop_eog_and_cancel),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_group_all_or_none),
+        cmocka_unit_test(test_group_shares_prompt),
         cmocka_unit_test(test_prefix_cache),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
