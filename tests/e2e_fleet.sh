@@ -184,25 +184,10 @@ for i in $(seq 1 8); do
 done
 echo "ok: 8 concurrent requests over 2 replicas, identical answers"; passed=$((passed + 1))
 grep -q "2 micro-batch(es) in flight (--micro-batches)" "$WORK/serve.log" || fail "--micro-batches 2 not applied"
-# greedy with a logit_bias: the last stage must send the logits back, not its own argmax
-/usr/bin/python3 - "http://127.0.0.1:$port" <<'PY' || fail "logit_bias through the fleet"
-import json, sys, urllib.request
-def post(path, body):
-    req = urllib.request.Request(sys.argv[1] + path, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        return json.load(r)
-forced = post("/tokenize", {"content": " time"})["tokens"][-1]
-want = post("/detokenize", {"tokens": [forced] * 4})["content"].strip()
-got = post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
-                               "ignore_eos": True, "logit_bias": {str(forced): 100}})
-assert got["choices"][0]["text"].strip() == want, (got, want)
-PY
-echo "ok: logit_bias forces a token through the fleet"; passed=$((passed + 1))
-# n choices through the fleet: each equals its seed alone, and at least one copies its leader's
-# prompt on the stages (COPY_PREFIX) instead of computing it (the first replica to look admits
-# two of the three)
-/usr/bin/python3 - "http://127.0.0.1:$port" <<'PY' || fail "n choices through the fleet"
+# greedy with a logit_bias: the last stage must send the logits back, not its own argmax. Then n
+# choices: each equals its seed alone, and at least one copies its leader's prompt on the stages
+# (COPY_PREFIX) instead of computing it (the first replica to look admits two of the three).
+/usr/bin/python3 - "http://127.0.0.1:$port" <<'PY' || fail "logit_bias or n choices through the fleet"
 import json, sys, urllib.request
 def post(path, body):
     req = urllib.request.Request(sys.argv[1] + path, data=json.dumps(body).encode(),
@@ -214,6 +199,12 @@ def copied():
         for line in r.read().decode().splitlines():
             if line.startswith("cascadia_prefix_cache_tokens_total "):
                 return int(float(line.split()[1]))
+forced = post("/tokenize", {"content": " time"})["tokens"][-1]
+want = post("/detokenize", {"tokens": [forced] * 4})["content"].strip()
+got = post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0,
+                               "ignore_eos": True, "logit_bias": {str(forced): 100}})
+assert got["choices"][0]["text"].strip() == want, (got, want)
+print("ok: logit_bias forces a token through the fleet")
 prompt = "Three little foxes ran over the green hill, and one of them said to the others"
 n_prompt = post("/tokenize", {"prompt": prompt})["count"]
 assert n_prompt > 17, n_prompt
@@ -225,10 +216,10 @@ for i in range(3):
     alone = post("/v1/completions", dict(base, seed=11 + i))
     assert group["choices"][i]["text"] == alone["choices"][0]["text"], (i, group, alone)
 assert shared >= n_prompt - 1, (shared, n_prompt)
-print("shared", shared, "of", 2 * (n_prompt - 1), "prompt positions")
+print("ok: n choices through the fleet equal their seeds alone; %d of %d prompt positions copied"
+      % (shared, 2 * (n_prompt - 1)))
 PY
-echo "ok: n choices through the fleet equal their seeds alone; a choice copied its leader's prompt"
-passed=$((passed + 1))
+passed=$((passed + 2))
 # different prompts and seeds, sampled: each alone, then all at once (batched with each other in
 # every stage): a user's answer never depends on who else is served
 ask() { curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
