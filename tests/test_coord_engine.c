@@ -274,7 +274,8 @@ static void test_group_all_or_none(void **state) {
     csd_engine_destroy(e);
 }
 
-/* Runs a group of n (parallel n, no prefix cache) of one prompt, params[i] each, to the end. */
+/* Runs a group of n (parallel n, no prefix cache, prompts in chunks of 5 tokens so that the
+ * members wait over several steps) of one prompt, params[i] each, to the end. */
 static void run_group(fixture *f, const int32_t *prompt, int n_prompt, const csd_req_params *p,
                       int n, collected *c, csd_engine_stats *st) {
     csd_engine *e = NULL;
@@ -282,6 +283,7 @@ static void run_group(fixture *f, const int32_t *prompt, int n_prompt, const csd
     csd_engine_opts_default(&o);
     o.parallel = n;
     o.prefix_cache = 0;
+    o.prefill_chunk = 5;
     csd_err err = {0};
     assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
     csd_req_callbacks cb = {on_token, on_done};

@@ -39,8 +39,9 @@ typedef struct req {
     int64_t n_sent;           /* prompt tokens sent in steps (>= n_prefilled) */
     int fail_code;            /* a step failed it: finish once no step carries it any more */
     char fail_msg[CSD_ERR_MSG_MAX];
-    int64_t cached_tokens;    /* prompt positions copied from the prefix cache or the leader */
-    uint64_t leader;          /* a group's first request, whose prompt KV this one copies; 0 */
+    int64_t cached_tokens;    /* prompt positions copied from the prefix cache or the group */
+    uint64_t group;           /* requests submitted together share it (their first one's id) and
+                               * their prompt; 0: alone */
     atomic_bool cancel;
     uint64_t t_submit, t_admit, t_first, t_last;
 } req;
@@ -242,20 +243,23 @@ static void reuse_prefix(worker *w, req *r) {
     pthread_mutex_unlock(&e->mu);
 }
 
-/* The active request on this worker that leads r's group (submitted together with the same
- * prompt), when r can copy its prompt KV from it; NULL otherwise (no leader, the leader runs on
- * another pipeline or has ended, or the prompt is too short to be worth it). */
+/* The member of r's group (submitted together, the same prompt) that r copies its prompt KV
+ * from: the first one this worker opened that is still healthy. NULL when there is none here
+ * (r is the first, the others run on another pipeline or have ended) or the prompt is too short
+ * to be worth it. */
 static req *group_leader(worker *w, const req *r) {
-    if (!r->leader || r->n_prompt - 1 < w->e->opts.prefix_min || !w->pipe->ops->copy_prefix)
+    if (!r->group || r->n_prompt - 1 < w->e->opts.prefix_min || !w->pipe->ops->copy_prefix)
         return NULL;
     for (req *l = w->active; l; l = l->next)
-        if (l->id == r->leader && l->opened && !l->fail_code && !atomic_load(&l->cancel)) return l;
+        if (l != r && l->group == r->group && l->opened && !l->fail_code &&
+            !atomic_load(&l->cancel))
+            return l;
     return NULL;
 }
 
-/* Starts r from its leader's prompt KV: every position but the last, which r computes itself for
- * its first logits. The leader must have computed those positions. Returns false when the copy
- * failed (r then computes its prompt). */
+/* Starts r from a group member's prompt KV (lead, from group_leader): every position but the last,
+ * which r computes itself for its first logits. lead must hold those positions. Returns false
+ * when the copy failed (r then computes its prompt). */
 static bool copy_from_leader(worker *w, req *r, const req *lead) {
     int64_t n = r->n_prompt - 1;
     csd_err err = {0};
@@ -331,7 +335,7 @@ static void prepare_requests(worker *w) {
             continue;
         }
         if (!r->opened) {
-            /* a group member waits for its leader's prompt instead of computing it again */
+            /* a group member waits for another's prompt instead of computing it again */
             req *lead = group_leader(w, r);
             if (lead && lead->n_prefilled < r->n_prompt - 1) continue;
             csd_err err = {0};
@@ -697,7 +701,7 @@ static int enqueue_all(csd_engine *e, req **rs, int n, uint64_t *ids, csd_err *e
         e->stats.requests_total++;
         e->stats.prompt_tokens_total += r->n_prompt;
         if (ids) ids[i] = r->id;
-        if (i > 0) r->leader = rs[0]->id; /* the same prompt: the others copy the first's KV */
+        if (n > 1) r->group = rs[0]->id; /* the same prompt: members copy each other's KV */
     }
     e->stats.queue_depth = e->queue_len;
     pthread_cond_broadcast(&e->cv);

@@ -262,10 +262,11 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
     metric(b, "cascadia_slots", "gauge", "Request slots over all pipelines.", "cascadia_slots %d\n",
            st->slots);
     metric(b, "cascadia_prefix_cache_hits_total", "counter",
-           "Requests that started from a cached prompt prefix instead of recomputing it.",
+           "Requests that started from a cached prompt prefix, or from another choice's prompt "
+           "(n), instead of recomputing it.",
            "cascadia_prefix_cache_hits_total %lld\n", (long long)st->prefix_hits);
     metric(b, "cascadia_prefix_cache_tokens_total", "counter",
-           "Prompt tokens reused from the prefix cache (not recomputed).",
+           "Prompt tokens reused from the prefix cache or another choice (not recomputed).",
            "cascadia_prefix_cache_tokens_total %lld\n", (long long)st->prefix_tokens);
     metric(b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
            "cascadia_prefix_cache_entries %d\n", st->prefix_entries);
