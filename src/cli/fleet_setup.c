@@ -127,12 +127,12 @@ static int connect_waiting(csd_cli_fleet *f, const csd_fleet_opts *o, int max_re
                            csd_pipeline **out, csd_err *err) {
     int wait_s = f->wait_workers_s > 0 ? f->wait_workers_s : 0;
     uint64_t t0 = csd_now_ns(), limit_ns = (uint64_t)wait_s * 1000000000ull, next_report = 0;
-    for (;;) {
+    while (!stopped(f)) {
         int rc = csd_fleet_pipeline_create(out, o, f->model0, max_requests, err);
+        if (!rc || !csd_cli_fleet_retryable(rc)) return rc;
         uint64_t waited = csd_now_ns() - t0;
-        if (!rc || !csd_cli_fleet_retryable(rc) || waited >= limit_ns || stopped(f)) {
-            if (rc && stopped(f)) break;
-            if (rc && waited >= 1000000000ull)
+        if (waited >= limit_ns) {
+            if (waited >= 1000000000ull)
                 csd_err_prefix(err, "after waiting %.0f s for the workers: ",
                                (double)waited * 1e-9);
             return rc;
@@ -143,7 +143,6 @@ static int connect_waiting(csd_cli_fleet *f, const csd_fleet_opts *o, int max_re
             next_report = waited + WAIT_REPORT_S * 1000000000ull;
         }
         nap(f, 1000);
-        if (stopped(f)) break;
     }
     return csd_err_set(err, CSD_ECANCELED, "stopped waiting for the workers (a signal)");
 }

@@ -212,6 +212,17 @@ static void drop_cache_after_reconnect(worker *w) {
     w->epoch = now;
 }
 
+/* r's first n prompt positions were copied into its KV: it computes only the rest. */
+static void start_after_copy(worker *w, req *r, int64_t n) {
+    r->n_prefilled = n;
+    r->n_sent = n;
+    r->cached_tokens = n;
+    pthread_mutex_lock(&w->e->mu);
+    w->e->stats.prefix_hits++;
+    w->e->stats.prefix_tokens += n;
+    pthread_mutex_unlock(&w->e->mu);
+}
+
 /* Starts a new request from the longest cached prefix it shares (at least prefix_min tokens,
  * and never the whole prompt: the last token must run to give the first logits). */
 static void reuse_prefix(worker *w, req *r) {
@@ -234,13 +245,7 @@ static void reuse_prefix(worker *w, req *r) {
         return;
     }
     best->last_used = csd_now_ns();
-    r->n_prefilled = best_n;
-    r->n_sent = best_n;
-    r->cached_tokens = best_n;
-    pthread_mutex_lock(&e->mu);
-    e->stats.prefix_hits++;
-    e->stats.prefix_tokens += best_n;
-    pthread_mutex_unlock(&e->mu);
+    start_after_copy(w, r, best_n);
 }
 
 /* The member of r's group (submitted together, the same prompt) that r copies its prompt KV
@@ -267,13 +272,7 @@ static bool copy_from_leader(worker *w, req *r, const req *lead) {
         CSD_LOGW("group: prompt copy failed, computing it instead: %s", err.msg);
         return false;
     }
-    r->n_prefilled = n;
-    r->n_sent = n;
-    r->cached_tokens = n;
-    pthread_mutex_lock(&w->e->mu);
-    w->e->stats.prefix_hits++;
-    w->e->stats.prefix_tokens += n;
-    pthread_mutex_unlock(&w->e->mu);
+    start_after_copy(w, r, n);
     return true;
 }
 
@@ -658,10 +657,10 @@ static int check_request(const csd_engine *e, const int32_t *prompt, int64_t n_p
     return 0;
 }
 
-/* A request's state (its own copy of the prompt, a sampler that has seen it); NULL with err. */
-static req *req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
-                    const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
-                    csd_err *err) {
+/* A request's state (its own copy of the prompt, a sampler that has seen it) into *out. */
+static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
+                   const csd_req_params *params, const csd_req_callbacks *cb, void *ctx,
+                   req **out, csd_err *err) {
     req *r = csd_alloc(sizeof *r);
     int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
                : csd_err_set(err, CSD_ENOMEM, "request");
@@ -669,7 +668,7 @@ static req *req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt
         rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
     if (rc) {
         req_free(r);
-        return NULL;
+        return rc;
     }
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(r->sampler, prompt[i]);
@@ -678,7 +677,8 @@ static req *req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt
     r->cb = *cb;
     r->ctx = ctx;
     r->t_submit = csd_now_ns();
-    return r;
+    *out = r;
+    return 0;
 }
 
 /* Queues rs[0..n) together, or none of them (lock held): CSD_EFULL when the free slots and the
@@ -718,8 +718,7 @@ int csd_engine_submit_group(csd_engine *e, const int32_t *prompt, int64_t n_prom
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
         rc = check_request(e, prompt, n_prompt, &params[i], err);
-        if (!rc && !(rs[i] = req_new(e, prompt, n_prompt, &params[i], cb, ctx[i], err)))
-            rc = err && err->code ? err->code : CSD_ENOMEM;
+        if (!rc) rc = req_new(e, prompt, n_prompt, &params[i], cb, ctx[i], &rs[i], err);
     }
     if (!rc) {
         pthread_mutex_lock(&e->mu);

@@ -194,11 +194,6 @@ static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
     pthread_mutex_unlock(&f->mu);
 }
 
-/* A worker's ERROR code as ours: one of our negative codes, else a protocol error. */
-static int known_code(int code) {
-    return code < 0 && strcmp(csd_err_name(code), "CSD_E?") != 0 ? code : CSD_EPROTO;
-}
-
 static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *data) {
     csd_wire_error e;
     csd_err err = {0};
@@ -219,7 +214,7 @@ static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *
     if (s) { /* the stage refused this request alone and went on with the step's others */
         snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "stage at %s: %s",
                  f->opts.addrs[index], e.text);
-        s->entry_rc[entry] = known_code(e.code);
+        s->entry_rc[entry] = csd_err_from_peer(e.code);
         s->resolved[entry] = true;
         s->n_resolved++;
         pthread_cond_broadcast(&f->cv);
@@ -283,6 +278,16 @@ static int send_simple(csd_conn *c, int type, uint32_t req, const uint8_t *paylo
     return csd_conn_send(c, &h, payload, len, err);
 }
 
+/* A stage's answer of ERROR (h, buf) while connecting, as our error: "stage at ADDR<what>: text"
+ * with the worker's own code, so that a stage not up yet is worth retrying and another export's
+ * is not (csd_cli_fleet_retryable). */
+static int stage_refused(const char *addr, const char *what, const csd_netbuf *buf,
+                         const csd_wire_hdr *h, csd_err *err) {
+    csd_wire_error e;
+    if (csd_wire_decode_error(buf->data, h->payload_len, &e, err)) return CSD_EPROTO;
+    return csd_err_set(err, csd_err_from_peer(e.code), "stage at %s%s: %s", addr, what, e.text);
+}
+
 /* Connects stage i, checks who it is (handshake), and adds one PING round trip to *rtt. */
 static int connect_stage(fleet *f, int i, double *rtt, csd_err *err) {
     const csd_fleet_opts *o = &f->opts;
@@ -312,11 +317,7 @@ static int connect_stage(fleet *f, int i, double *rtt, csd_err *err) {
         rc = csd_conn_recv(f->conns[i], &h, &buf,
                            o->link.timeout_ms > 0 ? o->link.timeout_ms : 10000, err);
     if (!rc && h.type == CSD_WIRE_ERROR) { /* e.g. it serves another coordinator */
-        csd_wire_error e;
-        if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
-            rc = csd_err_set(err, known_code(e.code), "stage at %s: %s", o->addrs[i], e.text);
-        else
-            rc = CSD_EPROTO;
+        rc = stage_refused(o->addrs[i], "", &buf, &h, err);
     } else if (!rc && h.type != CSD_WIRE_PONG) {
         rc = csd_err_set(err, CSD_EPROTO, "stage at %s did not answer PING", o->addrs[i]);
     }
@@ -338,15 +339,9 @@ static int route_stage(fleet *f, int i, csd_err *err) {
     csd_wire_hdr h;
     if (!rc) rc = csd_conn_recv(f->conns[i], &h, &buf, 30000, err);
     if (!rc && h.type == CSD_WIRE_ERROR) {
-        csd_wire_error e;
-        if (csd_wire_decode_error(buf.data, h.payload_len, &e, err) == 0)
-            /* the worker's own code: a next stage not listening yet is worth retrying, another
-             * export's is not (csd_cli_fleet_retryable); a code we do not know is a protocol
-             * error */
-            rc = csd_err_set(err, known_code(e.code), "stage at %s could not connect to %s: %s",
-                             o->addrs[i], o->addrs[i + 1], e.text);
-        else
-            rc = CSD_EPROTO;
+        char what[CSD_WIRE_MAX_ROUTE + 32];
+        snprintf(what, sizeof what, " could not connect to %s", o->addrs[i + 1]);
+        rc = stage_refused(o->addrs[i], what, &buf, &h, err);
     } else if (!rc && h.type != CSD_WIRE_PONG) {
         rc = csd_err_set(err, CSD_EPROTO, "stage at %s answered ROUTE with message type %u",
                          o->addrs[i], (unsigned)h.type);

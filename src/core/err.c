@@ -26,6 +26,16 @@ const char *csd_err_name(int code) {
     return "CSD_E?";
 }
 
+int csd_err_from_peer(int code) {
+    switch (code) {
+#define CSD_ERR_KNOWN(name, value, text) \
+    case value: return code;
+        CSD_ERR_TABLE(CSD_ERR_KNOWN)
+#undef CSD_ERR_KNOWN
+    }
+    return CSD_EPROTO;
+}
+
 int csd_err_set(csd_err *err, int code, const char *fmt, ...) {
     if (err) {
         va_list ap;

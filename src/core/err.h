@@ -42,6 +42,8 @@ typedef struct csd_err {
 const char *csd_strerror(int code);
 /* The symbolic name of a code ("CSD_EFORMAT"); never NULL. */
 const char *csd_err_name(int code);
+/* A code a peer sent (an ERROR frame): one of ours as it is, anything else CSD_EPROTO. */
+int csd_err_from_peer(int code);
 
 /* Records code and a formatted message into err (err may be NULL) and returns code, so callers can
  * write `return csd_err_set(err, CSD_EFORMAT, "%s: header too large", path);`. */

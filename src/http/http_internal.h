@@ -43,8 +43,7 @@ typedef struct csd_http_choice {
     /* results, under the job's mu */
     csd_http_buf text; /* non-stream: the generated text */
     json_t *lp;        /* non-stream logprobs: chat array / completions object */
-    bool done;
-    csd_req_result res;
+    csd_req_result res; /* once it has ended */
 } csd_http_choice;
 
 struct csd_http_job {
@@ -70,7 +69,6 @@ struct csd_http_job {
     csd_http_buf out; /* stream: SSE bytes; out_sent of them already sent */
     size_t out_sent;
     int n_done;       /* submitted choices finished */
-    bool done;        /* every submitted choice finished */
     bool failed;      /* a choice ended in an error: the others are stopped, the answer is it */
     bool others_stopped; /* ... and the connection thread has cancelled them */
     bool cancelled;   /* a choice ended cancelled, not for a failed one (the client left, the
@@ -89,6 +87,8 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res);
 /* Drops one reference; frees the job at zero. */
 void csd_http_job_release(csd_http_job *j);
 
+/* Every submitted choice has ended (mu held). */
+static inline bool csd_http_job_done(const csd_http_job *j) { return j->n_done == j->n_submitted; }
 /* Cancels every submitted choice still running (not under mu). */
 void csd_http_job_cancel(csd_http_job *j);
 /* Waits until the job is done. Returns false (after cancelling the request) when the client

@@ -150,17 +150,23 @@ static json_t *chunk_base(const csd_http_job *j) {
     return c;
 }
 
-/* Appends "data: <json>\n\n" (steals c). Call with mu held. */
-static int emit_event(csd_http_job *j, json_t *c) {
-    if (!c) return CSD_ENOMEM;
-    char *s = json_dumps(c, JSON_COMPACT);
-    json_decref(c);
+/* Appends "data: <s>\n\n" and frees s (jansson's, free()); s may be NULL (out of memory). Call
+ * with mu held. */
+static int emit_data(csd_http_job *j, char *s) {
     if (!s) return CSD_ENOMEM;
     int rc = csd_http_buf_append(&j->out, "data: ", 6);
     if (!rc) rc = csd_http_buf_append(&j->out, s, strlen(s));
     if (!rc) rc = csd_http_buf_append(&j->out, "\n\n", 2);
     free(s);
     return rc;
+}
+
+/* Appends "data: <json>\n\n" (steals c). Call with mu held. */
+static int emit_event(csd_http_job *j, json_t *c) {
+    if (!c) return CSD_ENOMEM;
+    char *s = json_dumps(c, JSON_COMPACT);
+    json_decref(c);
+    return emit_data(j, s);
 }
 
 /* One chunk of choice `index`: text (may be NULL for the final one), logprobs (stolen, may be
@@ -318,12 +324,7 @@ static void emit_failure(csd_http_job *j, const csd_req_result *res) {
     csd_http_error e;
     csd_http_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
                        res->message);
-    char *s = csd_http_error_json(&e);
-    if (!s) return;
-    csd_http_buf_append(&j->out, "data: ", 6);
-    csd_http_buf_append(&j->out, s, strlen(s));
-    csd_http_buf_append(&j->out, "\n\n", 2);
-    free(s);
+    emit_data(j, csd_http_error_json(&e));
 }
 
 /* The usage chunk (include_usage) once every choice has ended: the prompt counts once, the
@@ -349,7 +350,7 @@ static void stream_choice_end(csd_http_job *j, const csd_http_choice *ch) {
         emit_failure(j, &ch->res);
     else if (ch->res.end != CSD_REQ_END_CANCELLED)
         emit_choice(j, ch->index, NULL, 0, NULL, finish_name(ch->res.end), false);
-    if (j->n_done < j->n_submitted || j->cancelled) return;
+    if (!csd_http_job_done(j) || j->cancelled) return;
     if (j->include_usage && !j->failed) emit_usage(j);
     csd_http_buf_append(&j->out, "data: [DONE]\n\n", 14);
 }
@@ -368,12 +369,10 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
     csd_http_stop_flush(&ch->stop, &rest, &rest_len);
     add_text(ch, rest, rest_len, NULL);
     ch->res = *res;
-    ch->done = true;
     j->n_done++;
     if (res->end == CSD_REQ_END_ERROR) j->failed = true;
     else if (res->end == CSD_REQ_END_CANCELLED && !j->failed) j->cancelled = true;
     if (j->stream) stream_choice_end(j, ch);
-    j->done = j->n_done == j->n_submitted;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     CSD_LOGD("request done req=%s choice=%d end=%d prompt=%lld completion=%lld ttft=%.3f "
@@ -407,7 +406,7 @@ void csd_http_job_cancel(csd_http_job *j) {
 /* mu held: once a choice has failed, the answer is that error: the other choices are stopped
  * rather than left to run to their end for nothing. */
 static void stop_others(csd_http_job *j) {
-    if (!j->failed || j->others_stopped || j->done) return;
+    if (!j->failed || j->others_stopped || csd_http_job_done(j)) return;
     j->others_stopped = true;
     pthread_mutex_unlock(&j->mu);
     csd_http_job_cancel(j); /* the finished ones are no longer known to the engine: no-ops */
@@ -418,7 +417,7 @@ static void stop_others(csd_http_job *j) {
 static bool abandon(csd_http_job *j, int fd, const atomic_int *stopping) {
     if (!atomic_load(stopping) && !client_gone(fd)) return false;
     CSD_LOGI("client gone or server stopping, cancelling req=%s", j->id);
-    if (!j->done) {
+    if (!csd_http_job_done(j)) {
         pthread_mutex_unlock(&j->mu);
         csd_http_job_cancel(j);
         pthread_mutex_lock(&j->mu);
@@ -428,13 +427,13 @@ static bool abandon(csd_http_job *j, int fd, const atomic_int *stopping) {
 
 bool csd_http_job_wait(csd_http_job *j, int fd, const atomic_int *stopping) {
     pthread_mutex_lock(&j->mu);
-    while (!j->done) {
+    while (!csd_http_job_done(j)) {
         if (abandon(j, fd, stopping)) {
             pthread_mutex_unlock(&j->mu);
             return false;
         }
         stop_others(j);
-        if (!j->done) wait_a_bit(j);
+        if (!csd_http_job_done(j)) wait_a_bit(j);
     }
     pthread_mutex_unlock(&j->mu);
     return true;
@@ -452,13 +451,13 @@ ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
             pthread_mutex_unlock(&j->mu);
             return (ssize_t)n;
         }
-        if (j->done) break;
+        if (csd_http_job_done(j)) break;
         if (abandon(j, fd, stopping)) {
             pthread_mutex_unlock(&j->mu);
             return -1;
         }
         stop_others(j);
-        if (!j->done && j->out_sent == j->out.len) wait_a_bit(j);
+        if (!csd_http_job_done(j) && j->out_sent == j->out.len) wait_a_bit(j);
     }
     bool clean = !j->cancelled;
     pthread_mutex_unlock(&j->mu);

@@ -400,7 +400,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
 static void stream_free(void *cls) {
     stream_state *ss = cls;
     pthread_mutex_lock(&ss->job->mu);
-    bool done = ss->job->done;
+    bool done = csd_http_job_done(ss->job);
     pthread_mutex_unlock(&ss->job->mu);
     if (!done && !ss->cancelled) { /* a write failed before the end: the client went away */
         csd_http_job_cancel(ss->job);
@@ -584,11 +584,12 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
         goto done;
     }
-    if (req.n > csd_engine_capacity(engine)) { /* a 429 would say retry: it never fits */
+    int capacity = csd_engine_capacity(engine);
+    if (req.n > capacity) { /* a 429 would say retry: it never fits */
         csd_http_error_set(&e, 400, NULL, "n", "invalid_value",
                            "'n' is %d, but this server holds at most %d requests at once "
                            "(slots and queue)",
-                           req.n, csd_engine_capacity(engine));
+                           req.n, capacity);
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }

@@ -35,9 +35,7 @@ static int peer_refused(csd_conn *c, const csd_netbuf *buf, const csd_wire_hdr *
     int rc = csd_wire_decode_error(buf->data, h->payload_len, &e, err);
     csd_conn_fail_link(c);
     if (rc) return rc;
-    int code = e.code;
-    /* Only our own negative codes are meaningful; anything else is a protocol error. */
-    if (code >= 0 || strcmp(csd_err_name(code), "CSD_E?") == 0) code = CSD_EPROTO;
+    int code = csd_err_from_peer(e.code);
     CSD_LOGW("net: handshake refused by peer=%s code=%s: %s", c->peer, csd_err_name(code), e.text);
     return csd_err_set(err, code, "peer %s refused the handshake: %s", c->peer, e.text);
 }
