@@ -9,6 +9,7 @@
 #  - a bad --kv-mem size is refused before anything is loaded.
 #  - a request a worker refuses fails alone, not with the others of its batched step.
 #  - serve waits for workers that start after it; a wrong export fails at once.
+#  - a request whose cached prefix a worker evicted computes its prompt instead of failing.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -409,4 +410,48 @@ rc=0; wait "$spid" || rc=$?
     fail "SIGTERM while waiting for workers: exit $rc: $(tail -3 "$WORK/sig.log")"
 echo "ok: SIGTERM ends the wait for workers cleanly (exit 0)"; passed=$((passed + 1))
 
+
+# 11. a cached prompt the worker evicted: the worker holds two requests (--max-requests 2) and the
+#     coordinator caches three prompts, so the third prompt's OPEN evicts the first's KV, which the
+#     coordinator still names. A request starting with the first prompt copies from it, the worker
+#     refuses the copy, and the request computes its whole prompt: the answer is the
+#     single-process text, not an error.
+d="$WORK/x-f32-1"
+read -r pid wport < <(start_worker "$d/stage-0.shard" "$WORK/evict.log" --insecure --max-requests 2)
+PIDS+=("$pid")
+CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$wport" --insecure --port 0 \
+    --parallel 1 --prefix-cache 3 >"$WORK/serve.log" 2>&1 &
+PIDS+=("$!")
+wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve (two-request worker) did not start"; }
+# ask PROMPT MAX_TOKENS: a greedy completion with the prompt echoed, as `cascadia run` prints it
+ask() {
+    /usr/bin/python3 -c 'import json, sys
+print(json.dumps({"prompt": sys.argv[1], "max_tokens": int(sys.argv[2]), "temperature": 0,
+                  "echo": True}))' "$1" "$2" |
+        curl -s -m 60 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' -d @-
+}
+DOC=$(for i in $(seq 1 8); do printf 'the and was to '; done)
+for p in "$DOC" "Once upon a time there was a cat and a dog" "a b c d e f g h i j k l m n o p"; do
+    ask "$p" 4 | grep -q '"completion_tokens":4' || fail "a prompt to fill the cache failed"
+done
+"$CASCADIA" run "$WORK/m" --precision f32 -p "${DOC}and then" -n 12 --temp 0 --threads 1 \
+    >"$WORK/evict.run" 2>/dev/null
+ask "${DOC}and then" 12 >"$WORK/evict.api"
+/usr/bin/python3 - "$WORK/evict.run" "$WORK/evict.api" <<'PY' || fail "the request after a refused copy"
+import json, sys
+want = open(sys.argv[1], encoding="utf-8", errors="replace").read().rstrip("\n")
+got = json.load(open(sys.argv[2]))
+text = got.get("choices", [{}])[0].get("text")
+if text != want:
+    print("run:", repr(want[-120:])); print("api:", json.dumps(got)[:400]); sys.exit(1)
+PY
+grep -q "copy prefix: request [0-9]* is not open on this stage" "$WORK/evict.log" ||
+    fail "the worker refused no copy: $(cat "$WORK/evict.log")"
+grep -q "a stage refused the [0-9]* prompt tokens it copied" "$WORK/serve.log" ||
+    fail "no copy was refused (nothing was tested): $(tail -5 "$WORK/serve.log")"
+curl -s "http://127.0.0.1:$port/metrics" | grep -q '^cascadia_prefix_cache_refused_total 1$' ||
+    fail "/metrics does not count the refused copy"
+echo "ok: a request whose cached prefix the worker had evicted computed its prompt (the single-process text)"
+passed=$((passed + 1))
+fleet_down
 echo "$passed passed, 0 failed"

@@ -3,7 +3,10 @@
  * to one coordinator: answers PINGs (or, with answer_pings false, only the connect-time one),
  * answers each FORWARD compute_ms after it came, with logits that pick FAKE_STAGE_ANSWER, and
  * refuses the requests `refusal` names (an ERROR with that code and text instead of the logits).
- * Include after <cmocka.h>; the fleet over it has vocabulary FAKE_STAGE_VOCAB and dim 8. */
+ * With refuse_copies it refuses every COPY_PREFIX as a worker does whose source request was
+ * evicted: an ERROR for the copy, then one for each FORWARD of that request that counts on the
+ * copied positions. Include after <cmocka.h>; the fleet over it has vocabulary FAKE_STAGE_VOCAB and
+ * dim 8. */
 #ifndef CSD_TEST_FAKE_STAGE_H
 #define CSD_TEST_FAKE_STAGE_H
 
@@ -22,6 +25,7 @@
 #define FAKE_STAGE_VOCAB 32
 #define FAKE_STAGE_ANSWER 7   /* the token the fake stage's logits pick */
 #define FAKE_STAGE_QUEUE 16   /* FORWARDs waiting for their compute time */
+#define FAKE_STAGE_MAX_LACKING 8 /* requests whose copy it refused, remembered */
 
 typedef struct fake_stage {
     csd_listener *listener;
@@ -30,16 +34,36 @@ typedef struct fake_stage {
     int compute_ms;                   /* per FORWARD */
     /* the text (and *code) to refuse a request with, or NULL to answer it */
     const char *(*refusal)(uint32_t request_id, int *code);
+    bool refuse_copies;
+    uint32_t lacking[FAKE_STAGE_MAX_LACKING]; /* requests it refused a copy for (its thread's) */
+    int n_lacking;
     atomic_bool stop;
-    atomic_int pings, forwards;
+    atomic_int pings, forwards, copies;
     pthread_t thread;
 } fake_stage;
+
+static bool fake_stage_lacks(const fake_stage *fs, uint32_t request_id) {
+    for (int i = 0; i < fs->n_lacking; i++)
+        if (fs->lacking[i] == request_id) return true;
+    return false;
+}
+
+/* A COPY_PREFIX when refuse_copies is set: refused like a worker refuses a copy from a request it
+ * evicted; the request holds no positions afterwards. */
+static void fake_stage_refuse_copy(fake_stage *fs, csd_conn *c, const csd_wire_hdr *h) {
+    atomic_fetch_add(&fs->copies, 1);
+    if (fs->n_lacking < FAKE_STAGE_MAX_LACKING) fs->lacking[fs->n_lacking++] = h->request_id;
+    csd_conn_send_error(c, h->request_id, CSD_ENOTFOUND,
+                        "copy prefix: the source request is not open on this stage", NULL);
+}
 
 /* (This runs on the fake stage's thread, where a cmocka assert cannot report: a failure to encode
  * sends nothing, and the step then fails in the test's own thread.) */
 static void fake_stage_answer(fake_stage *fs, csd_conn *c, const csd_wire_hdr *fwd) {
     int code = CSD_EPROTO;
     const char *why = fs->refusal ? fs->refusal(fwd->request_id, &code) : NULL;
+    if (!why && fwd->position > 0 && fake_stage_lacks(fs, fwd->request_id))
+        why = "position beyond what the request holds (its copy was refused)";
     if (why) {
         csd_conn_send_error(c, fwd->request_id, code, why, NULL);
         return;
@@ -84,6 +108,8 @@ static void fake_stage_serve(fake_stage *fs, csd_conn *c) {
             atomic_fetch_add(&fs->forwards, 1);
             queue[n] = h;
             due[n++] = csd_now_ns() + (uint64_t)fs->compute_ms * 1000000ull;
+        } else if (h.type == CSD_WIRE_COPY_PREFIX && fs->refuse_copies) {
+            fake_stage_refuse_copy(fs, c, &h);
         } /* OPEN, CLOSE and the rest need no answer */
     }
     csd_netbuf_fini(&buf);
@@ -115,6 +141,7 @@ static csd_pipeline *fake_stage_fleet(fake_stage *fs, int silence_ms) {
     atomic_init(&fs->stop, false);
     atomic_init(&fs->pings, 0);
     atomic_init(&fs->forwards, 0);
+    atomic_init(&fs->copies, 0);
     csd_err err = {0};
     assert_int_equal(csd_listener_open(&fs->listener, "127.0.0.1:0", &err), 0);
     assert_int_equal(pthread_create(&fs->thread, NULL, fake_stage_main, fs), 0);

@@ -24,6 +24,7 @@ enum req_state { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
 typedef struct req {
     struct req *next;         /* queue or active list */
     uint64_t id;
+    uint32_t pid;             /* its pipeline id: id's low bits, a new one if it starts over */
     int32_t *prompt;          /* owned copy */
     int64_t n_prompt;
     int64_t n_prefilled;
@@ -40,6 +41,9 @@ typedef struct req {
     int fail_code;            /* a step failed it: finish once no step carries it any more */
     char fail_msg[CSD_ERR_MSG_MAX];
     int64_t cached_tokens;    /* prompt positions copied from the prefix cache or the group */
+    uint32_t copied_from;     /* the cache entry's pipeline id it copied from; 0: none */
+    bool no_copy;             /* a stage refused its copied prompt: it computes the whole prompt */
+    bool step_failed;         /* a whole step carrying it failed (not this request alone) */
     uint64_t group;           /* requests submitted together share it (their first one's id) and
                                * their prompt; 0: alone */
     atomic_bool cancel;
@@ -139,13 +143,20 @@ static void req_free(req *r) {
     csd_free(r);
 }
 
+/* The next request id (lock held); never 0 in its low 32 bits, the wire's "no request". */
+static uint64_t next_id(csd_engine *e) {
+    uint64_t id = e->next_id++;
+    if ((uint32_t)id == 0) id = e->next_id++;
+    return id;
+}
+
 /* ---- finishing ---- */
 
 static void finish(worker *w, req *r, int end, int code, const char *msg) {
     csd_engine *e = w->e;
     bool kept =
         r->opened && (end == CSD_REQ_END_STOP || end == CSD_REQ_END_LENGTH) && retain_prompt(w, r);
-    if (r->opened && !kept) w->pipe->ops->close(w->pipe, (uint32_t)r->id);
+    if (r->opened && !kept) w->pipe->ops->close(w->pipe, r->pid);
     csd_req_result res = {0};
     res.end = end;
     res.prompt_tokens = r->n_prompt;
@@ -175,7 +186,7 @@ static bool retain_prompt(worker *w, req *r) {
             return false;
         }
     csd_err err = {0};
-    if (w->pipe->ops->truncate(w->pipe, (uint32_t)r->id, r->n_prompt, &err)) return false;
+    if (w->pipe->ops->truncate(w->pipe, r->pid, r->n_prompt, &err)) return false;
     cache_entry *c = csd_alloc(sizeof *c);
     if (!c) return false;
     /* evict the least recently used first, so that /metrics never sees more than the cap */
@@ -185,7 +196,7 @@ static bool retain_prompt(worker *w, req *r) {
             if (x->last_used < lru->last_used) lru = x;
         drop_entry(w, lru);
     }
-    c->id = (uint32_t)r->id;
+    c->id = r->pid;
     c->tokens = r->prompt; /* ownership moves to the cache */
     c->n = r->n_prompt;
     c->last_used = csd_now_ns();
@@ -239,12 +250,13 @@ static void reuse_prefix(worker *w, req *r) {
     if (best_n > r->n_prompt - 1) best_n = r->n_prompt - 1;
     if (!best || best_n < e->opts.prefix_min) return;
     csd_err err = {0};
-    if (w->pipe->ops->copy_prefix(w->pipe, best->id, (uint32_t)r->id, best_n, &err)) {
+    if (w->pipe->ops->copy_prefix(w->pipe, best->id, r->pid, best_n, &err)) {
         CSD_LOGW("prefix cache: copy failed, computing the prompt instead: %s", err.msg);
         drop_entry(w, best);
         return;
     }
     best->last_used = csd_now_ns();
+    r->copied_from = best->id;
     start_after_copy(w, r, best_n);
 }
 
@@ -268,7 +280,7 @@ static req *group_leader(worker *w, const req *r) {
 static bool copy_from_leader(worker *w, req *r, const req *lead) {
     int64_t n = r->n_prompt - 1;
     csd_err err = {0};
-    if (w->pipe->ops->copy_prefix(w->pipe, (uint32_t)lead->id, (uint32_t)r->id, n, &err)) {
+    if (w->pipe->ops->copy_prefix(w->pipe, lead->pid, r->pid, n, &err)) {
         CSD_LOGW("group: prompt copy failed, computing it instead: %s", err.msg);
         return false;
     }
@@ -335,16 +347,17 @@ static void prepare_requests(worker *w) {
         }
         if (!r->opened) {
             /* a group member waits for another's prompt instead of computing it again */
-            req *lead = group_leader(w, r);
+            req *lead = r->no_copy ? NULL : group_leader(w, r);
             if (lead && lead->n_prefilled < r->n_prompt - 1) continue;
             csd_err err = {0};
-            int rc = w->pipe->ops->open(w->pipe, (uint32_t)r->id, w->e->max_ctx, &err);
+            int rc = w->pipe->ops->open(w->pipe, r->pid, w->e->max_ctx, &err);
             if (rc) {
                 remove_active(w, r);
                 finish(w, r, CSD_REQ_END_ERROR, rc, err.msg);
                 continue;
             }
             r->opened = true;
+            if (r->no_copy) continue;
             if (!lead || !copy_from_leader(w, r, lead)) reuse_prefix(w, r);
         }
     }
@@ -367,14 +380,45 @@ static int idle_count(const worker *w) {
     return n;
 }
 
-/* A step that carried r has ended with rc: r leaves it; a failed r ends when no step has it. */
-static void step_release(worker *w, req *r, int rc, const char *msg) {
+/* r started from copied prompt KV and a stage refused it alone before its first token: the copy's
+ * source may be gone from that stage (a worker evicts the least recently used request to make
+ * room, and a cached prompt is the likeliest), so r starts over and computes its whole prompt. It
+ * does so once: a second refusal is r's own and fails it. The cache entry it copied from is
+ * dropped, as it no longer holds what it names. Returns false when r must fail instead. */
+static bool recompute_prompt(worker *w, req *r) {
+    if (r->cached_tokens == 0 || r->n_gen > 0 || r->no_copy || r->step_failed) return false;
+    CSD_LOGW("request %llu: a stage refused the %lld prompt tokens it copied (%s); computing them",
+             (unsigned long long)r->id, (long long)r->cached_tokens, r->fail_msg);
+    for (cache_entry *c = w->cache; c && r->copied_from; c = c->next)
+        if (c->id == r->copied_from) {
+            drop_entry(w, c);
+            break;
+        }
+    w->pipe->ops->close(w->pipe, r->pid);
+    /* a new pipeline id: answers a stage still sends for the old one (a refused copy and then each
+     * FORWARD that followed it) cannot be taken for the new steps' */
+    pthread_mutex_lock(&w->e->mu);
+    r->pid = (uint32_t)next_id(w->e);
+    w->e->stats.prefix_refused++;
+    pthread_mutex_unlock(&w->e->mu);
+    r->opened = false;
+    r->no_copy = true;
+    r->n_prefilled = r->n_sent = r->cached_tokens = 0;
+    r->fail_code = 0;
+    r->fail_msg[0] = '\0';
+    return true;
+}
+
+/* A step that carried r has ended with rc (alone: r's own refusal, not the whole step's failure):
+ * r leaves it; a failed r ends when no step has it, unless it can start over (recompute_prompt). */
+static void step_release(worker *w, req *r, int rc, bool alone, const char *msg) {
     r->in_flight--;
+    if (rc && !alone) r->step_failed = true;
     if (rc && !r->fail_code) {
         r->fail_code = rc;
         snprintf(r->fail_msg, sizeof r->fail_msg, "%s", msg ? msg : "step failed");
     }
-    if (r->fail_code && r->in_flight == 0) {
+    if (r->fail_code && r->in_flight == 0 && !recompute_prompt(w, r)) {
         remove_active(w, r);
         finish(w, r, CSD_REQ_END_ERROR, r->fail_code, r->fail_msg);
     }
@@ -389,7 +433,7 @@ static void build_step(worker *w, inflight_step *s, int limit) {
     for (req *r = w->active; r && s->n < limit && s->n < CSD_STEP_MAX_ENTRIES; r = r->next) {
         if (!can_step(r)) continue;
         csd_step_entry *en = &s->entries[s->n];
-        en->req = (uint32_t)r->id;
+        en->req = r->pid;
         en->argmax_only = csd_sampler_is_plain_argmax(&r->params.sampling) && !r->params.logprobs;
         if (r->state == REQ_DECODE) {
             if (tokens + 1 > max_tokens) break;
@@ -469,7 +513,7 @@ static void complete_step(worker *w, inflight_step *s) {
         const csd_err *alone = &s->entry_err[i];
         int failed = rc ? rc : alone->code ? alone->code : r->fail_code;
         if (failed) {
-            step_release(w, r, failed, rc ? err.msg : alone->msg);
+            step_release(w, r, failed, !rc, rc ? err.msg : alone->msg);
             row += wanted;
             continue;
         }
@@ -526,7 +570,7 @@ static void *worker_main(void *arg) {
             csd_err err = {0};
             int rc = w->pipe->ops->step_begin(w->pipe, s->entries, s->n, s->logits, &err);
             if (rc) {
-                for (int i = 0; i < s->n; i++) step_release(w, s->reqs[i], rc, err.msg);
+                for (int i = 0; i < s->n; i++) step_release(w, s->reqs[i], rc, false, err.msg);
                 continue;
             }
             w->count++;
@@ -692,8 +736,8 @@ static int enqueue_all(csd_engine *e, req **rs, int n, uint64_t *ids, csd_err *e
     }
     for (int i = 0; i < n; i++) {
         req *r = rs[i];
-        r->id = e->next_id++;
-        if ((uint32_t)r->id == 0) r->id = e->next_id++; /* the wire's id 0 means no request */
+        r->id = next_id(e);
+        r->pid = (uint32_t)r->id;
         if (e->queue_tail) e->queue_tail->next = r;
         else e->queue_head = r;
         e->queue_tail = r;

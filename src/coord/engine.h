@@ -87,6 +87,7 @@ typedef struct csd_engine_stats {
     int64_t step_count;
     int64_t prefix_hits;       /* requests that reused a cached prefix */
     int64_t prefix_tokens;     /* prompt tokens they did not recompute */
+    int64_t prefix_refused;    /* of those, requests a stage refused the copy of: recomputed */
     int prefix_entries;        /* prompts held in the cache now */
 } csd_engine_stats;
 

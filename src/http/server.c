@@ -268,6 +268,10 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
     metric(b, "cascadia_prefix_cache_tokens_total", "counter",
            "Prompt tokens reused from the prefix cache or another choice (not recomputed).",
            "cascadia_prefix_cache_tokens_total %lld\n", (long long)st->prefix_tokens);
+    metric(b, "cascadia_prefix_cache_refused_total", "counter",
+           "Of those, requests a stage refused the copied prompt of (a worker had evicted its "
+           "source): they computed their whole prompt instead.",
+           "cascadia_prefix_cache_refused_total %lld\n", (long long)st->prefix_refused);
     metric(b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
            "cascadia_prefix_cache_entries %d\n", st->prefix_entries);
 }
