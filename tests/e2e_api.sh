@@ -344,6 +344,39 @@ assert st == 200 and chat["choices"][0]["message"]["content"].strip() == forced_
 st, err = post("/v1/completions", dict(greedy, logit_bias={"99999999": 1}))
 assert st == 400 and err["error"]["param"] == "logit_bias", err
 print("ok   logit_bias")
+# response_format json_object: every answer that ends by itself is one JSON object (sampled, with
+# '"' and '}' favoured so that objects close within the budget); without it the same requests are
+# not JSON. json_schema is refused, naming the field.
+def last_id(t):
+    return post("/tokenize", {"prompt": t, "add_special_tokens": False})[1]["tokens"][-1]
+bias = {str(last_id('"')): 4, str(last_id("}")): 3}
+def answers(fmt, endpoint="/v1/completions"):
+    out = []
+    for seed in range(1, 9):
+        body = {"max_tokens": 48, "temperature": 1, "seed": seed, "logit_bias": bias}
+        if endpoint == "/v1/completions": body["prompt"] = text
+        else: body["messages"] = [{"role": "user", "content": "Hi"}]
+        if fmt: body["response_format"] = {"type": fmt}
+        st, r = post(endpoint, body)
+        assert st == 200, r
+        c = r["choices"][0]
+        out.append((c["text"] if "text" in c else c["message"]["content"], c["finish_reason"]))
+    return out
+def parses(t):
+    try:
+        return isinstance(json.loads(t), dict)
+    except ValueError:
+        return False
+for endpoint in ("/v1/completions", "/v1/chat/completions"):
+    got = answers("json_object", endpoint)
+    ended = [t for t, why in got if why == "stop"]
+    assert ended, ("no JSON answer closed within 48 tokens", got)
+    assert all(parses(t) for t in ended), got
+    free = answers(None, endpoint)
+    assert not all(parses(t) for t, _ in free), free  # else the check above proves nothing
+st, err = post("/v1/completions", dict(greedy, response_format={"type": "json_schema"}))
+assert st == 400 and err["error"]["param"] == "response_format", err
+print("ok   response_format json_object: %d of 8 answers closed, each one JSON object" % len(ended))
 PY
 
 # --- SIGTERM shuts down cleanly ---

@@ -412,10 +412,10 @@ echo "ok: SIGTERM ends the wait for workers cleanly (exit 0)"; passed=$((passed 
 
 
 # 11. a cached prompt the worker evicted: the worker holds two requests (--max-requests 2) and the
-#     coordinator caches three prompts, so the third prompt's OPEN evicts the first's KV, which the
-#     coordinator still names. A request starting with the first prompt copies from it, the worker
-#     refuses the copy, and the request computes its whole prompt: the answer is the
-#     single-process text, not an error.
+#     coordinator caches up to three prompts, so a later OPEN (the third prompt's, or the fourth
+#     request's own) evicts the first prompt's KV, which the coordinator still names. The fourth
+#     request starts with the first prompt and copies from it, the worker refuses the copy, and the
+#     request computes its whole prompt: the answer is the single-process text, not an error.
 d="$WORK/x-f32-1"
 read -r pid wport < <(start_worker "$d/stage-0.shard" "$WORK/evict.log" --insecure --max-requests 2)
 PIDS+=("$pid")
@@ -447,7 +447,7 @@ if text != want:
 PY
 grep -q "copy prefix: request [0-9]* is not open on this stage" "$WORK/evict.log" ||
     fail "the worker refused no copy: $(cat "$WORK/evict.log")"
-grep -q "a stage refused the [0-9]* prompt tokens it copied" "$WORK/serve.log" ||
+grep -q "refused after copying [0-9]* prompt tokens" "$WORK/serve.log" ||
     fail "no copy was refused (nothing was tested): $(tail -5 "$WORK/serve.log")"
 curl -s "http://127.0.0.1:$port/metrics" | grep -q '^cascadia_prefix_cache_refused_total 1$' ||
     fail "/metrics does not count the refused copy"

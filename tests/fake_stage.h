@@ -39,6 +39,7 @@ typedef struct fake_stage {
     int n_lacking;
     atomic_bool stop;
     atomic_int pings, forwards, copies;
+    atomic_int tokens; /* in the FORWARDs it took */
     pthread_t thread;
 } fake_stage;
 
@@ -106,6 +107,9 @@ static void fake_stage_serve(fake_stage *fs, csd_conn *c) {
             }
         } else if (h.type == CSD_WIRE_FORWARD && n < FAKE_STAGE_QUEUE) {
             atomic_fetch_add(&fs->forwards, 1);
+            csd_wire_act act;
+            if (csd_wire_decode_act(buf.data, h.payload_len, &act, NULL) == 0)
+                atomic_fetch_add(&fs->tokens, (int)act.n_tokens);
             queue[n] = h;
             due[n++] = csd_now_ns() + (uint64_t)fs->compute_ms * 1000000ull;
         } else if (h.type == CSD_WIRE_COPY_PREFIX && fs->refuse_copies) {
@@ -142,6 +146,7 @@ static csd_pipeline *fake_stage_fleet(fake_stage *fs, int silence_ms) {
     atomic_init(&fs->pings, 0);
     atomic_init(&fs->forwards, 0);
     atomic_init(&fs->copies, 0);
+    atomic_init(&fs->tokens, 0);
     csd_err err = {0};
     assert_int_equal(csd_listener_open(&fs->listener, "127.0.0.1:0", &err), 0);
     assert_int_equal(pthread_create(&fs->thread, NULL, fake_stage_main, fs), 0);

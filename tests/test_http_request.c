@@ -121,6 +121,7 @@ static void test_chat_every_parameter(void **state) {
     assert_true(r.ignore_eos);
     assert_int_equal(r.n, 3);
     assert_string_equal(r.user, "u1");
+    assert_false(r.json_object); /* response_format text */
     assert_non_null(r.tools);
     assert_string_equal(json_string_value(r.tool_choice), "auto");
     assert_int_equal(json_array_size(r.messages), 5);
@@ -204,6 +205,26 @@ static void test_chat_type_errors(void **state) {
     expect_chat_error("\"tools\":[5]", "tools[0]");
     expect_chat_error("\"tool_choice\":5", "tool_choice");
     expect_chat_error("\"response_format\":\"json\"", "response_format");
+    expect_chat_error("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}",
+                      "response_format");
+    expect_chat_error("\"response_format\":{\"type\":7}", "response_format.type");
+}
+
+/* response_format json_object: the answer is to be one JSON object, on both endpoints */
+static void test_response_format_json_object(void **state) {
+    (void)state;
+    static const char *const bodies[] = {
+        "{" MSGS ",\"response_format\":{\"type\":\"json_object\"}}",
+        "{\"prompt\":\"x\",\"response_format\":{\"type\":\"json_object\"}}",
+    };
+    for (int i = 0; i < 2; i++) {
+        csd_http_req r;
+        csd_http_error e;
+        if (parse(&r, i == 0 ? CHAT : CSD_HTTP_KIND_COMPLETION, bodies[i], &e))
+            fail_msg("%s: %s", bodies[i], e.message);
+        assert_true(r.json_object);
+        csd_http_req_fini(&r);
+    }
 }
 
 static void test_chat_range_errors(void **state) {
@@ -229,7 +250,6 @@ static void test_chat_range_errors(void **state) {
     expect_chat_error("\"top_logprobs\":-1", "top_logprobs");
     expect_chat_error("\"top_logprobs\":2", "top_logprobs"); /* without logprobs: true */
     expect_chat_error("\"stop\":\"\"", "stop");
-    expect_chat_error("\"response_format\":{\"type\":\"json_object\"}", "response_format");
     char big[400];
     memset(big, 'a', 300);
     big[300] = 0;
@@ -552,6 +572,7 @@ int main(void) {
         cmocka_unit_test(test_stop_forms),
         cmocka_unit_test(test_chat_type_errors),
         cmocka_unit_test(test_chat_range_errors),
+        cmocka_unit_test(test_response_format_json_object),
         cmocka_unit_test(test_tiny_positive_values),
         cmocka_unit_test(test_messages_errors),
         cmocka_unit_test(test_body_errors),

@@ -319,8 +319,13 @@ static void install_signals(void) {
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill the server */
 }
 
+static int token_bytes(void *tok, int32_t id, uint8_t *out, size_t cap, size_t *len) {
+    return csd_tok_token_bytes(tok, id, out, cap, len);
+}
+
 static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl,
-                      const char *model_name, csd_http_server **srv, csd_err *err) {
+                      const csd_vocab_bytes *json_vocab, const char *model_name,
+                      csd_http_server **srv, csd_err *err) {
     csd_http_opts o;
     csd_http_opts_default(&o);
     o.host = a->host;
@@ -331,6 +336,7 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
     o.max_connections = a->max_connections;
     o.max_per_ip = a->max_per_ip;
     o.idle_timeout_s = a->idle_timeout_s;
+    o.json_vocab = json_vocab;
     int rc = csd_http_server_create(srv, &o, tok, tmpl, err);
     if (!rc)
         fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s build=%s\n",
@@ -359,6 +365,7 @@ int csd_cmd_serve(int argc, char **argv) {
     csd_err err = {0};
     csd_tok *tok = NULL;
     csd_chat_template *tmpl = NULL;
+    csd_vocab_bytes *json_vocab = NULL; /* response_format json_object: after the engine ends */
     csd_http_server *srv = NULL;
     csd_engine *engine = NULL;
     serve_backend b;
@@ -373,7 +380,9 @@ int csd_cmd_serve(int argc, char **argv) {
     rc = csd_tok_load(&tok, a.model_dir, &err);
     if (!rc) rc = load_template(&a, tok, &tmpl, &err);
     /* listening first: /health answers 503 "loading" while the weights load */
-    if (!rc) rc = start_http(&a, tok, tmpl, model_name, &srv, &err);
+    if (!rc)
+        rc = csd_vocab_bytes_create(&json_vocab, csd_tok_vocab_size(tok), token_bytes, tok, &err);
+    if (!rc) rc = start_http(&a, tok, tmpl, json_vocab, model_name, &srv, &err);
     if (!rc) rc = build_pipelines(&a, &b, &err);
     if (!rc && !g_stop_signal) rc = start_engine(&a, tok, &b, &engine, &err);
     if (!rc && engine) {
@@ -393,6 +402,7 @@ int csd_cmd_serve(int argc, char **argv) {
     csd_http_server_destroy(srv);
     csd_engine_destroy(engine);
     serve_backend_fini(&b);
+    csd_vocab_bytes_destroy(json_vocab);
     csd_chat_template_destroy(tmpl);
     csd_tok_destroy(tok);
     return rc ? 1 : 0;

@@ -44,6 +44,7 @@ typedef struct req {
     uint32_t copied_from;     /* the cache entry's pipeline id it copied from; 0: none */
     bool no_copy;             /* a stage refused its copied prompt: it computes the whole prompt */
     bool step_failed;         /* a whole step carrying it failed (not this request alone) */
+    csd_json_accept json;     /* the object so far, when params.json_vocab is set */
     uint64_t group;           /* requests submitted together share it (their first one's id) and
                                * their prompt; 0: alone */
     atomic_bool cancel;
@@ -223,15 +224,12 @@ static void drop_cache_after_reconnect(worker *w) {
     w->epoch = now;
 }
 
-/* r's first n prompt positions were copied into its KV: it computes only the rest. */
-static void start_after_copy(worker *w, req *r, int64_t n) {
+/* r's first n prompt positions were copied into its KV: it computes only the rest. (The metrics
+ * count the copy with r's first token, once every stage has taken it.) */
+static void start_after_copy(req *r, int64_t n) {
     r->n_prefilled = n;
     r->n_sent = n;
     r->cached_tokens = n;
-    pthread_mutex_lock(&w->e->mu);
-    w->e->stats.prefix_hits++;
-    w->e->stats.prefix_tokens += n;
-    pthread_mutex_unlock(&w->e->mu);
 }
 
 /* Starts a new request from the longest cached prefix it shares (at least prefix_min tokens,
@@ -257,7 +255,7 @@ static void reuse_prefix(worker *w, req *r) {
     }
     best->last_used = csd_now_ns();
     r->copied_from = best->id;
-    start_after_copy(w, r, best_n);
+    start_after_copy(r, best_n);
 }
 
 /* The member of r's group (submitted together, the same prompt) that r copies its prompt KV
@@ -284,7 +282,7 @@ static bool copy_from_leader(worker *w, req *r, const req *lead) {
         CSD_LOGW("group: prompt copy failed, computing it instead: %s", err.msg);
         return false;
     }
-    start_after_copy(w, r, n);
+    start_after_copy(r, n);
     return true;
 }
 
@@ -380,14 +378,16 @@ static int idle_count(const worker *w) {
     return n;
 }
 
-/* r started from copied prompt KV and a stage refused it alone before its first token: the copy's
- * source may be gone from that stage (a worker evicts the least recently used request to make
- * room, and a cached prompt is the likeliest), so r starts over and computes its whole prompt. It
- * does so once: a second refusal is r's own and fails it. The cache entry it copied from is
- * dropped, as it no longer holds what it names. Returns false when r must fail instead. */
+/* r started from copied prompt KV and a stage refused it alone before its first token. The likely
+ * cause is the copy's source gone from that stage (a worker evicts the least recently used
+ * request to make room, and a cached prompt is the likeliest), so r starts over and computes its
+ * whole prompt, once: a second refusal is r's own and fails it. The cache entry it copied from is
+ * dropped, as it may no longer hold what it names. Returns false when r must fail instead. */
 static bool recompute_prompt(worker *w, req *r) {
-    if (r->cached_tokens == 0 || r->n_gen > 0 || r->no_copy || r->step_failed) return false;
-    CSD_LOGW("request %llu: a stage refused the %lld prompt tokens it copied (%s); computing them",
+    if (r->cached_tokens == 0 || r->n_gen > 0 || r->no_copy || r->step_failed ||
+        atomic_load(&r->cancel))
+        return false;
+    CSD_LOGW("request %llu: refused after copying %lld prompt tokens (%s); computing them instead",
              (unsigned long long)r->id, (long long)r->cached_tokens, r->fail_msg);
     for (cache_entry *c = w->cache; c && r->copied_from; c = c->next)
         if (c->id == r->copied_from) {
@@ -434,7 +434,8 @@ static void build_step(worker *w, inflight_step *s, int limit) {
         if (!can_step(r)) continue;
         csd_step_entry *en = &s->entries[s->n];
         en->req = r->pid;
-        en->argmax_only = csd_sampler_is_plain_argmax(&r->params.sampling) && !r->params.logprobs;
+        en->argmax_only = csd_sampler_is_plain_argmax(&r->params.sampling) &&
+                          !r->params.logprobs && !r->params.json_vocab;
         if (r->state == REQ_DECODE) {
             if (tokens + 1 > max_tokens) break;
             en->ids = &r->last_token;
@@ -457,13 +458,38 @@ static void build_step(worker *w, inflight_step *s, int limit) {
     }
 }
 
+/* The next token of r from its logits (modified in place). A JSON answer (response_format) allows
+ * only the tokens that continue its object, ruled out after the penalties and before the draw;
+ * -1 when none can. */
+static int32_t next_token(req *r, float *logits, int32_t vocab) {
+    const csd_vocab_bytes *v = r->params.json_vocab;
+    if (!v) return csd_sampler_sample(r->sampler, logits);
+    csd_sampler_adjust(r->sampler, logits);
+    if (csd_json_mask(&r->json, v, logits, vocab) == 0) return -1;
+    int32_t id = csd_sampler_pick(r->sampler, logits);
+    if (!csd_json_accept_token(&r->json, v, id)) {
+        /* a draw's rounding may land past the last allowed weight: take the likeliest instead */
+        id = 0;
+        for (int32_t i = 1; i < vocab; i++)
+            if (logits[i] > logits[id]) id = i;
+        csd_json_accept_token(&r->json, v, id);
+    }
+    return id;
+}
+
 /* Turns one request's logits into a token event and decides whether it goes on. */
 static void emit_token(worker *w, req *r, float *logits) {
     csd_engine *e = w->e;
     int32_t vocab = (int32_t)e->cfg.vocab_size;
     csd_token_event ev = {0};
     if (r->params.logprobs) memcpy(w->scratch_logits, logits, (size_t)vocab * sizeof(float));
-    ev.id = csd_sampler_sample(r->sampler, logits);
+    ev.id = next_token(r, logits, vocab);
+    if (ev.id < 0) {
+        remove_active(w, r);
+        finish(w, r, CSD_REQ_END_ERROR, CSD_EINVAL,
+               "response_format: no token of the vocabulary can continue the JSON object");
+        return;
+    }
     csd_sampler_accept(r->sampler, ev.id);
     if (r->params.logprobs) {
         ev.logprob = csd_logprob_of(w->scratch_logits, vocab, ev.id);
@@ -475,6 +501,8 @@ static void emit_token(worker *w, req *r, float *logits) {
     if (!r->t_first) {
         e->stats.ttft_sum_s += (double)(now - r->t_submit) * 1e-9;
         e->stats.ttft_count++;
+        e->stats.prefix_hits += r->cached_tokens > 0;
+        e->stats.prefix_tokens += r->cached_tokens;
     } else {
         e->stats.itl_sum_s += (double)(now - r->t_last) * 1e-9;
         e->stats.itl_count++;
@@ -488,6 +516,7 @@ static void emit_token(worker *w, req *r, float *logits) {
     bool stop = r->cb.on_token(r->ctx, &ev);
     int end = 0;
     if (stop || atomic_load(&r->cancel)) end = stop ? CSD_REQ_END_STOP : CSD_REQ_END_CANCELLED;
+    else if (r->params.json_vocab && csd_json_accept_done(&r->json)) end = CSD_REQ_END_STOP;
     else if (!r->params.ignore_eos && is_eog(e, ev.id)) end = CSD_REQ_END_STOP;
     else if (r->n_gen >= r->params.max_tokens || r->n_prompt + r->n_gen >= e->max_ctx)
         end = CSD_REQ_END_LENGTH;
@@ -718,6 +747,7 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(r->sampler, prompt[i]);
     r->n_prompt = n_prompt;
     r->params = *params;
+    csd_json_accept_init(&r->json);
     r->cb = *cb;
     r->ctx = ctx;
     r->t_submit = csd_now_ns();

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "model/json_mask.h"
 #include "model/sampler.h"
 #include "pipeline.h"
 
@@ -35,6 +36,9 @@ typedef struct csd_req_params {
     bool ignore_eos;
     bool logprobs;        /* fill logprob / top entries of each token event */
     int top_logprobs;     /* 0..CSD_ENGINE_MAX_TOP_LOGPROBS */
+    /* non-NULL: the answer is one JSON object (response_format json_object), over these token
+     * bytes (borrowed; they outlive the request); it ends when the object closes */
+    const csd_vocab_bytes *json_vocab;
 } csd_req_params;
 
 typedef struct csd_token_event {
@@ -85,9 +89,10 @@ typedef struct csd_engine_stats {
     int64_t itl_count;
     double step_sum_s;         /* batched forward steps */
     int64_t step_count;
-    int64_t prefix_hits;       /* requests that reused a cached prefix */
+    int64_t prefix_hits;       /* requests that reused a cached prefix (counted at their first
+                                * token, once every stage took the copy) */
     int64_t prefix_tokens;     /* prompt tokens they did not recompute */
-    int64_t prefix_refused;    /* of those, requests a stage refused the copy of: recomputed */
+    int64_t prefix_refused;    /* requests refused after a copy: they computed their prompt */
     int prefix_entries;        /* prompts held in the cache now */
 } csd_engine_stats;
 

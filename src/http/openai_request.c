@@ -306,17 +306,21 @@ static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) 
     return 0;
 }
 
-/* response_format: only plain text is produced; refusing beats silently ignoring a JSON schema. */
-static int parse_response_format(const json_t *root, csd_http_error *e) {
+/* response_format: plain text, or one JSON object (constrained decoding: model/json_mask.h). A JSON
+ * schema is refused: refusing beats answering with JSON that ignores it. */
+static int parse_response_format(const json_t *root, csd_http_req *r, csd_http_error *e) {
     json_t *v = member(root, "response_format");
     if (!v) return 0;
     if (!json_is_object(v)) return csd_http_bad_type(e, "response_format", "an object");
     json_t *t = json_object_get(v, "type");
     if (!json_is_string(t)) return csd_http_bad_type(e, "response_format.type", "a string");
-    if (strcmp(json_string_value(t), "text") != 0)
+    const char *type = json_string_value(t);
+    r->json_object = !strcmp(type, "json_object");
+    if (!r->json_object && strcmp(type, "text") != 0)
         return csd_http_error_set(e, 400, NULL, "response_format", "unsupported_value",
-                                  "response_format '%s' is not supported (only 'text')",
-                                  json_string_value(t));
+                                  "response_format '%s' is not supported (only 'text' and "
+                                  "'json_object')",
+                                  type);
     return 0;
 }
 
@@ -593,7 +597,7 @@ int csd_http_req_parse_object(csd_http_req *req, int kind, const json_t *root, i
     if ((rc = parse_sampling(root, req, e))) goto fail;
     if ((rc = parse_logit_bias(root, vocab_size, req, e))) goto fail;
     if ((rc = parse_stop(root, req, e))) goto fail;
-    if ((rc = parse_response_format(root, e))) goto fail;
+    if ((rc = parse_response_format(root, req, e))) goto fail;
     rc = kind == CSD_HTTP_KIND_CHAT ? parse_chat(root, req, e)
                                     : parse_completion(root, vocab_size, req, e);
     if (rc) goto fail;

@@ -76,6 +76,7 @@ typedef struct csd_http_req {
     bool logprobs;                 /* return logprobs of the chosen tokens */
     int top_logprobs;              /* alternatives per token, 0..CSD_HTTP_MAX_TOP_LOGPROBS */
     char *user;                    /* NULL when absent; only logged */
+    bool json_object;              /* response_format json_object: the answer is one JSON object */
     /* chat */
     json_t *messages;    /* normalized array of {role, content[, name, tool_calls,
                             tool_call_id]}: content is a string (text parts joined) or null */

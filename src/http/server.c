@@ -53,6 +53,7 @@ struct csd_http_server {
     struct MHD_Daemon *mhd;
     _Atomic(csd_engine *) engine;
     const csd_tok *tok;
+    const csd_vocab_bytes *json_vocab; /* borrowed; NULL: response_format json_object refused */
     const csd_chat_template *tmpl;
     char *api_key;
     char *model_name;
@@ -269,8 +270,8 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
            "Prompt tokens reused from the prefix cache or another choice (not recomputed).",
            "cascadia_prefix_cache_tokens_total %lld\n", (long long)st->prefix_tokens);
     metric(b, "cascadia_prefix_cache_refused_total", "counter",
-           "Of those, requests a stage refused the copied prompt of (a worker had evicted its "
-           "source): they computed their whole prompt instead.",
+           "Requests a stage refused after they copied prompt KV (a worker had evicted the "
+           "source, say): they computed their whole prompt instead.",
            "cascadia_prefix_cache_refused_total %lld\n", (long long)st->prefix_refused);
     metric(b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
            "cascadia_prefix_cache_entries %d\n", st->prefix_entries);
@@ -538,6 +539,12 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     int32_t *ids = NULL;
     size_t n_ids = 0;
     csd_http_job *j = NULL;
+    if (req.json_object && !s->json_vocab) {
+        csd_http_error_set(&e, 400, NULL, "response_format", "unsupported_value",
+                           "response_format 'json_object' is not available on this server");
+        ret = send_error(s, c, &e, NULL, NULL);
+        goto done;
+    }
     if (req.model && strcmp(req.model, s->model_name) != 0) {
         csd_http_error_set(&e, 404, "invalid_request_error", "model", "model_not_found",
                            "The model '%.100s' does not exist (this server serves '%.100s')",
@@ -572,6 +579,7 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     rp.logprobs = req.logprobs;
     rp.ignore_eos = req.ignore_eos;
     rp.top_logprobs = req.top_logprobs;
+    rp.json_vocab = req.json_object ? s->json_vocab : NULL;
     if (csd_http_job_create(&j, &req, s->tok, s->model_name, engine, (int64_t)n_ids)) {
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
         goto done;
@@ -802,6 +810,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     if (!s) return csd_err_set(err, CSD_ENOMEM, "server");
     csd_tok_gate_init(&s->tok_gate, CSD_TOK_GATE_BUDGET);
     s->tok = tok;
+    s->json_vocab = o.json_vocab;
     s->tmpl = tmpl;
     s->max_body = o.max_body;
     s->idle_timeout_s = (unsigned)o.idle_timeout_s;

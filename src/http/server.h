@@ -14,6 +14,7 @@
 #include "chat/chat_template.h"
 #include "coord/engine.h"
 #include "core/err.h"
+#include "model/json_mask.h"
 #include "tok/tokenizer.h"
 
 /* Largest request body accepted (413 beyond). */
@@ -35,6 +36,9 @@ typedef struct csd_http_opts {
     int max_connections;    /* 0: CSD_HTTP_DEFAULT_MAX_CONNECTIONS */
     int idle_timeout_s;     /* 0: CSD_HTTP_DEFAULT_IDLE_TIMEOUT */
     int max_per_ip;         /* connections one client IP address may hold; 0: no cap */
+    /* the tokens' bytes for response_format json_object (borrowed: it must outlive the engine's
+     * requests); NULL: such requests are refused */
+    const csd_vocab_bytes *json_vocab;
 } csd_http_opts;
 
 void csd_http_opts_default(csd_http_opts *o);

@@ -211,10 +211,18 @@ bool csd_sampler_is_plain_argmax(const csd_sampler_params *p) {
            p->frequency_penalty == 0.0f && p->n_logit_bias == 0;
 }
 
-int32_t csd_sampler_sample(csd_sampler *s, float *logits) {
-    const csd_sampler_params *p = &s->p;
+void csd_sampler_adjust(csd_sampler *s, float *logits) {
     apply_logit_bias(s, logits);
     apply_penalties(s, logits);
+}
+
+int32_t csd_sampler_sample(csd_sampler *s, float *logits) {
+    csd_sampler_adjust(s, logits);
+    return csd_sampler_pick(s, logits);
+}
+
+int32_t csd_sampler_pick(csd_sampler *s, float *logits) {
+    const csd_sampler_params *p = &s->p;
     if (p->temperature <= 0.0f) return argmax(logits, s->vocab);
     int32_t n = s->vocab;
     for (int32_t i = 0; i < n; i++) s->cands[i] = (cand){i, logits[i]};

@@ -48,6 +48,10 @@ void csd_sampler_destroy(csd_sampler *s);
 void csd_sampler_accept(csd_sampler *s, int32_t id);
 /* Picks the next token. logits (vocab floats) are modified in place. */
 int32_t csd_sampler_sample(csd_sampler *s, float *logits);
+/* csd_sampler_sample in two halves, for a caller that rules tokens out (a logit of -INFINITY) in
+ * between: adjust applies the logit bias and the penalties, pick the rest (argmax or the draw). */
+void csd_sampler_adjust(csd_sampler *s, float *logits);
+int32_t csd_sampler_pick(csd_sampler *s, float *logits);
 
 /* log-softmax of logits at id, and the top n (ids, logprobs) in descending order (n <= 20). */
 float csd_logprob_of(const float *logits, int32_t vocab, int32_t id);

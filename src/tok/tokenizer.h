@@ -46,6 +46,10 @@ bool csd_tok_is_eog(const csd_tok *tok, int32_t id);
 /* The vocabulary string of id (as in tokenizer.json, e.g. "▁the" or "Ġthe"); NULL when out of
  * range. */
 const char *csd_tok_piece(const csd_tok *tok, int32_t id);
+/* The bytes id adds to a decoded text in its middle (at most cap, to out; *len their count), before
+ * UTF-8 decoding: none for a special token. CSD_ERANGE for an id outside the vocabulary, CSD_EFULL
+ * when they exceed cap. */
+int csd_tok_token_bytes(const csd_tok *tok, int32_t id, uint8_t *out, size_t cap, size_t *len);
 /* Id of an exact vocabulary or added-token string, -1 when absent. */
 int32_t csd_tok_find(const csd_tok *tok, const char *piece);
 /* The chat template string from tokenizer_config.json, NULL when absent (borrowed). */
