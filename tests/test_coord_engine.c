@@ -14,6 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "coord/engine.h"
 #include "core/alloc.h"
 #include "model/model.h"
@@ -373,6 +375,64 @@ static void test_prefix_cache(void **state) {
     csd_engine_destroy(e);
 }
 
+/* Token i of the tiny model's 300 is the byte i below 128; the rest have no bytes (as special
+ * tokens). */
+static int byte_tokens(void *ctx, int32_t id, uint8_t *out, size_t cap, size_t *len) {
+    (void)ctx;
+    *len = id < 128 && cap > 0;
+    if (*len) out[0] = (uint8_t)id;
+    return 0;
+}
+
+/* response_format json_object: sampled answers are one JSON object, ended when it closes, never at
+ * an end-of-generation token that is plain text ('x' here, favoured so that it comes up). */
+static void test_json_object(void **state) {
+    fixture *f = *state;
+    csd_vocab_bytes *v = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_vocab_bytes_create(&v, 300, byte_tokens, NULL, &err), 0);
+    int32_t eog[1] = {'x'};
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    csd_engine *e = NULL;
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, eog, 1, &o, &err), 0);
+    int32_t prompt[4] = {1, 2, 3, 4};
+    int closed = 0, with_x = 0;
+    for (int seed = 1; seed <= 6; seed++) {
+        csd_req_params p = params_for(1, 100);
+        p.sampling.seed = (uint64_t)seed;
+        p.ignore_eos = false;
+        p.json_vocab = v;
+        p.sampling.n_logit_bias = 3; /* '"' and '}' close strings and objects within the budget */
+        p.sampling.logit_bias[0] = (csd_logit_bias){'"', 3.0f};
+        p.sampling.logit_bias[1] = (csd_logit_bias){'}', 3.0f};
+        p.sampling.logit_bias[2] = (csd_logit_bias){'x', 4.0f};
+        csd_req_callbacks cb = {on_token, on_done};
+        collected c;
+        collected_init(&c);
+        assert_int_equal(csd_engine_submit(e, prompt, 4, &p, &cb, &c, NULL, &err), 0);
+        wait_done(&c);
+        char text[257];
+        for (int i = 0; i < c.n; i++) text[i] = (char)c.ids[i];
+        text[c.n] = '\0';
+        for (int i = 0; i < c.n; i++) with_x += c.ids[i] == 'x';
+        if (c.end == CSD_REQ_END_LENGTH) {
+            assert_int_equal(c.n, 100);
+            continue;
+        }
+        assert_int_equal(c.end, CSD_REQ_END_STOP);
+        json_error_t je;
+        json_t *obj = json_loadb(text, (size_t)c.n, 0, &je);
+        if (!json_is_object(obj)) fail_msg("seed %d: not one JSON object: %s (%s)", seed, text, je.text);
+        json_decref(obj);
+        closed++;
+    }
+    assert_true(closed > 0); /* else nothing above was checked */
+    assert_true(with_x > 0);
+    csd_engine_destroy(e);
+    csd_vocab_bytes_destroy(v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
@@ -381,6 +441,7 @@ int main(void) {
         cmocka_unit_test(test_group_all_or_none),
         cmocka_unit_test(test_group_shares_prompt),
         cmocka_unit_test(test_prefix_cache),
+        cmocka_unit_test(test_json_object),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -31,8 +31,8 @@ static void test_valid_objects(void **state) {
         " {\n\t\"k\": [\n    1, 2]\n}",
         "{\"a\":1}",
         "{\"a\": [1, -2.5e+3, 0, 0.25, 1E9, true, false, null, \"x\"], \"b\": {\"c\": {}}}",
-        "{\"s\": \"tab\\t quote\\\" back\\\\ slash\\/ \\u00e9 \\ud83d\\ude00 "
-        "caf\xc3\xa9 \xf0\x9f\x98\x80\"}",
+        ("{\"s\": \"tab\\t quote\\\" back\\\\ slash\\/ \\u00e9 \\ud83d\\ude00 "
+         "caf\xc3\xa9 \xf0\x9f\x98\x80\"}"),
         "{\"\": []}",
         "{\"n\": [[], [[]], {\"k\": -0}]}",
     };
@@ -61,7 +61,7 @@ static void test_refused_at_first_wrong_byte(void **state) {
         "{\"a\":\"\\u12|g4\"}", "{\"a\":\"|\x01\"}", "{\"a\":\"|\xc0\xaf\"}",
         "{\"a\":\"\xe0|\x80\x80\"}", "{\"a\":\"\xed|\xa0\x80\"}", "{\"a\":\"|\xff\"}",
         "{\"a\":\"\\ud|c00\"}" /* a low half alone */,
-        "{\"a\":\"\\ud83d|\"}", "{\"a\":\"\\ud83d\\|n\"}", "{\"a\":\"\\ud83d\\u|0041\"}",
+"{\"a\":\"\\ud83d\\ud|83d\"}", "{\"a\":\"\\ud83d|\"}", "{\"a\":\"\\ud83d\\|n\"}", "{\"a\":\"\\ud83d\\u|0041\"}",
         "{}|}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

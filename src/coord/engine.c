@@ -9,6 +9,7 @@
  * requests, so every machine has work. */
 #include "engine.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <sodium.h>
 #include <stdatomic.h>
@@ -467,14 +468,11 @@ static int32_t next_token(req *r, float *logits, int32_t vocab) {
     csd_sampler_adjust(r->sampler, logits);
     if (csd_json_mask(&r->json, v, logits, vocab) == 0) return -1;
     int32_t id = csd_sampler_pick(r->sampler, logits);
-    if (!csd_json_accept_token(&r->json, v, id)) {
-        /* a draw's rounding may land past the last allowed weight: take the likeliest instead */
-        id = 0;
-        for (int32_t i = 1; i < vocab; i++)
-            if (logits[i] > logits[id]) id = i;
-        csd_json_accept_token(&r->json, v, id);
-    }
-    return id;
+    if (csd_json_accept_token(&r->json, v, id)) return id;
+    /* a draw's rounding past the last allowed weight, or NaN logits: the first allowed token */
+    for (id = 0; id < vocab; id++)
+        if (logits[id] != -INFINITY && csd_json_accept_token(&r->json, v, id)) return id;
+    return -1;
 }
 
 /* Turns one request's logits into a token event and decides whether it goes on. */
@@ -517,7 +515,9 @@ static void emit_token(worker *w, req *r, float *logits) {
     int end = 0;
     if (stop || atomic_load(&r->cancel)) end = stop ? CSD_REQ_END_STOP : CSD_REQ_END_CANCELLED;
     else if (r->params.json_vocab && csd_json_accept_done(&r->json)) end = CSD_REQ_END_STOP;
-    else if (!r->params.ignore_eos && is_eog(e, ev.id)) end = CSD_REQ_END_STOP;
+    /* a JSON answer ends with its object, not at an end-of-generation token that is plain text */
+    else if (!r->params.json_vocab && !r->params.ignore_eos && is_eog(e, ev.id))
+        end = CSD_REQ_END_STOP;
     else if (r->n_gen >= r->params.max_tokens || r->n_prompt + r->n_gen >= e->max_ctx)
         end = CSD_REQ_END_LENGTH;
     if (end) {
