@@ -2,7 +2,8 @@
  * json_object (model/json_accept.h), checked against jansson. Feeds the input byte by byte up to
  * the first refused byte; the accepted prefix must be what jansson parses as one object exactly
  * when the acceptor says it is done (jansson's own limits on numbers aside), a refused byte must
- * leave the state unchanged, and an unfinished object always has a byte that continues it. Run it with `scripts/fuzz SECONDS model_json_accept`. */
+ * leave the state unchanged, and an unfinished object always has a byte that continues it. Run it
+ * with `scripts/fuzz SECONDS model_json_accept`. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>

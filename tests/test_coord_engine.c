@@ -423,7 +423,8 @@ static void test_json_object(void **state) {
         assert_int_equal(c.end, CSD_REQ_END_STOP);
         json_error_t je;
         json_t *obj = json_loadb(text, (size_t)c.n, 0, &je);
-        if (!json_is_object(obj)) fail_msg("seed %d: not one JSON object: %s (%s)", seed, text, je.text);
+        if (!json_is_object(obj))
+            fail_msg("seed %d: not one JSON object: %s (%s)", seed, text, je.text);
         json_decref(obj);
         closed++;
     }

@@ -61,7 +61,8 @@ static void test_refused_at_first_wrong_byte(void **state) {
         "{\"a\":\"\\u12|g4\"}", "{\"a\":\"|\x01\"}", "{\"a\":\"|\xc0\xaf\"}",
         "{\"a\":\"\xe0|\x80\x80\"}", "{\"a\":\"\xed|\xa0\x80\"}", "{\"a\":\"|\xff\"}",
         "{\"a\":\"\\ud|c00\"}" /* a low half alone */,
-"{\"a\":\"\\ud83d\\ud|83d\"}", "{\"a\":\"\\ud83d|\"}", "{\"a\":\"\\ud83d\\|n\"}", "{\"a\":\"\\ud83d\\u|0041\"}",
+        "{\"a\":\"\\ud83d\\ud|83d\"}" /* a high half after a high half */, "{\"a\":\"\\ud83d|\"}",
+        "{\"a\":\"\\ud83d\\|n\"}", "{\"a\":\"\\ud83d\\u|0041\"}",
         "{}|}",
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
