@@ -88,6 +88,15 @@ static csd_engine *engine_over(csd_pipeline *p, int parallel) {
     return e;
 }
 
+/* A fleet over a fake stage that refuses every copy (and what `refusal` names, when set). */
+static csd_pipeline *refusing_fleet(fake_stage *fs, const char *(*refusal)(uint32_t, int *)) {
+    memset(fs, 0, sizeof *fs);
+    fs->answer_pings = true;
+    fs->refuse_copies = true;
+    fs->refusal = refusal;
+    return fake_stage_fleet(fs, 10000);
+}
+
 /* A document, then the same document with a question after it: the second copies the first's
  * N_DOC positions from the prefix cache. */
 static void prompts(int32_t *doc, int32_t *asked) {
@@ -95,19 +104,23 @@ static void prompts(int32_t *doc, int32_t *asked) {
     memcpy(doc, asked, N_DOC * sizeof *doc);
 }
 
+/* Runs the document (its prompt KV then held in the prefix cache); asked gets the longer prompt. */
+static void run_document(csd_engine *e, int32_t *asked) {
+    int32_t doc[N_DOC];
+    prompts(doc, asked);
+    outcome first;
+    run(e, doc, N_DOC, &first);
+    assert_int_equal(first.res.end, CSD_REQ_END_LENGTH);
+}
+
 static void test_refused_copy_recomputes(void **state) {
     (void)state;
     fake_stage fs;
-    memset(&fs, 0, sizeof fs);
-    fs.answer_pings = true;
-    fs.refuse_copies = true;
-    csd_pipeline *p = fake_stage_fleet(&fs, 10000);
+    csd_pipeline *p = refusing_fleet(&fs, NULL);
     csd_engine *e = engine_over(p, 1);
-    int32_t doc[N_DOC], asked[N_DOC + 4];
-    prompts(doc, asked);
-    outcome first, second;
-    run(e, doc, N_DOC, &first);
-    assert_int_equal(first.res.end, CSD_REQ_END_LENGTH);
+    int32_t asked[N_DOC + 4];
+    run_document(e, asked);
+    outcome second;
     int tokens_before = atomic_load(&fs.tokens);
     run(e, asked, N_DOC + 4, &second);
     assert_int_equal(atomic_load(&fs.copies), 1); /* the copy was tried, and refused */
@@ -137,10 +150,7 @@ static void test_refused_copy_recomputes(void **state) {
 static void test_refused_group_copy_recomputes(void **state) {
     (void)state;
     fake_stage fs;
-    memset(&fs, 0, sizeof fs);
-    fs.answer_pings = true;
-    fs.refuse_copies = true;
-    csd_pipeline *p = fake_stage_fleet(&fs, 10000);
+    csd_pipeline *p = refusing_fleet(&fs, NULL);
     csd_engine *e = engine_over(p, 2);
     int32_t doc[N_DOC], asked[N_DOC + 4];
     prompts(doc, asked);
@@ -182,17 +192,11 @@ static const char *refuse_all_but_first(uint32_t request_id, int *code) {
 static void test_second_refusal_fails(void **state) {
     (void)state;
     fake_stage fs;
-    memset(&fs, 0, sizeof fs);
-    fs.answer_pings = true;
-    fs.refuse_copies = true;
-    fs.refusal = refuse_all_but_first;
-    csd_pipeline *p = fake_stage_fleet(&fs, 10000);
+    csd_pipeline *p = refusing_fleet(&fs, refuse_all_but_first);
     csd_engine *e = engine_over(p, 1);
-    int32_t doc[N_DOC], asked[N_DOC + 4];
-    prompts(doc, asked);
-    outcome first, second;
-    run(e, doc, N_DOC, &first);
-    assert_int_equal(first.res.end, CSD_REQ_END_LENGTH);
+    int32_t asked[N_DOC + 4];
+    run_document(e, asked);
+    outcome second;
     run(e, asked, N_DOC + 4, &second);
     assert_int_equal(second.res.end, CSD_REQ_END_ERROR);
     assert_int_equal(second.res.code, CSD_EFULL);
