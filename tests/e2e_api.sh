@@ -374,6 +374,25 @@ for endpoint in ("/v1/completions", "/v1/chat/completions"):
     assert all(parses(t) for t in ended), got
     free = answers(None, endpoint)
     assert not all(parses(t) for t, _ in free), free  # else the check above proves nothing
+# n choices and a stream: each choice that ends by itself is one object; streamed deltas join into one
+body = {"prompt": text, "max_tokens": 48, "temperature": 1, "seed": 5, "logit_bias": bias, "n": 3,
+        "response_format": {"type": "json_object"}}
+st, r = post("/v1/completions", body)
+assert st == 200 and len(r["choices"]) == 3, r
+assert all(parses(c["text"]) for c in r["choices"] if c["finish_reason"] == "stop"), r
+req = urllib.request.Request(base + "/v1/completions", method="POST",
+                             data=json.dumps(dict(body, n=1, stream=True)).encode(),
+                             headers={"Content-Type": "application/json",
+                                      "Authorization": "Bearer secret"})
+with urllib.request.urlopen(req) as resp:
+    events = [json.loads(l[6:]) for l in resp.read().decode().splitlines()
+              if l.startswith("data: {")]
+streamed = "".join(e["choices"][0]["text"] for e in events if e["choices"])
+why = [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1]
+st, plain = post("/v1/completions", dict(body, n=1))
+assert streamed == plain["choices"][0]["text"] and why == plain["choices"][0]["finish_reason"], (
+    streamed, plain)
+assert why != "stop" or parses(streamed), streamed
 st, err = post("/v1/completions", dict(greedy, response_format={"type": "json_schema"}))
 assert st == 400 and err["error"]["param"] == "response_format", err
 print("ok   response_format json_object: %d of 8 answers closed, each one JSON object" % len(ended))
