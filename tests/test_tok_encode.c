@@ -115,6 +115,10 @@ static void qwen3_nfc_and_specials(void **state) {
     assert_int_equal(csd_tok_bos(tok), -1);
     assert_int_equal(csd_tok_eos(tok), 151645);
     assert_true(csd_tok_is_eog(tok, 151643));      /* <|endoftext|> */
+    /* "</s>" is an ordinary piece here, not Llama 2's end of sequence: text, not an end */
+    int32_t plain_eos = csd_tok_find(tok, "</s>");
+    assert_true(plain_eos > 0 && !csd_tok_is_special(tok, plain_eos));
+    assert_false(csd_tok_is_eog(tok, plain_eos));
     assert_false(csd_tok_is_special(tok, 151667)); /* <think> is added but not special */
     /* non-special added tokens are still split out when special parsing is off */
     const int32_t think = 151667;

@@ -20,7 +20,8 @@ int csd_tok_regex_compile_gpt2(csd_tok *tok, void **code, csd_err *err);
 /* Metaspace's replacement character when tokenizer.json names none: U+2581 in UTF-8. */
 #define METASPACE_DEFAULT "\xE2\x96\x81"
 
-/* End-of-generation markers recognised by content when the vocabulary has them. */
+/* End-of-generation markers recognised by content when the vocabulary has them as added tokens
+ * (one that is an ordinary piece, as "</s>" is in Qwen's vocabulary, is text). */
 static const char *const eog_names[] = {
     "<|eot_id|>",      "<|eom_id|>",    "<|im_end|>", "<|endoftext|>",
     "<|end_of_text|>", "<end_of_turn>", "<|end|>",    "</s>"};
@@ -724,7 +725,8 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
     if (tok->eos >= 0) tok->id_flags[tok->eos] |= CSD_TOK_ID_EOG;
     for (size_t i = 0; i < sizeof eog_names / sizeof eog_names[0]; i++) {
         int32_t id = csd_tok_find(tok, eog_names[i]);
-        if (id >= 0) tok->id_flags[id] |= CSD_TOK_ID_EOG;
+        if (id >= 0 && (tok->id_flags[id] & (CSD_TOK_ID_ADDED | CSD_TOK_ID_SPECIAL)))
+            tok->id_flags[id] |= CSD_TOK_ID_EOG;
     }
     csd_free(vsym);
     csd_free(vid);
