@@ -367,21 +367,28 @@ def parses(t):
         return isinstance(json.loads(t), dict)
     except ValueError:
         return False
+closed = {}
 for endpoint in ("/v1/completions", "/v1/chat/completions"):
     got = answers("json_object", endpoint)
+    closed[endpoint] = got
     ended = [t for t, why in got if why == "stop"]
     assert ended, ("no JSON answer closed within 48 tokens", got)
     assert all(parses(t) for t in ended), got
     free = answers(None, endpoint)
     assert not all(parses(t) for t, _ in free), free  # else the check above proves nothing
-# n choices and a stream: each choice that ends by itself is one object; streamed deltas join into one
+# n choices: choice i samples with seed + i, so each is the answer that seed gave alone above (and
+# so each choice was constrained too)
+single = closed["/v1/completions"]  # seeds 1..8
 body = {"prompt": text, "max_tokens": 48, "temperature": 1, "seed": 5, "logit_bias": bias, "n": 3,
         "response_format": {"type": "json_object"}}
 st, r = post("/v1/completions", body)
 assert st == 200 and len(r["choices"]) == 3, r
-assert all(parses(c["text"]) for c in r["choices"] if c["finish_reason"] == "stop"), r
+for i, c in enumerate(r["choices"]):
+    assert (c["text"], c["finish_reason"]) == single[4 + i], (i, c, single[4 + i])
+# streamed: the deltas join into the answer of a seed whose object closed
+seed = 1 + [why for _, why in single].index("stop")
 req = urllib.request.Request(base + "/v1/completions", method="POST",
-                             data=json.dumps(dict(body, n=1, stream=True)).encode(),
+                             data=json.dumps(dict(body, n=1, seed=seed, stream=True)).encode(),
                              headers={"Content-Type": "application/json",
                                       "Authorization": "Bearer secret"})
 with urllib.request.urlopen(req) as resp:
@@ -389,13 +396,11 @@ with urllib.request.urlopen(req) as resp:
               if l.startswith("data: {")]
 streamed = "".join(e["choices"][0]["text"] for e in events if e["choices"])
 why = [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1]
-st, plain = post("/v1/completions", dict(body, n=1))
-assert streamed == plain["choices"][0]["text"] and why == plain["choices"][0]["finish_reason"], (
-    streamed, plain)
-assert why != "stop" or parses(streamed), streamed
+assert (streamed, why) == single[seed - 1] and parses(streamed), (streamed, why, single[seed - 1])
 st, err = post("/v1/completions", dict(greedy, response_format={"type": "json_schema"}))
 assert st == 400 and err["error"]["param"] == "response_format", err
-print("ok   response_format json_object: %d of 8 answers closed, each one JSON object" % len(ended))
+print("ok   response_format json_object: %d and %d of 8 answers closed (completions, chat), each one"
+      " JSON object; n and stream agree" % tuple(sum(w == "stop" for _, w in closed[k]) for k in closed))
 PY
 
 # --- SIGTERM shuts down cleanly ---

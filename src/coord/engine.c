@@ -515,7 +515,8 @@ static void emit_token(worker *w, req *r, float *logits) {
     int end = 0;
     if (stop || atomic_load(&r->cancel)) end = stop ? CSD_REQ_END_STOP : CSD_REQ_END_CANCELLED;
     else if (r->params.json_vocab && csd_json_accept_done(&r->json)) end = CSD_REQ_END_STOP;
-    /* a JSON answer ends with its object, not at an end-of-generation token that is plain text */
+    /* a JSON answer ends with its object, not at an end-of-generation id with bytes (an ordinary
+     * piece a generation_config lists, say), which is text there */
     else if (!r->params.json_vocab && !r->params.ignore_eos && is_eog(e, ev.id))
         end = CSD_REQ_END_STOP;
     else if (r->n_gen >= r->params.max_tokens || r->n_prompt + r->n_gen >= e->max_ctx)
