@@ -67,8 +67,6 @@ static void start_string(csd_json_accept *a, bool key) {
     a->sub = S_CHAR;
     a->key = key;
     a->utf8_left = 0;
-    a->utf8_lo = 0x80; /* as after a whole character: the in-text states all compare equal */
-    a->utf8_hi = 0xBF;
 }
 
 static bool start_value(csd_json_accept *a, uint8_t b) {

@@ -42,7 +42,11 @@ static int fill(csd_vocab_bytes *v, csd_token_bytes_fn fn, void *ctx, csd_err *e
     return 0;
 }
 
-static bool token_fits(const csd_json_accept *a, const csd_vocab_bytes *v, int32_t id);
+/* Token id's bytes, and their count in *n. */
+static const uint8_t *token(const csd_vocab_bytes *v, int32_t id, uint32_t *n) {
+    *n = v->offset[id + 1] - v->offset[id];
+    return v->bytes + v->offset[id];
+}
 
 /* No byte that ends a string or starts an escape, and no control byte. */
 static bool text_bytes(const uint8_t *p, uint32_t n) {
@@ -51,18 +55,18 @@ static bool text_bytes(const uint8_t *p, uint32_t n) {
     return true;
 }
 
-/* The plain tokens: text bytes only, whole UTF-8 characters (the acceptor, from inside a key, ends
- * where it began: a value's string text follows the same rules). */
+/* The plain tokens: text bytes only, and whole UTF-8 characters (inside a string the acceptor is
+ * between characters again after them). */
 static void mark_plain(csd_vocab_bytes *v) {
     csd_json_accept in_text;
     csd_json_accept_init(&in_text);
     csd_json_accept_bytes(&in_text, (const uint8_t *)"{\"", 2);
     for (int32_t id = 0; id < v->n_ids; id++) {
-        const uint8_t *p = v->bytes + v->offset[id];
-        uint32_t n = v->offset[id + 1] - v->offset[id];
+        uint32_t n;
+        const uint8_t *p = token(v, id, &n);
         csd_json_accept after = in_text;
         v->plain[id] = n > 0 && text_bytes(p, n) && csd_json_accept_bytes(&after, p, n) &&
-                       memcmp(&after, &in_text, sizeof after) == 0;
+                       csd_json_accept_in_text(&after);
     }
 }
 
@@ -95,9 +99,8 @@ void csd_vocab_bytes_destroy(csd_vocab_bytes *v) {
 }
 
 static bool token_fits(const csd_json_accept *a, const csd_vocab_bytes *v, int32_t id) {
-    uint32_t from = v->offset[id], n = v->offset[id + 1] - from;
     csd_json_accept trial = *a;
-    return n > 0 && csd_json_accept_bytes(&trial, v->bytes + from, n);
+    return csd_json_accept_token(&trial, v, id);
 }
 
 /* Which one- and two-byte starts can come next: one trial per byte value, and per byte after each
@@ -128,11 +131,12 @@ static void find_starts(const csd_json_accept *a, bool in_text, starts *st) {
  * through the acceptor took 1.9-6.7 (docs/api.md). */
 static bool allowed(const csd_json_accept *a, const csd_vocab_bytes *v, int32_t id,
                     const starts *st, bool in_text) {
-    uint32_t from = v->offset[id], n = v->offset[id + 1] - from;
-    if (n == 0 || !st->first[v->bytes[from]]) return false;
+    uint32_t n;
+    const uint8_t *p = token(v, id, &n);
+    if (n == 0 || !st->first[p[0]]) return false;
     if (in_text && v->plain[id]) return true;
     if (n >= 2 && st->two) {
-        uint8_t b1 = v->bytes[from], b2 = v->bytes[from + 1];
+        uint8_t b1 = p[0], b2 = p[1];
         if (!(st->second[b1][b2 >> 3] & (1u << (b2 & 7)))) return false;
         if (n == 2) return true;
     } else if (n == 1) {
@@ -157,6 +161,7 @@ int32_t csd_json_mask(const csd_json_accept *a, const csd_vocab_bytes *v, float 
 
 bool csd_json_accept_token(csd_json_accept *a, const csd_vocab_bytes *v, int32_t id) {
     if (id < 0 || id >= v->n_ids) return false;
-    uint32_t from = v->offset[id], n = v->offset[id + 1] - from;
-    return n > 0 && csd_json_accept_bytes(a, v->bytes + from, n);
+    uint32_t n;
+    const uint8_t *p = token(v, id, &n);
+    return n > 0 && csd_json_accept_bytes(a, p, n);
 }

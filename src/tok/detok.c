@@ -1,8 +1,8 @@
 /* detok: ids -> text. Whole-sequence decoding is the streaming detokenizer run over every id, so
- * the two can never disagree. Bytes (byte-level pieces, <0xXX> fallback pieces) go through the
- * WHATWG UTF-8 decoder: an unfinished character is held back, an invalid one becomes U+FFFD exactly
- * where the reference's TextDecoder puts it. Writes only into the caller's buffer: no allocation
- * per token. */
+ * the two can never disagree; a token's raw bytes (csd_tok_token_bytes) come from the same step.
+ * Bytes (byte-level pieces, <0xXX> fallback pieces) go through the WHATWG UTF-8 decoder: an
+ * unfinished character is held back, an invalid one becomes U+FFFD exactly where the reference's
+ * TextDecoder puts it. Writes only into the caller's buffer: no allocation per token. */
 #include "tok/tokenizer.h"
 
 #include <string.h>
@@ -14,6 +14,7 @@ typedef struct sink {
     char *p;
     size_t len, cap;
     csd_tok_buf *grow; /* when set, text goes here instead of p */
+    bool raw;          /* bytes as they are, not UTF-8 decoded (csd_tok_token_bytes) */
     int rc;
 } sink;
 
@@ -51,6 +52,10 @@ static void flush_pending(csd_detok *d, sink *s) {
 }
 
 static void feed_byte(csd_detok *d, sink *s, uint8_t b) {
+    if (s->raw) {
+        emit(d, s, (const char *)&b, 1);
+        return;
+    }
     csd_tok_u8dec dec;
     csd_tok_u8dec_init(&dec);
     char tmp[16];
@@ -162,6 +167,18 @@ int csd_detok_flush(csd_detok *d, char *out, size_t cap, size_t *out_len) {
     out[s.len] = '\0';
     *out_len = s.len;
     return 0;
+}
+
+int csd_tok_token_bytes(const csd_tok *tok, int32_t id, uint8_t *out, size_t cap, size_t *len) {
+    *len = 0;
+    if (id >= 0 && id < tok->n_ids && tok->id_sym[id] < 0) return 0; /* a hole in the ids */
+    csd_detok d; /* in the middle of a text: no leading-space strip */
+    csd_detok_init(&d, tok, true);
+    d.at_start = false;
+    sink s = {.p = (char *)out, .cap = cap + 1, .raw = true}; /* (put keeps room for a NUL) */
+    int rc = step(&d, id, &s);
+    if (!rc) *len = s.len;
+    return rc;
 }
 
 int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special, char **text,
