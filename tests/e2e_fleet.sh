@@ -24,7 +24,9 @@ start_worker() {
     local pid=$!
     wait_for 30 logged_or_gone "$log" "listening on port [0-9]" "$pid" || true
     port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$log")
-    [ -n "$port" ] || { cat "$log"; fail "worker for $shard did not start"; } >&2
+    local state="still silent after 30 s"
+    gone "$pid" && state="exited"
+    [ -n "$port" ] || { cat "$log"; fail "worker for $shard did not start ($state)"; } >&2
     echo "$pid $port"
 }
 
