@@ -15,6 +15,7 @@
 #include "core/alloc.h"
 #include "http/openai_request.h"
 #include "http/stop_text.h"
+#include "model/json_accept.h"
 
 static int parse(csd_http_req *r, int kind, const char *body, csd_http_error *e) {
     return csd_http_req_parse(r, kind, body, strlen(body), 1000, e);
@@ -206,11 +207,21 @@ static void test_chat_type_errors(void **state) {
     expect_chat_error("\"tool_choice\":5", "tool_choice");
     expect_chat_error("\"response_format\":\"json\"", "response_format");
     expect_chat_error("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}",
-                      "response_format");
+                      "response_format.json_schema.schema");
+    expect_chat_error("\"response_format\":{\"type\":\"json_schema\"}",
+                      "response_format.json_schema");
+    expect_chat_error("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                      "{\"name\":5,\"schema\":{}}}",
+                      "response_format.json_schema.name");
+    expect_chat_error("\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                      "{\"schema\":{\"type\":\"object\",\"minProperties\":1}}}",
+                      "response_format.json_schema.schema");
+    expect_chat_error("\"response_format\":{\"type\":\"yaml\"}", "response_format");
     expect_chat_error("\"response_format\":{\"type\":7}", "response_format.type");
 }
 
-/* response_format json_object: the answer is to be one JSON object, on both endpoints */
+/* response_format json_object: the answer is to be one JSON object, on both endpoints; json_schema
+ * also carries the compiled schema */
 static void test_response_format_json_object(void **state) {
     (void)state;
     static const char *const bodies[] = {
@@ -223,8 +234,23 @@ static void test_response_format_json_object(void **state) {
         if (parse(&r, i == 0 ? CHAT : CSD_HTTP_KIND_COMPLETION, bodies[i], &e))
             fail_msg("%s: %s", bodies[i], e.message);
         assert_true(r.json_object);
+        assert_null(r.json_schema);
         csd_http_req_fini(&r);
     }
+    /* json_schema: compiled with the request, owned by it */
+    const char *body = "{" MSGS ",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                       "{\"name\":\"a\",\"strict\":true,\"schema\":{\"type\":\"object\","
+                       "\"properties\":{\"ok\":{\"type\":\"boolean\"}},\"required\":[\"ok\"]}}}}";
+    csd_http_req r;
+    csd_http_error e;
+    if (parse(&r, CHAT, body, &e)) fail_msg("%s: %s", body, e.message);
+    assert_true(r.json_object);
+    assert_non_null(r.json_schema);
+    csd_json_accept a;
+    csd_json_accept_init_schema(&a, r.json_schema);
+    assert_true(csd_json_accept_bytes(&a, (const uint8_t *)"{\"ok\":true}", 11));
+    assert_true(csd_json_accept_done(&a));
+    csd_http_req_fini(&r);
 }
 
 static void test_chat_range_errors(void **state) {

@@ -46,6 +46,7 @@ typedef struct req {
     bool no_copy;             /* a stage refused its copied prompt: it computes the whole prompt */
     bool step_failed;         /* a whole step carrying it failed (not this request alone) */
     csd_json_accept json;     /* the object so far, when params.json_vocab is set */
+    csd_json_schema *schema;  /* its own copy of params.json_schema (which points to it), or NULL */
     uint64_t group;           /* requests submitted together share it (their first one's id) and
                                * their prompt; 0: alone */
     atomic_bool cancel;
@@ -142,6 +143,7 @@ static void req_free(req *r) {
     if (!r) return;
     csd_sampler_destroy(r->sampler);
     csd_free(r->prompt);
+    csd_json_schema_destroy(r->schema);
     csd_free(r);
 }
 
@@ -740,6 +742,8 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
                : csd_err_set(err, CSD_ENOMEM, "request");
     if (!rc && !(r->prompt = csd_alloc_array((size_t)n_prompt, sizeof(int32_t))))
         rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
+    if (!rc && params->json_schema && !(r->schema = csd_json_schema_copy(params->json_schema)))
+        rc = csd_err_set(err, CSD_ENOMEM, "schema copy");
     if (rc) {
         req_free(r);
         return rc;
@@ -748,7 +752,9 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(r->sampler, prompt[i]);
     r->n_prompt = n_prompt;
     r->params = *params;
-    csd_json_accept_init(&r->json);
+    r->params.json_schema = r->schema;
+    if (r->schema) csd_json_accept_init_schema(&r->json, r->schema);
+    else csd_json_accept_init(&r->json);
     r->cb = *cb;
     r->ctx = ctx;
     r->t_submit = csd_now_ns();

@@ -13,6 +13,7 @@
 
 #include "core/err.h"
 #include "model/json_mask.h"
+#include "model/json_schema.h"
 #include "model/sampler.h"
 #include "pipeline.h"
 
@@ -39,6 +40,9 @@ typedef struct csd_req_params {
     /* non-NULL: the answer is one JSON object (response_format json_object), over these token
      * bytes (borrowed; they outlive the request); it ends when the object closes */
     const csd_vocab_bytes *json_vocab;
+    /* with json_vocab: the object's schema (response_format json_schema), or NULL for any object.
+     * Borrowed only during submit: each request keeps its own copy. */
+    const csd_json_schema *json_schema;
 } csd_req_params;
 
 typedef struct csd_token_event {

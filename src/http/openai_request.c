@@ -306,8 +306,31 @@ static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) 
     return 0;
 }
 
-/* response_format: plain text, or one JSON object (constrained decoding: model/json_mask.h). A JSON
- * schema is refused: refusing beats answering with JSON that ignores it. */
+/* response_format json_schema: {"name": ..., "schema": {...}, "strict": ...}; the schema is
+ * compiled here so that one outside the supported subset is refused before any work
+ * (model/json_schema.h). "strict" changes nothing: the answer always follows the schema. */
+static int parse_json_schema(const json_t *v, csd_http_req *r, csd_http_error *e) {
+    json_t *js = json_object_get(v, "json_schema");
+    if (!json_is_object(js))
+        return csd_http_bad_type(e, "response_format.json_schema", "an object");
+    json_t *name = json_object_get(js, "name"), *strict = json_object_get(js, "strict");
+    if (name && !json_is_string(name))
+        return csd_http_bad_type(e, "response_format.json_schema.name", "a string");
+    if (strict && !json_is_boolean(strict) && !json_is_null(strict))
+        return csd_http_bad_type(e, "response_format.json_schema.strict", "a boolean");
+    json_t *schema = json_object_get(js, "schema");
+    if (!json_is_object(schema))
+        return csd_http_bad_type(e, "response_format.json_schema.schema", "an object");
+    csd_err err = {0};
+    if (csd_json_schema_compile(&r->json_schema, schema, &err))
+        return csd_http_error_set(e, 400, NULL, "response_format.json_schema.schema",
+                                  "invalid_json_schema", "response_format.json_schema.%s",
+                                  err.msg);
+    return 0;
+}
+
+/* response_format: plain text, one JSON object, or one object valid against a JSON schema
+ * (constrained decoding: model/json_mask.h). */
 static int parse_response_format(const json_t *root, csd_http_req *r, csd_http_error *e) {
     json_t *v = member(root, "response_format");
     if (!v) return 0;
@@ -315,11 +338,12 @@ static int parse_response_format(const json_t *root, csd_http_req *r, csd_http_e
     json_t *t = json_object_get(v, "type");
     if (!json_is_string(t)) return csd_http_bad_type(e, "response_format.type", "a string");
     const char *type = json_string_value(t);
-    r->json_object = !strcmp(type, "json_object");
+    r->json_object = !strcmp(type, "json_object") || !strcmp(type, "json_schema");
+    if (!strcmp(type, "json_schema")) return parse_json_schema(v, r, e);
     if (!r->json_object && strcmp(type, "text") != 0)
         return csd_http_error_set(e, 400, NULL, "response_format", "unsupported_value",
-                                  "response_format '%s' is not supported (only 'text' and "
-                                  "'json_object')",
+                                  "response_format '%s' is not supported (only 'text', "
+                                  "'json_object' and 'json_schema')",
                                   type);
     return 0;
 }
@@ -632,5 +656,6 @@ void csd_http_req_fini(csd_http_req *req) {
     json_decref(req->tool_choice);
     csd_free(req->prompt);
     csd_free(req->prompt_ids);
+    csd_json_schema_destroy(req->json_schema);
     memset(req, 0, sizeof *req);
 }

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "model/json_schema.h"
 #include "model/sampler.h"
 
 /* Stop strings per request: OpenAI allows 4; we accept more (local clients send longer lists). */
@@ -76,7 +77,9 @@ typedef struct csd_http_req {
     bool logprobs;                 /* return logprobs of the chosen tokens */
     int top_logprobs;              /* alternatives per token, 0..CSD_HTTP_MAX_TOP_LOGPROBS */
     char *user;                    /* NULL when absent; only logged */
-    bool json_object;              /* response_format json_object: the answer is one JSON object */
+    bool json_object;              /* response_format json_object or json_schema: the answer is
+                                    * one JSON object */
+    csd_json_schema *json_schema;  /* response_format json_schema: the object's schema (owned) */
     /* chat */
     json_t *messages;    /* normalized array of {role, content[, name, tool_calls,
                             tool_call_id]}: content is a string (text parts joined) or null */

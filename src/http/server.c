@@ -541,7 +541,8 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     csd_http_job *j = NULL;
     if (req.json_object && !s->json_vocab) {
         csd_http_error_set(&e, 400, NULL, "response_format", "unsupported_value",
-                           "response_format 'json_object' is not available on this server");
+                           "response_format '%s' is not available on this server",
+                           req.json_schema ? "json_schema" : "json_object");
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }
@@ -580,6 +581,7 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     rp.ignore_eos = req.ignore_eos;
     rp.top_logprobs = req.top_logprobs;
     rp.json_vocab = req.json_object ? s->json_vocab : NULL;
+    rp.json_schema = req.json_schema;
     if (csd_http_job_create(&j, &req, s->tok, s->model_name, engine, (int64_t)n_ids)) {
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
         goto done;

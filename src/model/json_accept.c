@@ -4,6 +4,8 @@
 
 #include <string.h>
 
+#include "model/json_schema.h"
+
 enum mode {
     M_START,          /* before the object: '{' */
     M_VALUE,          /* after ':' or an array's ',': any value */
@@ -47,16 +49,161 @@ static bool take_ws(csd_json_accept *a, uint8_t b) {
     return true;
 }
 
+/* ---- Schema ----
+ * With a schema, every value starts against a node (a->value_node): its first byte must be of one
+ * of the node's types, and an enum's value must be one of its literals byte for byte. Keys of an
+ * object with properties are matched the same way against the properties that may come next. The
+ * base grammar above still decides what is JSON; these checks only narrow it, and never to
+ * nothing: every node has a type or a literal, and an object or array closes whenever its
+ * required properties or minItems allow. */
+
+static const csd_schema_node *node_at(const csd_json_accept *a, uint16_t id) {
+    return &a->schema->nodes[id];
+}
+
+static const csd_schema_node *top_node(const csd_json_accept *a) {
+    return node_at(a, a->node[a->depth - 1]);
+}
+
+static uint64_t low_bits(uint32_t n) { return n >= 64 ? ~0ull : (1ull << n) - 1; }
+
+/* Byte b against the candidates' bytes at match_len: the ones that go on with it stay. */
+static bool match_byte(csd_json_accept *a, uint8_t b) {
+    uint64_t keep = 0;
+    for (uint64_t c = a->cand; c; c &= c - 1) {
+        int i = __builtin_ctzll(c);
+        const csd_schema_lit *l = &a->schema->lits[a->lit_base + i];
+        if (l->len > a->match_len && a->schema->bytes[l->off + a->match_len] == b)
+            keep |= 1ull << i;
+    }
+    if (!keep) return false;
+    a->cand = keep;
+    a->match_len++;
+    return true;
+}
+
+/* The key or value ended: the candidate it spelled whole (its bit place), or -1. */
+static int match_end(csd_json_accept *a) {
+    a->matching = false;
+    for (uint64_t c = a->cand; c; c &= c - 1) {
+        int i = __builtin_ctzll(c);
+        if (a->schema->lits[a->lit_base + i].len == a->match_len) return i;
+    }
+    return -1;
+}
+
+static void start_match(csd_json_accept *a, uint16_t base, uint64_t cand) {
+    a->matching = true;
+    a->lit_base = base;
+    a->cand = cand;
+    a->match_len = 0;
+}
+
+/* The first required property at or after place i, or n when none is. */
+static uint16_t next_required(const csd_json_accept *a, const csd_schema_node *n, uint16_t i) {
+    while (i < n->n_props && !a->schema->props[n->first_prop + i].required) i++;
+    return i;
+}
+
+/* The type of a value starting with b, as CSD_JT_* bits. */
+static uint8_t type_of_start(uint8_t b) {
+    if (b == '{') return CSD_JT_OBJECT;
+    if (b == '[') return CSD_JT_ARRAY;
+    if (b == '"') return CSD_JT_STRING;
+    if (b == '-' || is_digit(b)) return CSD_JT_INTEGER | CSD_JT_NUMBER;
+    if (b == 't' || b == 'f') return CSD_JT_BOOLEAN;
+    return b == 'n' ? CSD_JT_NULL : 0;
+}
+
+/* A value starting with b where the schema expects a->value_node (an array item counts). */
+static bool schema_value(csd_json_accept *a, uint8_t b) {
+    if (!a->schema) return true;
+    const csd_schema_node *n = node_at(a, a->value_node);
+    if (!(n->types & type_of_start(b))) return false;
+    if (a->depth > 0 && a->stack[a->depth - 1] == '[') {
+        if (a->count[a->depth - 1] >= top_node(a)->max_items) return false;
+        a->count[a->depth - 1]++;
+    }
+    a->integer_only = !(n->types & CSD_JT_NUMBER);
+    a->matching = false;
+    if (!n->n_lits) return true;
+    start_match(a, n->first_lit, low_bits(n->n_lits));
+    return match_byte(a, b);
+}
+
+/* A container just opened (its depth pushed): it takes the value's node. */
+static void schema_open(csd_json_accept *a) {
+    if (!a->schema) return;
+    a->node[a->depth - 1] = a->value_node;
+    a->count[a->depth - 1] = 0;
+    if (a->stack[a->depth - 1] == '[') a->value_node = top_node(a)->items;
+}
+
+/* May the open container close now (its required properties written, minItems reached)? */
+static bool schema_may_close(const csd_json_accept *a) {
+    if (!a->schema) return true;
+    const csd_schema_node *n = top_node(a);
+    uint16_t k = a->count[a->depth - 1];
+    if (a->stack[a->depth - 1] == '[') return k >= n->min_items;
+    return n->free_object || next_required(a, n, k) == n->n_props;
+}
+
+/* May another member or item follow (a ',')? */
+static bool schema_may_continue(csd_json_accept *a) {
+    if (!a->schema) return true;
+    const csd_schema_node *n = top_node(a);
+    uint16_t k = a->count[a->depth - 1];
+    if (a->stack[a->depth - 1] == '[') {
+        a->value_node = n->items;
+        return k < n->max_items;
+    }
+    return n->free_object || k < n->n_props;
+}
+
+/* A key starts (its opening quote): the properties that may come next are its candidates. */
+static bool schema_key(csd_json_accept *a) {
+    if (!a->schema) return true;
+    const csd_schema_node *n = top_node(a);
+    if (n->free_object) return true;
+    uint16_t k = a->count[a->depth - 1];
+    if (k >= n->n_props) return false;
+    uint16_t last = next_required(a, n, k);
+    if (last == n->n_props) last = n->n_props - 1;
+    uint64_t cand = low_bits(last + 1u) & ~low_bits(k);
+    start_match(a, a->schema->props[n->first_prop].key_lit, cand);
+    return match_byte(a, '"');
+}
+
+/* A key ended: the property it names sets the value's node and the object's next place. */
+static bool schema_key_end(csd_json_accept *a) {
+    if (!a->schema) return true;
+    if (!a->matching) {
+        a->value_node = 0; /* a member of a free object: any value */
+        return true;
+    }
+    int p = match_end(a);
+    if (p < 0) return false;
+    const csd_schema_node *n = top_node(a);
+    a->value_node = a->schema->props[n->first_prop + p].node;
+    a->count[a->depth - 1] = (uint16_t)(p + 1);
+    return true;
+}
+
+/* A byte of the current key or value while it is matched, and its end. */
+static bool schema_byte(csd_json_accept *a, uint8_t b) { return !a->matching || match_byte(a, b); }
+static bool schema_value_end(csd_json_accept *a) { return !a->matching || match_end(a) >= 0; }
+
 static bool open_container(csd_json_accept *a, uint8_t b) {
     if (a->depth >= CSD_JSON_MAX_DEPTH) return false;
     a->stack[a->depth++] = b;
     a->mode = b == '{' ? M_KEY_OR_CLOSE : M_VALUE_OR_CLOSE;
+    schema_open(a);
     return true;
 }
 
 static bool close_container(csd_json_accept *a, uint8_t b) {
     uint8_t want = b == '}' ? '{' : '[';
-    if (a->depth == 0 || a->stack[a->depth - 1] != want) return false;
+    if (a->depth == 0 || a->stack[a->depth - 1] != want || !schema_may_close(a)) return false;
     a->depth--;
     a->mode = a->depth == 0 ? M_DONE : M_AFTER;
     return true;
@@ -70,6 +217,7 @@ static void start_string(csd_json_accept *a, bool key) {
 }
 
 static bool start_value(csd_json_accept *a, uint8_t b) {
+    if (!schema_value(a, b)) return false;
     if (b == '{' || b == '[') return open_container(a, b);
     if (b == '"') {
         start_string(a, false);
@@ -128,6 +276,7 @@ static bool hex_digit(csd_json_accept *a, uint8_t b) {
 }
 
 static bool string_byte(csd_json_accept *a, uint8_t b) {
+    if (!schema_byte(a, b)) return false;
     if (a->utf8_left) {
         if (b < a->utf8_lo || b > a->utf8_hi) return false;
         a->utf8_left--;
@@ -152,7 +301,7 @@ static bool string_byte(csd_json_accept *a, uint8_t b) {
     }
     if (b == '"') {
         a->mode = a->key ? M_COLON : M_AFTER;
-        return true;
+        return a->key ? schema_key_end(a) : schema_value_end(a);
     }
     if (b == '\\') {
         a->sub = S_ESCAPE;
@@ -187,20 +336,23 @@ static bool number_byte(csd_json_accept *a, uint8_t b) {
     if (next >= 0) {
         /* past the cap a complete number must end; an incomplete one may still complete */
         if (a->len >= CSD_JSON_MAX_NUMBER && complete) return false;
+        if (a->integer_only && (next == N_DOT || next == N_E)) return false;
+        if (!schema_byte(a, b)) return false;
         if (a->len < UINT8_MAX) a->len++;
         a->sub = (uint8_t)next;
         return true;
     }
-    if (!complete) return false;
+    if (!complete || !schema_value_end(a)) return false;
     a->mode = M_AFTER;
     return step(a, b);
 }
 
 static bool literal_byte(csd_json_accept *a, uint8_t b) {
     const char *lit = literals[a->literal];
-    if (b != (uint8_t)lit[a->len]) return false;
-    if (lit[++a->len] == '\0') a->mode = M_AFTER;
-    return true;
+    if (b != (uint8_t)lit[a->len] || !schema_byte(a, b)) return false;
+    if (lit[++a->len] != '\0') return true;
+    a->mode = M_AFTER;
+    return schema_value_end(a);
 }
 
 static bool structural_byte(csd_json_accept *a, uint8_t b) {
@@ -214,14 +366,14 @@ static bool structural_byte(csd_json_accept *a, uint8_t b) {
     case M_KEY:
         if (b != '"') return false;
         start_string(a, true);
-        return true;
+        return schema_key(a);
     case M_COLON:
         if (b != ':') return false;
         a->mode = M_VALUE;
         return true;
     case M_AFTER:
         if (b == '}' || b == ']') return close_container(a, b);
-        if (b != ',') return false;
+        if (b != ',' || !schema_may_continue(a)) return false;
         a->mode = a->stack[a->depth - 1] == '{' ? M_KEY : M_VALUE;
         return true;
     default: return false; /* M_DONE */
@@ -246,6 +398,12 @@ void csd_json_accept_init(csd_json_accept *a) {
     a->mode = M_START;
 }
 
+void csd_json_accept_init_schema(csd_json_accept *a, const csd_json_schema *schema) {
+    csd_json_accept_init(a);
+    a->schema = schema;
+    a->value_node = schema->root;
+}
+
 bool csd_json_accept_byte(csd_json_accept *a, uint8_t b) {
     csd_json_accept next = *a;
     if (!step(&next, b)) return false;
@@ -264,5 +422,6 @@ bool csd_json_accept_bytes(csd_json_accept *a, const uint8_t *p, uint32_t n) {
 bool csd_json_accept_done(const csd_json_accept *a) { return a->mode == M_DONE; }
 
 bool csd_json_accept_in_text(const csd_json_accept *a) {
-    return a->mode == M_STRING && a->sub == S_CHAR && a->utf8_left == 0 && !a->want_low;
+    return a->mode == M_STRING && a->sub == S_CHAR && a->utf8_left == 0 && !a->want_low &&
+           !a->matching;
 }

@@ -1,0 +1,432 @@
+/* json_schema: compiling a JSON Schema into nodes for the acceptor (json_schema.h). A builder with
+ * room for the largest schema allowed gathers the nodes, properties and literals while the schema
+ * is walked; the result is packed into one allocation. */
+#include "model/json_schema.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "model/json_accept.h"
+
+#define MAX_LITS 4096
+#define PATH_MAX_LEN 256
+
+typedef struct builder {
+    csd_schema_node nodes[CSD_SCHEMA_MAX_NODES];
+    csd_schema_prop props[CSD_SCHEMA_MAX_NODES];
+    csd_schema_lit lits[MAX_LITS];
+    uint8_t bytes[CSD_SCHEMA_MAX_BYTES];
+    uint32_t n_nodes, n_props, n_lits, n_bytes;
+    csd_err *err;
+} builder;
+
+/* The error, naming the place (its last 100 characters when longer) and the problem. */
+static int fail(builder *b, const char *path, const char *what, const char *detail) {
+    size_t len = strlen(path);
+    const char *shown = len > 100 ? path + len - 100 : *path ? path : "/";
+    return csd_err_set(b->err, CSD_EINVAL, "schema at '%s%s': %s%s",
+                       len > 100 ? "..." : "", shown, what, detail);
+}
+
+static const char *const annotations[] = {"title", "description", "default", "examples", "$schema",
+                                          "$id", "$comment", "deprecated", "readOnly",
+                                          "writeOnly", NULL};
+static const char *const supported[] = {"type", "properties", "required", "additionalProperties",
+                                        "items", "minItems", "maxItems", "enum", "const", "anyOf",
+                                        "oneOf", NULL};
+
+static bool listed(const char *const *list, const char *key) {
+    for (int i = 0; list[i]; i++)
+        if (!strcmp(list[i], key)) return true;
+    return false;
+}
+
+static int new_node(builder *b, const char *path, uint16_t *out) {
+    if (b->n_nodes >= CSD_SCHEMA_MAX_NODES)
+        return fail(b, path, "more than 1024 schemas in one response_format", "");
+    csd_schema_node *n = &b->nodes[b->n_nodes];
+    memset(n, 0, sizeof *n);
+    n->types = CSD_JT_ANY;
+    n->free_object = true;
+    n->max_items = CSD_SCHEMA_MAX_ITEMS;
+    *out = (uint16_t)b->n_nodes++;
+    return 0;
+}
+
+/* A literal: v in compact JSON. */
+static int add_lit(builder *b, const char *path, const json_t *v, uint16_t *out) {
+    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    if (!s) return csd_err_set(b->err, CSD_ENOMEM, "schema literal");
+    size_t len = strlen(s);
+    int rc = 0;
+    if (b->n_lits >= MAX_LITS || len > CSD_SCHEMA_MAX_BYTES - b->n_bytes)
+        rc = fail(b, path, "the schema's keys and enum values are too large", "");
+    else if (json_is_number(v) && len > CSD_JSON_MAX_NUMBER)
+        rc = fail(b, path, "a number literal longer than 32 characters", "");
+    if (!rc) {
+        memcpy(b->bytes + b->n_bytes, s, len);
+        b->lits[b->n_lits] = (csd_schema_lit){b->n_bytes, (uint32_t)len};
+        b->n_bytes += (uint32_t)len;
+        *out = (uint16_t)b->n_lits++;
+    }
+    free(s); /* jansson's allocator */
+    return rc;
+}
+
+static int type_bit(const json_t *name) {
+    static const char *const names[] = {"object", "array", "string", "integer", "number",
+                                        "boolean", "null"};
+    for (int i = 0; i < 7; i++)
+        if (json_is_string(name) && !strcmp(json_string_value(name), names[i])) return 1 << i;
+    return 0;
+}
+
+/* "type": one name or a non-empty list of names. */
+static int parse_type(builder *b, const char *path, const json_t *t, uint8_t *types) {
+    if (json_is_string(t)) {
+        *types = (uint8_t)type_bit(t);
+        if (!*types) return fail(b, path, "unknown type ", json_string_value(t));
+    } else if (json_is_array(t) && json_array_size(t) > 0) {
+        *types = 0;
+        size_t i;
+        const json_t *name;
+        json_array_foreach(t, i, name) {
+            int bit = type_bit(name);
+            if (!bit) return fail(b, path, "type lists an unknown type", "");
+            *types |= (uint8_t)bit;
+        }
+    } else {
+        return fail(b, path, "type must be a type name or a list of them", "");
+    }
+    if (*types & CSD_JT_NUMBER) *types |= CSD_JT_INTEGER;
+    return 0;
+}
+
+/* The JSON type of a scalar literal, as a CSD_JT_* bit. */
+static uint8_t value_type(const json_t *v) {
+    if (json_is_string(v)) return CSD_JT_STRING;
+    if (json_is_integer(v)) return CSD_JT_INTEGER | CSD_JT_NUMBER;
+    if (json_is_real(v)) return CSD_JT_NUMBER;
+    if (json_is_boolean(v)) return CSD_JT_BOOLEAN;
+    if (json_is_null(v)) return CSD_JT_NULL;
+    return 0; /* an object or array */
+}
+
+/* "enum" (a list) or "const" (one value): the literals of node n that have its types. */
+static int parse_enum(builder *b, const char *path, const json_t *list, csd_schema_node *n) {
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return fail(b, path, "enum must be a non-empty list", "");
+    if (json_array_size(list) > CSD_SCHEMA_MAX_ENUM)
+        return fail(b, path, "enum has more than 64 values", "");
+    n->first_lit = (uint16_t)b->n_lits;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(list, i, v) {
+        uint8_t t = value_type(v);
+        if (!t) return fail(b, path, "enum and const values must be strings, numbers, booleans "
+                                     "or null", "");
+        if (!(t & n->types)) continue; /* a value of another type can never be valid */
+        uint16_t lit;
+        int rc = add_lit(b, path, v, &lit);
+        if (rc) return rc;
+        n->n_lits++;
+    }
+    if (n->n_lits == 0) return fail(b, path, "no enum value has the schema's type", "");
+    return 0;
+}
+
+static int compile(builder *b, const json_t *s, const char *path, int depth, uint16_t *out);
+
+static int parse_properties(builder *b, const char *path, const json_t *s, int depth,
+                            csd_schema_node *n) {
+    const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    char sub[PATH_MAX_LEN];
+    if (!json_is_object(props)) return fail(b, path, "properties must be an object", "");
+    if (json_object_size(props) > CSD_SCHEMA_MAX_PROPS)
+        return fail(b, path, "more than 64 properties in one object", "");
+    if (b->n_props + json_object_size(props) > CSD_SCHEMA_MAX_NODES)
+        return fail(b, path, "more than 1024 properties in one response_format", "");
+    /* the properties take consecutive places first: the nested ones come after */
+    uint16_t first = (uint16_t)b->n_props;
+    n->first_prop = first;
+    n->n_props = (uint16_t)json_object_size(props);
+    n->free_object = false;
+    b->n_props += n->n_props;
+    const char *key;
+    const json_t *v;
+    uint16_t i = 0;
+    /* the keys first, so an object's keys are consecutive literals (the acceptor's candidates) */
+    json_object_foreach((json_t *)props, key, v) {
+        csd_schema_prop *p = &b->props[first + i++];
+        json_t *k = json_string(key);
+        int rc = k ? add_lit(b, path, k, &p->key_lit) : csd_err_set(b->err, CSD_ENOMEM, "key");
+        json_decref(k);
+        if (rc) return rc;
+        p->required = false;
+    }
+    i = 0;
+    json_object_foreach((json_t *)props, key, v) {
+        snprintf(sub, sizeof sub, "%s/properties/%s", path, key);
+        int rc = compile(b, v, sub, depth + 1, &b->props[first + i++].node);
+        if (rc) return rc;
+    }
+    if (!req) return 0;
+    if (!json_is_array(req)) return fail(b, path, "required must be a list of names", "");
+    size_t j;
+    json_array_foreach(req, j, v) {
+        const char *name = json_string_value(v);
+        if (!name) return fail(b, path, "required must be a list of names", "");
+        uint16_t k = 0;
+        const json_t *pv;
+        json_object_foreach((json_t *)props, key, pv) {
+            if (!strcmp(key, name)) break;
+            k++;
+        }
+        if (k == n->n_props) return fail(b, path, "required names a property not in properties: ",
+                                         name);
+        b->props[first + k].required = true;
+    }
+    return 0;
+}
+
+static int parse_count(builder *b, const char *path, const json_t *v, const char *name,
+                       uint16_t *out) {
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) > CSD_SCHEMA_MAX_ITEMS)
+        return fail(b, path, name, " must be an integer from 0 to 65535");
+    *out = (uint16_t)json_integer_value(v);
+    return 0;
+}
+
+static int parse_array(builder *b, const char *path, const json_t *s, int depth,
+                       csd_schema_node *n) {
+    const json_t *items = json_object_get(s, "items");
+    const json_t *lo = json_object_get(s, "minItems"), *hi = json_object_get(s, "maxItems");
+    int rc = 0;
+    char sub[PATH_MAX_LEN];
+    snprintf(sub, sizeof sub, "%s/items", path);
+    uint16_t item_node = 0;
+    if (items && !json_is_object(items) && !json_is_true(items))
+        return fail(b, path, "items must be a schema (lists of item schemas are not supported)",
+                    "");
+    if (items) rc = compile(b, items, sub, depth + 1, &item_node);
+    if (!rc && lo) rc = parse_count(b, path, lo, "minItems", &n->min_items);
+    if (!rc && hi) rc = parse_count(b, path, hi, "maxItems", &n->max_items);
+    if (!rc && n->min_items > n->max_items)
+        rc = fail(b, path, "minItems is above maxItems", "");
+    n->items = item_node;
+    return rc;
+}
+
+/* Appends a literal entry (the same bytes as literal i: a node's literals must be consecutive). */
+static int repeat_lit(builder *b, const char *path, uint16_t i) {
+    if (b->n_lits >= MAX_LITS) return fail(b, path, "too many enum values", "");
+    b->lits[b->n_lits++] = b->lits[i];
+    return 0;
+}
+
+/* anyOf branches where one is an enum: every value any branch allows is a literal, so the merged
+ * node is one enum (Pydantic's Optional[Literal[...]]: an enum and null). */
+static int merge_enums(builder *b, const char *path, const char *kw, const uint16_t *br, size_t n,
+                       csd_schema_node *m) {
+    m->first_lit = (uint16_t)b->n_lits;
+    for (size_t i = 0; i < n; i++) {
+        const csd_schema_node bn = b->nodes[br[i]];
+        int rc = 0;
+        for (uint16_t k = 0; k < bn.n_lits && !rc; k++) rc = repeat_lit(b, path, bn.first_lit + k);
+        if (!rc && !bn.n_lits) {
+            if (bn.types & ~(CSD_JT_NULL | CSD_JT_BOOLEAN))
+                return fail(b, path, kw, " may join an enum only with null or boolean branches");
+            uint16_t lit;
+            if (bn.types & CSD_JT_NULL) rc = add_lit(b, path, json_null(), &lit);
+            if (!rc && (bn.types & CSD_JT_BOOLEAN)) rc = add_lit(b, path, json_true(), &lit);
+            if (!rc && (bn.types & CSD_JT_BOOLEAN)) rc = add_lit(b, path, json_false(), &lit);
+        }
+        if (rc) return rc;
+        m->types |= bn.types;
+    }
+    m->n_lits = (uint16_t)(b->n_lits - m->first_lit);
+    if (m->n_lits > CSD_SCHEMA_MAX_ENUM) return fail(b, path, kw, " allows more than 64 values");
+    return 0;
+}
+
+/* anyOf branches of different types merge into one node: the first byte of a value tells which
+ * branch it is in, so decoding needs no look-ahead. */
+static int merge_types(builder *b, const char *path, const char *kw, const uint16_t *br, size_t n,
+                       csd_schema_node *m) {
+    for (size_t i = 0; i < n; i++) {
+        const csd_schema_node bn = b->nodes[br[i]];
+        uint8_t t = bn.types | ((bn.types & CSD_JT_INTEGER) ? CSD_JT_NUMBER : 0);
+        uint8_t have = m->types | ((m->types & CSD_JT_INTEGER) ? CSD_JT_NUMBER : 0);
+        if (t & have) return fail(b, path, kw, " branches must have different types");
+        m->types |= bn.types;
+        if (bn.types & CSD_JT_OBJECT) {
+            m->free_object = bn.free_object;
+            m->first_prop = bn.first_prop;
+            m->n_props = bn.n_props;
+        }
+        if (bn.types & CSD_JT_ARRAY) {
+            m->items = bn.items;
+            m->min_items = bn.min_items;
+            m->max_items = bn.max_items;
+        }
+    }
+    return 0;
+}
+
+/* anyOf/oneOf: the branches compiled, then merged into one node (merge_types, merge_enums). */
+static int parse_any_of(builder *b, const char *path, const char *kw, const json_t *list,
+                        int depth, uint16_t *out) {
+    char sub[PATH_MAX_LEN];
+    if (!json_is_array(list) || json_array_size(list) == 0)
+        return fail(b, path, kw, " must be a non-empty list of schemas");
+    if (json_array_size(list) > CSD_SCHEMA_MAX_ENUM)
+        return fail(b, path, kw, " has more than 64 branches");
+    uint16_t br[CSD_SCHEMA_MAX_ENUM];
+    bool any_enum = false;
+    size_t i;
+    const json_t *v;
+    json_array_foreach(list, i, v) {
+        snprintf(sub, sizeof sub, "%s/%s/%zu", path, kw, i);
+        int rc = compile(b, v, sub, depth, &br[i]);
+        if (rc) return rc;
+        any_enum |= b->nodes[br[i]].n_lits > 0;
+    }
+    uint16_t merged;
+    int rc = new_node(b, path, &merged);
+    if (rc) return rc;
+    csd_schema_node m = b->nodes[merged];
+    m.types = 0;
+    size_t n = json_array_size(list);
+    rc = any_enum ? merge_enums(b, path, kw, br, n, &m) : merge_types(b, path, kw, br, n, &m);
+    b->nodes[merged] = m;
+    *out = merged;
+    return rc;
+}
+
+/* Every keyword of s is supported or an annotation; anyOf/oneOf stand alone. */
+static int check_keywords(builder *b, const char *path, const json_t *s, const char **any_kw) {
+    const char *key;
+    const json_t *v;
+    int constraints = 0;
+    *any_kw = NULL;
+    json_object_foreach((json_t *)s, key, v) {
+        if (listed(annotations, key)) continue;
+        if (!listed(supported, key)) return fail(b, path, "unsupported keyword ", key);
+        if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf")) {
+            if (*any_kw) return fail(b, path, "anyOf and oneOf together", "");
+            *any_kw = key;
+        } else {
+            constraints++;
+        }
+    }
+    if (*any_kw && constraints)
+        return fail(b, path, *any_kw, " beside other constraints is not supported");
+    return 0;
+}
+
+static int compile_object(builder *b, const json_t *s, const char *path, int depth,
+                          uint16_t *out) {
+    const char *any_kw;
+    int rc = check_keywords(b, path, s, &any_kw);
+    if (rc) return rc;
+    if (any_kw) return parse_any_of(b, path, any_kw, json_object_get(s, any_kw), depth, out);
+    uint16_t id;
+    if ((rc = new_node(b, path, &id))) return rc;
+    csd_schema_node n = b->nodes[id];
+    const json_t *t = json_object_get(s, "type"), *add = json_object_get(s, "additionalProperties");
+    const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (t) rc = parse_type(b, path, t, &n.types);
+    if (!rc && add && !json_is_boolean(add))
+        rc = fail(b, path, "additionalProperties as a schema is not supported", "");
+    if (!rc && add && json_is_false(add)) n.free_object = false;
+    if (!rc && json_object_get(s, "properties")) rc = parse_properties(b, path, s, depth, &n);
+    else if (!rc && json_object_get(s, "required"))
+        rc = fail(b, path, "required without properties", "");
+    if (!rc && (n.types & CSD_JT_ARRAY)) rc = parse_array(b, path, s, depth, &n);
+    if (!rc && en && cn) rc = fail(b, path, "enum and const together", "");
+    if (!rc && en) rc = parse_enum(b, path, en, &n);
+    if (!rc && cn) {
+        json_t *one = json_pack("[O]", cn);
+        rc = one ? parse_enum(b, path, one, &n) : csd_err_set(b->err, CSD_ENOMEM, "const");
+        json_decref(one);
+    }
+    b->nodes[id] = n;
+    *out = id;
+    return rc;
+}
+
+static int compile(builder *b, const json_t *s, const char *path, int depth, uint16_t *out) {
+    if (depth > CSD_JSON_MAX_DEPTH) return fail(b, path, "nested deeper than 32 levels", "");
+    if (json_is_true(s)) {
+        *out = 0; /* the empty schema */
+        return 0;
+    }
+    if (!json_is_object(s)) return fail(b, path, "a schema must be an object or true", "");
+    return compile_object(b, s, path, depth, out);
+}
+
+/* The builder's arrays packed into one allocation (header, nodes, props, lits, bytes). */
+static csd_json_schema *pack(const builder *b, uint16_t root) {
+    size_t nodes = b->n_nodes * sizeof(csd_schema_node);
+    size_t props = b->n_props * sizeof(csd_schema_prop);
+    size_t lits = b->n_lits * sizeof(csd_schema_lit);
+    size_t size = sizeof(csd_json_schema) + nodes + props + lits + b->n_bytes;
+    csd_json_schema *s = csd_alloc(size);
+    if (!s) return NULL;
+    uint8_t *p = (uint8_t *)(s + 1);
+    memcpy(p, b->nodes, nodes);
+    memcpy(p + nodes, b->lits, lits);
+    memcpy(p + nodes + lits, b->props, props);
+    memcpy(p + nodes + lits + props, b->bytes, b->n_bytes);
+    *s = (csd_json_schema){.root = root, .n_nodes = (uint16_t)b->n_nodes,
+                           .n_props = (uint16_t)b->n_props, .n_lits = (uint16_t)b->n_lits,
+                           .n_bytes = b->n_bytes, .size = size};
+    return s;
+}
+
+/* Points s's arrays into its own allocation (after a copy moved it). */
+static void point(csd_json_schema *s) {
+    const uint8_t *p = (const uint8_t *)(s + 1);
+    s->nodes = (const csd_schema_node *)p;
+    p += s->n_nodes * sizeof(csd_schema_node);
+    s->lits = (const csd_schema_lit *)p;
+    p += s->n_lits * sizeof(csd_schema_lit);
+    s->props = (const csd_schema_prop *)p;
+    p += s->n_props * sizeof(csd_schema_prop);
+    s->bytes = p;
+}
+
+int csd_json_schema_compile(csd_json_schema **out, const json_t *schema, csd_err *err) {
+    *out = NULL;
+    builder *b = csd_alloc(sizeof *b);
+    if (!b) return csd_err_set(err, CSD_ENOMEM, "schema builder");
+    b->n_nodes = b->n_props = b->n_lits = b->n_bytes = 0;
+    b->err = err;
+    uint16_t any, root;
+    int rc = new_node(b, "", &any); /* node 0: any value */
+    if (!rc) rc = compile(b, schema, "", 1, &root);
+    if (!rc && json_is_true(schema))
+        rc = fail(b, "", "the root schema must describe an object", "");
+    if (!rc && (!(b->nodes[root].types & CSD_JT_OBJECT) || b->nodes[root].n_lits))
+        rc = fail(b, "", "the root schema must allow an object (and not be an enum)", "");
+    if (!rc) {
+        *out = pack(b, root);
+        if (!*out) rc = csd_err_set(err, CSD_ENOMEM, "schema");
+        else point(*out);
+    }
+    csd_free(b);
+    return rc;
+}
+
+csd_json_schema *csd_json_schema_copy(const csd_json_schema *s) {
+    csd_json_schema *c = csd_alloc(s->size);
+    if (!c) return NULL;
+    memcpy(c, s, s->size);
+    point(c);
+    return c;
+}
+
+void csd_json_schema_destroy(csd_json_schema *s) { csd_free(s); }

@@ -1,0 +1,102 @@
+/* json_schema_check: an independent check of a parsed JSON value against a JSON Schema of the
+ * subset model/json_schema.h compiles, written from the JSON Schema rules and not from the
+ * acceptor, for the tests and the fuzz target. Also checks what the acceptor promises beyond
+ * validity: an object's members come in the schema's property order. */
+#ifndef CSD_TEST_JSON_SCHEMA_CHECK_H
+#define CSD_TEST_JSON_SCHEMA_CHECK_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <string.h>
+
+static bool check_type(const char *name, const json_t *v) {
+    if (!strcmp(name, "object")) return json_is_object(v);
+    if (!strcmp(name, "array")) return json_is_array(v);
+    if (!strcmp(name, "string")) return json_is_string(v);
+    if (!strcmp(name, "integer")) return json_is_integer(v);
+    if (!strcmp(name, "number")) return json_is_number(v);
+    if (!strcmp(name, "boolean")) return json_is_boolean(v);
+    if (!strcmp(name, "null")) return json_is_null(v);
+    return false;
+}
+
+static bool check_types(const json_t *t, const json_t *v) {
+    if (json_is_string(t)) return check_type(json_string_value(t), v);
+    size_t i;
+    const json_t *name;
+    json_array_foreach(t, i, name)
+        if (check_type(json_string_value(name), v)) return true;
+    return false;
+}
+
+static bool schema_check(const json_t *s, const json_t *v);
+
+/* Members: each named property valid, the required ones present, no others when
+ * additionalProperties is false, and in the schema's order (a member's property comes after the one
+ * before it). */
+static bool check_members(const json_t *s, const json_t *v) {
+    const json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+    size_t i;
+    const json_t *name;
+    json_array_foreach(req, i, name)
+        if (!json_object_get(v, json_string_value(name))) return false;
+    if (!props) return !json_is_false(json_object_get(s, "additionalProperties")) ||
+                       json_object_size(v) == 0;
+    const char *key, *pkey;
+    const json_t *x, *ps;
+    size_t last = 0;
+    json_object_foreach((json_t *)v, key, x) {
+        size_t place = 0;
+        bool found = false;
+        json_object_foreach((json_t *)props, pkey, ps) {
+            place++;
+            if (!strcmp(pkey, key)) {
+                found = true;
+                break;
+            }
+        }
+        if (!found || place <= last || !schema_check(ps, x)) return false;
+        last = place;
+    }
+    return true;
+}
+
+static bool check_items(const json_t *s, const json_t *v) {
+    const json_t *items = json_object_get(s, "items"), *lo = json_object_get(s, "minItems"),
+                 *hi = json_object_get(s, "maxItems");
+    if (lo && (json_int_t)json_array_size(v) < json_integer_value(lo)) return false;
+    if (hi && (json_int_t)json_array_size(v) > json_integer_value(hi)) return false;
+    size_t i;
+    const json_t *x;
+    json_array_foreach(v, i, x)
+        if (items && !schema_check(items, x)) return false;
+    return true;
+}
+
+static bool schema_check(const json_t *s, const json_t *v) {
+    if (json_is_true(s)) return true;
+    const json_t *any = json_object_get(s, "anyOf");
+    if (!any) any = json_object_get(s, "oneOf");
+    if (any) {
+        size_t i, n = 0;
+        const json_t *br;
+        json_array_foreach(any, i, br) n += schema_check(br, v);
+        return n == 1; /* the branches have different types: exactly one fits */
+    }
+    const json_t *t = json_object_get(s, "type"), *en = json_object_get(s, "enum"),
+                 *cn = json_object_get(s, "const");
+    if (t && !check_types(t, v)) return false;
+    if (cn && !json_equal(cn, v)) return false;
+    if (en) {
+        bool in = false;
+        size_t i;
+        const json_t *x;
+        json_array_foreach(en, i, x) in |= json_equal(x, v);
+        if (!in) return false;
+    }
+    if (json_is_object(v)) return check_members(s, v);
+    if (json_is_array(v)) return check_items(s, v);
+    return true;
+}
+
+#endif

@@ -1,0 +1,326 @@
+/* response_format json_schema (model/json_schema.h, model/json_accept.h): schemas outside the
+ * subset are refused naming the place and the keyword; valid answers are accepted to the end,
+ * invalid ones refused at their first wrong byte; random walks through the acceptor always finish,
+ * and what they write parses and is valid against the schema by an independent check
+ * (json_schema_check.h); the mask allows exactly the tokens that fit, and never treats an enum's or
+ * key's text as free. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "json_schema_check.h"
+#include "model/json_accept.h"
+#include "model/json_mask.h"
+#include "model/json_schema.h"
+
+static csd_json_schema *compile_text(const char *text, csd_err *err) {
+    json_error_t je;
+    json_t *s = json_loads(text, JSON_DECODE_ANY, &je);
+    if (!s) fail_msg("test schema does not parse: %s: %s", je.text, text);
+    csd_json_schema *c = NULL;
+    int rc = csd_json_schema_compile(&c, s, err);
+    json_decref(s);
+    assert_true(rc == 0 || c == NULL);
+    return c;
+}
+
+static void test_refused_schemas(void **state) {
+    (void)state;
+    static const char *const cases[][2] = {
+        {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"pattern\":\"a+\"}}}",
+         "'/properties/name': unsupported keyword pattern"},
+        {"{\"type\":\"string\"}", "root schema must allow an object"},
+        {"{\"type\":\"object\",\"enum\":[1]}", "no enum value has the schema's type"},
+        {"{\"properties\":{\"a\":true},\"required\":[\"b\"]}", "not in properties: b"},
+        {"{\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}",
+         "minItems is above maxItems"},
+        {"{\"properties\":{\"a\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"number\"}]}}}",
+         "'/properties/a': anyOf branches must have different types"},
+        {"{\"properties\":{\"a\":{\"anyOf\":[{\"enum\":[1]},{\"type\":\"string\"}]}}}",
+         "anyOf may join an enum only with null or boolean branches"},
+        {"{\"properties\":{\"a\":{\"enum\":[{\"x\":1}]}}}", "must be strings, numbers"},
+        {"{\"properties\":{\"a\":{\"type\":\"text\"}}}", "unknown type text"},
+        {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/x\"}}}", "unsupported keyword $ref"},
+        {"{\"properties\":{\"a\":{\"type\":\"string\",\"anyOf\":[true]}}}",
+         "anyOf beside other constraints"},
+        {"{\"additionalProperties\":{\"type\":\"string\"}}", "additionalProperties as a schema"},
+        {"{\"properties\":{\"a\":{\"items\":[true]}}}", "lists of item schemas"},
+        {"false", "must be an object or true"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        csd_err err = {0};
+        csd_json_schema *c = compile_text(cases[i][0], &err);
+        if (c) fail_msg("schema %zu was accepted: %s", i, cases[i][0]);
+        if (!strstr(err.msg, cases[i][1]))
+            fail_msg("schema %zu: message '%s' lacks '%s'", i, err.msg, cases[i][1]);
+    }
+    /* the bounds: 65 properties, nesting of 33 */
+    char big[4096] = "{\"properties\":{";
+    for (int i = 0; i < 65; i++)
+        snprintf(big + strlen(big), sizeof big - strlen(big), "%s\"p%d\":true", i ? "," : "", i);
+    strcat(big, "}}");
+    csd_err err = {0};
+    assert_null(compile_text(big, &err));
+    assert_non_null(strstr(err.msg, "more than 64 properties"));
+    char deep[4096] = "";
+    for (int i = 0; i < 33; i++) strcat(deep, "{\"properties\":{\"a\":");
+    strcat(deep, "true");
+    for (int i = 0; i < 33; i++) strcat(deep, "}}");
+    assert_null(compile_text(deep, &err));
+    if (!strstr(err.msg, "deeper than 32")) fail_msg("nesting of 33: %s", err.msg);
+}
+
+/* The schema most cases use: required and optional properties, an enum, an integer, a nullable
+ * string, an array with bounds, a nested object and a const. */
+static const char *const person =
+    "{\"title\":\"Person\",\"type\":\"object\",\"properties\":{"
+    "\"name\":{\"type\":\"string\",\"description\":\"full name\"},"
+    "\"age\":{\"type\":\"integer\"},"
+    "\"mood\":{\"enum\":[\"happy\",\"sad\",\"happy-ish\",3.5,null]},"
+    "\"nick\":{\"type\":[\"string\",\"null\"]},"
+    "\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"boolean\"},\"minItems\":1,\"maxItems\":2},"
+    "\"home\":{\"type\":\"object\",\"properties\":{\"city\":{\"const\":\"Oslo\"}},"
+    "\"required\":[\"city\"],\"additionalProperties\":false},"
+    "\"extra\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"object\"}]}},"
+    "\"required\":[\"name\",\"age\",\"tags\"]}";
+
+static size_t feed(csd_json_accept *a, const char *s) {
+    size_t n = strlen(s);
+    for (size_t i = 0; i < n; i++)
+        if (!csd_json_accept_byte(a, (uint8_t)s[i])) return i;
+    return n;
+}
+
+static void test_valid_and_refused(void **state) {
+    (void)state;
+    csd_err err = {0};
+    csd_json_schema *s = compile_text(person, &err);
+    if (!s) fail_msg("%s", err.msg);
+    static const char *const ok[] = {
+        "{\"name\":\"Ada\",\"age\":36,\"tags\":[true]}",
+        ("{\"name\": \"\", \"age\": -0, \"mood\": \"happy-ish\", \"nick\": null, "
+         "\"tags\": [false, true]}"),
+        "{\"name\":\"x\",\"age\":1,\"mood\":3.5,\"tags\":[true],\"home\":{\"city\":\"Oslo\"}}",
+        "{\"name\":\"x\",\"age\":1,\"mood\":null,\"tags\":[true],\"extra\":{\"any\":[1,{}]}}",
+        "{\"name\":\"x\",\"age\":12,\"tags\":[true],\"extra\":-1.5e3}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        size_t n = feed(&a, ok[i]);
+        if (n != strlen(ok[i]) || !csd_json_accept_done(&a))
+            fail_msg("answer %zu refused at byte %zu: %s", i, n, ok[i]);
+    }
+    /* '|' marks the first byte that must be refused */
+    static const char *const bad[] = {
+        "{\"|age\":1}",                                   /* name must come first */
+        "{\"name\":\"x\"|}",                              /* age and tags are required */
+        "{\"name\":\"x\",\"age\":1|.5}",                  /* an integer */
+        "{\"name\":\"x\",\"age\":1|e3}",
+        "{\"name\":|1}",                                  /* a string */
+        "{\"name\":\"x\",\"age\":1,\"mood\":\"happ|\"}", /* "happ" is not an enum value... */
+        "{\"name\":\"x\",\"age\":1,\"mood\":\"happy|!\"}", /* ...nor "happy!" */
+        "{\"name\":\"x\",\"age\":1,\"mood\":3|,",         /* 3 is not 3.5 */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[|]}",        /* minItems 1 */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true,false|,",  /* maxItems 2 */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[|1]}",       /* boolean items */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"home\":{|}}",     /* city required */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"home\":{\"city\":\"Osl|x\"}}",
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"|nix\":1}", /* not a property */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"|mood\":1}", /* out of order */
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"extra\":|\"s\"}",
+        "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"home\":{\"city\":\"Oslo\"|,",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *bar = strchr(bad[i], '|');
+        char text[256];
+        size_t at = (size_t)(bar - bad[i]);
+        snprintf(text, sizeof text, "%.*s%s", (int)at, bad[i], bar + 1);
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        size_t n = feed(&a, text);
+        if (n != at) fail_msg("text %zu: refused at %zu, want %zu: %s", i, n, at, text);
+    }
+    csd_json_schema_destroy(s);
+    /* Pydantic's Optional[Literal["a", "b"]]: an enum joined by null */
+    s = compile_text("{\"properties\":{\"m\":{\"anyOf\":[{\"type\":\"string\",\"enum\":"
+                     "[\"a\",\"b\"]},{\"type\":\"null\"}]}},\"required\":[\"m\"]}", &err);
+    if (!s) fail_msg("%s", err.msg);
+    static const char *const optional[][2] = {{"{\"m\":\"b\"}", ""}, {"{\"m\":null}", ""},
+                                              {"{\"m\":", "1}"}, {"{\"m\":\"", "c\"}"}};
+    for (size_t i = 0; i < sizeof optional / sizeof *optional; i++) {
+        char text[64];
+        snprintf(text, sizeof text, "%s%s", optional[i][0], optional[i][1]);
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        assert_int_equal(feed(&a, text), strlen(optional[i][0]));
+        assert_true(csd_json_accept_done(&a) == (optional[i][1][0] == '\0'));
+    }
+    csd_json_schema_destroy(s);
+}
+
+/* A deterministic generator (xorshift), so a failure can be replayed. */
+static uint64_t rng_next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Walks a from the start to done, each byte drawn among the allowed ones (after `steer` bytes,
+ * preferring closers and ends so the walk finishes; after 15 digits in a row, or 2 in an exponent,
+ * anything else, so that jansson can read the numbers). Returns the text's length, 0 if stuck. */
+static size_t walk(csd_json_accept *a, uint64_t *rng, char *out, size_t cap, size_t steer) {
+    size_t n = 0, digits = 0, limit = 15;
+    while (!csd_json_accept_done(a)) {
+        uint8_t allowed[256];
+        int k = 0, closers = 0;
+        uint8_t close[256];
+        for (int b = 1; b < 128; b++) { /* ASCII keeps the text readable; UTF-8 has its own tests */
+            csd_json_accept t = *a;
+            if (!csd_json_accept_byte(&t, (uint8_t)b)) continue;
+            bool digit = b >= '0' && b <= '9';
+            if (digits >= limit && digit) continue;
+            allowed[k++] = (uint8_t)b;
+            if (strchr("\"}]el,", b) || digit) close[closers++] = (uint8_t)b;
+        }
+        if (k == 0 || n + 1 >= cap) return 0;
+        uint8_t b = n > steer && closers ? close[rng_next(rng) % (uint64_t)closers]
+                                         : allowed[rng_next(rng) % (uint64_t)k];
+        assert_true(csd_json_accept_byte(a, b));
+        out[n++] = (char)b;
+        bool exponent = (b == 'e' || b == 'E') && digits > 0;
+        if (exponent || b == '+' || b == '-') limit = exponent ? 2 : limit;
+        else if (b < '0' || b > '9') limit = 15;
+        digits = b >= '0' && b <= '9' ? digits + 1 : 0;
+    }
+    out[n] = '\0';
+    return n;
+}
+
+static void test_random_walks(void **state) {
+    (void)state;
+    static const char *const schemas[] = {
+        NULL, /* person */
+        "{\"type\":\"object\",\"properties\":{\"list\":{\"type\":\"array\",\"items\":"
+        "{\"type\":\"object\",\"properties\":{\"id\":{\"type\":\"integer\"},\"ok\":{\"type\":"
+        "\"boolean\"}},\"required\":[\"id\"]},\"maxItems\":3}},\"required\":[\"list\"]}",
+        "{\"type\":\"object\",\"properties\":{\"a\":{\"enum\":[\"a\",\"ab\",\"abc\",1,12,true]},"
+        "\"ab\":{\"const\":null},\"b\":{},\"opt\":{\"anyOf\":[{\"enum\":[\"x\",\"y\"]},"
+        "{\"type\":\"null\"},{\"type\":\"boolean\"}]}},\"additionalProperties\":false}",
+        "{\"type\":\"object\"}",
+    };
+    char text[8192];
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        const char *src = schemas[i] ? schemas[i] : person;
+        csd_err err = {0};
+        csd_json_schema *s = compile_text(src, &err);
+        if (!s) fail_msg("%s", err.msg);
+        json_t *raw = json_loads(src, 0, NULL);
+        uint64_t rng = 0x9E3779B97F4A7C15ull + i;
+        for (int w = 0; w < 200; w++) {
+            csd_json_accept a;
+            csd_json_accept_init_schema(&a, s);
+            size_t n = walk(&a, &rng, text, sizeof text, (size_t)(w % 8) * 16);
+            if (!n) fail_msg("schema %zu walk %d is stuck after: %s", i, w, text);
+            json_error_t je;
+            json_t *v = json_loads(text, 0, &je);
+            if (!v) fail_msg("schema %zu: walk %d does not parse (%s): %s", i, w, je.text, text);
+            if (!schema_check(raw, v)) fail_msg("schema %zu: walk %d is not valid: %s", i, w, text);
+            json_decref(v);
+        }
+        json_decref(raw);
+        csd_json_schema_destroy(s);
+    }
+}
+
+/* A copy works alone: the original freed first. */
+static void test_copy(void **state) {
+    (void)state;
+    csd_err err = {0};
+    csd_json_schema *s = compile_text(person, &err), *c = csd_json_schema_copy(s);
+    assert_non_null(c);
+    csd_json_schema_destroy(s);
+    csd_json_accept a;
+    csd_json_accept_init_schema(&a, c);
+    const char *text = "{\"name\":\"x\",\"age\":2,\"mood\":\"sad\",\"tags\":[true]}";
+    assert_int_equal(feed(&a, text), strlen(text));
+    assert_true(csd_json_accept_done(&a));
+    csd_json_schema_destroy(c);
+}
+
+/* A vocabulary of a few byte strings. */
+static const char *const vocab[] = {"{", "\"", "name", "na", "me", "\":", " \"", "happy", "ha",
+                                    "ppy", "\",", "x", "sad", "\"mood", "\": \"", "}", "\"}"};
+#define N_VOCAB ((int32_t)(sizeof vocab / sizeof *vocab))
+
+static int vocab_bytes(void *ctx, int32_t id, uint8_t *out, size_t cap, size_t *len) {
+    (void)ctx;
+    *len = strlen(vocab[id]);
+    if (*len > cap) return CSD_EFULL;
+    memcpy(out, vocab[id], *len);
+    return 0;
+}
+
+static void test_mask(void **state) {
+    (void)state;
+    csd_err err = {0};
+    csd_json_schema *s = compile_text("{\"properties\":{\"name\":{\"type\":\"string\"},"
+                                      "\"mood\":{\"enum\":[\"happy\",\"sad\"]}},"
+                                      "\"required\":[\"name\",\"mood\"]}",
+                                      &err);
+    assert_non_null(s);
+    csd_vocab_bytes *v = NULL;
+    assert_int_equal(csd_vocab_bytes_create(&v, N_VOCAB, vocab_bytes, NULL, &err), 0);
+    static const char *const prefixes[] = {"",
+                                           "{",
+                                           "{\"",
+                                           "{\"na",
+                                           "{\"name\":\"",
+                                           "{\"name\":\"x",
+                                           "{\"name\":\"x\",\"mood\":\"",
+                                           "{\"name\":\"x\",\"mood\":\"ha"};
+    for (size_t i = 0; i < sizeof prefixes / sizeof *prefixes; i++) {
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        assert_int_equal(feed(&a, prefixes[i]), strlen(prefixes[i]));
+        float logits[N_VOCAB];
+        for (int32_t id = 0; id < N_VOCAB; id++) logits[id] = 0.0f;
+        int32_t n = csd_json_mask(&a, v, logits, N_VOCAB), want = 0;
+        for (int32_t id = 0; id < N_VOCAB; id++) {
+            csd_json_accept t = a;
+            bool fits = csd_json_accept_bytes(&t, (const uint8_t *)vocab[id],
+                                              (uint32_t)strlen(vocab[id]));
+            want += fits;
+            if (fits != (logits[id] == 0.0f))
+                fail_msg("prefix '%s': token '%s' %s", prefixes[i], vocab[id],
+                         fits ? "masked but fits" : "allowed but does not fit");
+        }
+        assert_int_equal(n, want);
+        assert_true(n > 0);
+    }
+    /* inside the enum's string, plain text is not free: "x" cannot follow "ha" */
+    csd_json_accept a;
+    csd_json_accept_init_schema(&a, s);
+    feed(&a, "{\"name\":\"x\",\"mood\":\"ha");
+    assert_false(csd_json_accept_in_text(&a));
+    csd_vocab_bytes_destroy(v);
+    csd_json_schema_destroy(s);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refused_schemas),
+        cmocka_unit_test(test_valid_and_refused),
+        cmocka_unit_test(test_random_walks),
+        cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_mask),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
