@@ -75,13 +75,12 @@ static bool check_items(const json_t *s, const json_t *v) {
 
 static bool schema_check(const json_t *s, const json_t *v) {
     if (json_is_true(s)) return true;
-    const json_t *any = json_object_get(s, "anyOf");
-    if (!any) any = json_object_get(s, "oneOf");
-    if (any) {
+    const json_t *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
+    if (any || one) { /* anyOf: at least one branch fits; oneOf: exactly one */
         size_t i, n = 0;
         const json_t *br;
-        json_array_foreach(any, i, br) n += schema_check(br, v);
-        return n == 1; /* the branches have different types: exactly one fits */
+        json_array_foreach(any ? any : one, i, br) n += schema_check(br, v);
+        return any ? n >= 1 : n == 1;
     }
     const json_t *t = json_object_get(s, "type"), *en = json_object_get(s, "enum"),
                  *cn = json_object_get(s, "const");

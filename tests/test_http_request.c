@@ -246,8 +246,11 @@ static void test_response_format_json_object(void **state) {
     if (parse(&r, CHAT, body, &e)) fail_msg("%s: %s", body, e.message);
     assert_true(r.json_object);
     assert_non_null(r.json_schema);
-    csd_json_accept a;
+    csd_json_accept a, b;
     csd_json_accept_init_schema(&a, r.json_schema);
+    b = a;
+    assert_false(csd_json_accept_bytes(&b, (const uint8_t *)"{}", 2));       /* ok is required */
+    assert_false(csd_json_accept_bytes(&b, (const uint8_t *)"{\"ok\":1", 7)); /* a boolean */
     assert_true(csd_json_accept_bytes(&a, (const uint8_t *)"{\"ok\":true}", 11));
     assert_true(csd_json_accept_done(&a));
     csd_http_req_fini(&r);

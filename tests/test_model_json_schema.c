@@ -36,7 +36,15 @@ static void test_refused_schemas(void **state) {
         {"{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"pattern\":\"a+\"}}}",
          "'/properties/name': unsupported keyword pattern"},
         {"{\"type\":\"string\"}", "root schema must allow an object"},
-        {"{\"type\":\"object\",\"enum\":[1]}", "no enum value has the schema's type"},
+        {"{\"type\":\"object\",\"enum\":[1]}", "enum: no value has the schema's type"},
+        {"{\"properties\":{\"x\":{\"oneOf\":[{\"enum\":[\"a\",null]},{\"type\":\"null\"}]}}}",
+         "'/properties/x': oneOf branches allow the same value"},
+        {"{\"properties\":{\"x\":{\"oneOf\":[{\"const\":1},{\"const\":1.0}]}}}",
+         "oneOf branches allow the same value"},
+        {"{\"properties\":{\"x\":{\"const\":\"c\",\"enum\":[\"d\"]}}}",
+         "const is not one of the enum's values"},
+        {"{\"properties\":{\"a/b~c\":{\"minimum\":1}}}",
+         "'/properties/a~1b~0c': unsupported keyword minimum"},
         {"{\"properties\":{\"a\":true},\"required\":[\"b\"]}", "not in properties: b"},
         {"{\"properties\":{\"a\":{\"type\":\"array\",\"minItems\":3,\"maxItems\":2}}}",
          "minItems is above maxItems"},
@@ -68,12 +76,37 @@ static void test_refused_schemas(void **state) {
     csd_err err = {0};
     assert_null(compile_text(big, &err));
     assert_non_null(strstr(err.msg, "more than 64 properties"));
+    *strstr(big, ",\"p64\":true") = '\0'; /* 64 are fine */
+    strcat(big, "}}");
+    csd_json_schema *ok = compile_text(big, &err);
+    if (!ok) fail_msg("64 properties: %s", err.msg);
+    csd_json_schema_destroy(ok);
+    /* anyOf inside anyOf: bounded although it nests no container */
+    char chain[4096] = "{\"properties\":{\"a\":";
+    for (int i = 0; i < 65; i++) strcat(chain, "{\"anyOf\":[");
+    strcat(chain, "true");
+    for (int i = 0; i < 65; i++) strcat(chain, "]}");
+    strcat(chain, "}}");
+    assert_null(compile_text(chain, &err));
+    if (!strstr(err.msg, "more than 64 schemas")) fail_msg("anyOf chain: %s", err.msg);
     char deep[4096] = "";
     for (int i = 0; i < 33; i++) strcat(deep, "{\"properties\":{\"a\":");
     strcat(deep, "true");
     for (int i = 0; i < 33; i++) strcat(deep, "}}");
     assert_null(compile_text(deep, &err));
     if (!strstr(err.msg, "deeper than 32")) fail_msg("nesting of 33: %s", err.msg);
+    deep[0] = '\0'; /* 32 levels are fine: 31 objects in one another and an object in the last */
+    for (int i = 0; i < 31; i++) strcat(deep, "{\"properties\":{\"a\":");
+    strcat(deep, "{\"type\":\"object\"}");
+    for (int i = 0; i < 31; i++) strcat(deep, "}}");
+    ok = compile_text(deep, &err);
+    if (!ok) fail_msg("32 levels: %s", err.msg);
+    csd_json_accept a; /* and the 32nd object opens */
+    csd_json_accept_init_schema(&a, ok);
+    for (int i = 0; i < 31; i++)
+        assert_true(csd_json_accept_bytes(&a, (const uint8_t *)"{\"a\":", 5));
+    assert_true(csd_json_accept_byte(&a, '{'));
+    csd_json_schema_destroy(ok);
 }
 
 /* The schema most cases use: required and optional properties, an enum, an integer, a nullable
@@ -165,6 +198,31 @@ static void test_valid_and_refused(void **state) {
     csd_json_schema_destroy(s);
 }
 
+/* Literals: Pydantic's one-value Literal (const and enum together), reals with their shortest
+ * digits, a real with an integer's value under "integer"; a deep place named short and whole. */
+static void test_literals(void **state) {
+    (void)state;
+    static const char *const cases[][2] = {
+        {"{\"properties\":{\"k\":{\"const\":\"c\",\"enum\":[\"c\"],\"type\":\"string\"}},"
+         "\"required\":[\"k\"]}", "{\"k\":\"c\"}"},
+        {"{\"properties\":{\"x\":{\"enum\":[0.1]}},\"required\":[\"x\"]}", "{\"x\":0.1}"},
+        {"{\"properties\":{\"x\":{\"const\":1e-7}},\"required\":[\"x\"]}", "{\"x\":1e-7}"},
+        {"{\"properties\":{\"x\":{\"type\":\"integer\",\"enum\":[2.0]}},\"required\":[\"x\"]}",
+         "{\"x\":2.0}"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        csd_err err = {0};
+        csd_json_schema *s = compile_text(cases[i][0], &err);
+        if (!s) fail_msg("schema %zu: %s", i, err.msg);
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        size_t n = feed(&a, cases[i][1]);
+        if (n != strlen(cases[i][1]) || !csd_json_accept_done(&a))
+            fail_msg("schema %zu: refused at %zu: %s", i, n, cases[i][1]);
+        csd_json_schema_destroy(s);
+    }
+}
+
 /* A deterministic generator (xorshift), so a failure can be replayed. */
 static uint64_t rng_next(uint64_t *x) {
     *x ^= *x << 13;
@@ -230,7 +288,9 @@ static void test_random_walks(void **state) {
             size_t n = walk(&a, &rng, text, sizeof text, (size_t)(w % 8) * 16);
             if (!n) fail_msg("schema %zu walk %d is stuck after: %s", i, w, text);
             json_error_t je;
-            json_t *v = json_loads(text, 0, &je);
+            /* schema 1 has no free objects, so no key may come twice */
+            size_t flags = JSON_ALLOW_NUL | (i == 1 ? JSON_REJECT_DUPLICATES : 0);
+            json_t *v = json_loads(text, flags, &je);
             if (!v) fail_msg("schema %zu: walk %d does not parse (%s): %s", i, w, je.text, text);
             if (!schema_check(raw, v)) fail_msg("schema %zu: walk %d is not valid: %s", i, w, text);
             json_decref(v);
@@ -246,6 +306,7 @@ static void test_copy(void **state) {
     csd_err err = {0};
     csd_json_schema *s = compile_text(person, &err), *c = csd_json_schema_copy(s);
     assert_non_null(c);
+    memset((void *)s->nodes, 0xA5, s->size - sizeof *s); /* a copy reading it would see this */
     csd_json_schema_destroy(s);
     csd_json_accept a;
     csd_json_accept_init_schema(&a, c);
@@ -318,6 +379,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_refused_schemas),
         cmocka_unit_test(test_valid_and_refused),
+        cmocka_unit_test(test_literals),
         cmocka_unit_test(test_random_walks),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_mask),

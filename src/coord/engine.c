@@ -727,6 +727,8 @@ static int check_request(const csd_engine *e, const int32_t *prompt, int64_t n_p
     if (params->top_logprobs < 0 || params->top_logprobs > CSD_ENGINE_MAX_TOP_LOGPROBS)
         return csd_err_set(err, CSD_ERANGE, "top_logprobs must be in [0, %d]",
                            CSD_ENGINE_MAX_TOP_LOGPROBS);
+    if (params->json_schema && !params->json_vocab)
+        return csd_err_set(err, CSD_EINVAL, "a JSON schema needs the tokens' bytes (json_vocab)");
     for (int64_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->cfg.vocab_size)
             return csd_err_set(err, CSD_ERANGE, "token id %d outside the vocabulary", prompt[i]);

@@ -322,7 +322,10 @@ static int parse_json_schema(const json_t *v, csd_http_req *r, csd_http_error *e
     if (!json_is_object(schema))
         return csd_http_bad_type(e, "response_format.json_schema.schema", "an object");
     csd_err err = {0};
-    if (csd_json_schema_compile(&r->json_schema, schema, &err))
+    int rc = csd_json_schema_compile(&r->json_schema, schema, &err);
+    if (rc == CSD_ENOMEM)
+        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc)
         return csd_http_error_set(e, 400, NULL, "response_format.json_schema.schema",
                                   "invalid_json_schema", "response_format.json_schema.%s",
                                   err.msg);

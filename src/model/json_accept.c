@@ -124,7 +124,7 @@ static bool schema_value(csd_json_accept *a, uint8_t b) {
         if (a->count[a->depth - 1] >= top_node(a)->max_items) return false;
         a->count[a->depth - 1]++;
     }
-    a->integer_only = !(n->types & CSD_JT_NUMBER);
+    a->integer_only = !n->n_lits && !(n->types & CSD_JT_NUMBER); /* literals decide for enums */
     a->matching = false;
     if (!n->n_lits) return true;
     start_match(a, n->first_lit, low_bits(n->n_lits));

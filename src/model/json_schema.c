@@ -3,6 +3,7 @@
  * is walked; the result is packed into one allocation. */
 #include "model/json_schema.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,8 @@
 #include "model/json_accept.h"
 
 #define MAX_LITS 4096
-#define PATH_MAX_LEN 256
+#define PATH_MAX_LEN 512
+#define MAX_SCHEMA_LEVELS 64 /* schemas inside schemas, anyOf branches too: bounds the recursion */
 
 typedef struct builder {
     csd_schema_node nodes[CSD_SCHEMA_MAX_NODES];
@@ -19,6 +21,7 @@ typedef struct builder {
     csd_schema_lit lits[MAX_LITS];
     uint8_t bytes[CSD_SCHEMA_MAX_BYTES];
     uint32_t n_nodes, n_props, n_lits, n_bytes;
+    int levels; /* schemas being compiled, one inside the other */
     csd_err *err;
 } builder;
 
@@ -28,6 +31,23 @@ static int fail(builder *b, const char *path, const char *what, const char *deta
     const char *shown = len > 100 ? path + len - 100 : *path ? path : "/";
     return csd_err_set(b->err, CSD_EINVAL, "schema at '%s%s': %s%s",
                        len > 100 ? "..." : "", shown, what, detail);
+}
+
+/* path + "/" + a + "/" + b as a JSON Pointer (b escaped: "~" as "~0", "/" as "~1"; NULL: none).
+ * A place too long for out ends in "/..." instead of being cut anywhere. */
+static void child_path(char *out, size_t cap, const char *path, const char *a, const char *b) {
+    size_t n = (size_t)snprintf(out, cap, "%s/%s%s", path, a, b ? "/" : "");
+    for (const char *c = b; c && *c && n < cap; c++) {
+        if (*c == '~' || *c == '/') {
+            n += (size_t)snprintf(out + n, cap - n, "~%c", *c == '~' ? '0' : '1');
+        } else if (n + 1 < cap) {
+            out[n++] = *c;
+            out[n] = '\0';
+        } else {
+            n = cap;
+        }
+    }
+    if (n >= cap) memcpy(out + cap - 5, "/...", 5);
 }
 
 static const char *const annotations[] = {"title", "description", "default", "examples", "$schema",
@@ -55,14 +75,27 @@ static int new_node(builder *b, const char *path, uint16_t *out) {
     return 0;
 }
 
+/* v in compact JSON; a real with the fewest digits that read back as the same double (0.1, not
+ * jansson's default 0.10000000000000001). NULL when out of memory. */
+static char *dump_literal(const json_t *v) {
+    size_t flags = JSON_ENCODE_ANY | JSON_COMPACT;
+    if (!json_is_real(v)) return json_dumps(v, flags);
+    for (int digits = 1; digits < 17; digits++) {
+        char *s = json_dumps(v, flags | JSON_REAL_PRECISION(digits));
+        if (!s || strtod(s, NULL) == json_real_value(v)) return s;
+        free(s);
+    }
+    return json_dumps(v, flags | JSON_REAL_PRECISION(17));
+}
+
 /* A literal: v in compact JSON. */
 static int add_lit(builder *b, const char *path, const json_t *v, uint16_t *out) {
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+    char *s = dump_literal(v);
     if (!s) return csd_err_set(b->err, CSD_ENOMEM, "schema literal");
     size_t len = strlen(s);
     int rc = 0;
     if (b->n_lits >= MAX_LITS || len > CSD_SCHEMA_MAX_BYTES - b->n_bytes)
-        rc = fail(b, path, "the schema's keys and enum values are too large", "");
+        rc = fail(b, path, "more than 4096 keys and enum values, or 64 KB of them", "");
     else if (json_is_number(v) && len > CSD_JSON_MAX_NUMBER)
         rc = fail(b, path, "a number literal longer than 32 characters", "");
     if (!rc) {
@@ -108,32 +141,36 @@ static int parse_type(builder *b, const char *path, const json_t *t, uint8_t *ty
 static uint8_t value_type(const json_t *v) {
     if (json_is_string(v)) return CSD_JT_STRING;
     if (json_is_integer(v)) return CSD_JT_INTEGER | CSD_JT_NUMBER;
-    if (json_is_real(v)) return CSD_JT_NUMBER;
+    if (json_is_real(v)) { /* 2.0 is an integer too (JSON Schema draft 6 on) */
+        double x = json_real_value(v);
+        return CSD_JT_NUMBER | (isfinite(x) && floor(x) == x ? CSD_JT_INTEGER : 0);
+    }
     if (json_is_boolean(v)) return CSD_JT_BOOLEAN;
     if (json_is_null(v)) return CSD_JT_NULL;
     return 0; /* an object or array */
 }
 
-/* "enum" (a list) or "const" (one value): the literals of node n that have its types. */
-static int parse_enum(builder *b, const char *path, const json_t *list, csd_schema_node *n) {
+/* "enum" (a list) or "const" (one value, kw names which): the literals of node n that have its
+ * types. */
+static int parse_enum(builder *b, const char *path, const char *kw, const json_t *list,
+                      csd_schema_node *n) {
     if (!json_is_array(list) || json_array_size(list) == 0)
-        return fail(b, path, "enum must be a non-empty list", "");
+        return fail(b, path, kw, " must be a non-empty list");
     if (json_array_size(list) > CSD_SCHEMA_MAX_ENUM)
-        return fail(b, path, "enum has more than 64 values", "");
+        return fail(b, path, kw, " has more than 64 values");
     n->first_lit = (uint16_t)b->n_lits;
     size_t i;
     const json_t *v;
     json_array_foreach(list, i, v) {
         uint8_t t = value_type(v);
-        if (!t) return fail(b, path, "enum and const values must be strings, numbers, booleans "
-                                     "or null", "");
+        if (!t) return fail(b, path, kw, " values must be strings, numbers, booleans or null");
         if (!(t & n->types)) continue; /* a value of another type can never be valid */
         uint16_t lit;
         int rc = add_lit(b, path, v, &lit);
         if (rc) return rc;
         n->n_lits++;
     }
-    if (n->n_lits == 0) return fail(b, path, "no enum value has the schema's type", "");
+    if (n->n_lits == 0) return fail(b, path, kw, ": no value has the schema's type");
     return 0;
 }
 
@@ -168,7 +205,7 @@ static int parse_properties(builder *b, const char *path, const json_t *s, int d
     }
     i = 0;
     json_object_foreach((json_t *)props, key, v) {
-        snprintf(sub, sizeof sub, "%s/properties/%s", path, key);
+        child_path(sub, sizeof sub, path, "properties", key);
         int rc = compile(b, v, sub, depth + 1, &b->props[first + i++].node);
         if (rc) return rc;
     }
@@ -206,7 +243,7 @@ static int parse_array(builder *b, const char *path, const json_t *s, int depth,
     const json_t *lo = json_object_get(s, "minItems"), *hi = json_object_get(s, "maxItems");
     int rc = 0;
     char sub[PATH_MAX_LEN];
-    snprintf(sub, sizeof sub, "%s/items", path);
+    child_path(sub, sizeof sub, path, "items", NULL);
     uint16_t item_node = 0;
     if (items && !json_is_object(items) && !json_is_true(items))
         return fail(b, path, "items must be a schema (lists of item schemas are not supported)",
@@ -224,6 +261,28 @@ static int parse_array(builder *b, const char *path, const json_t *s, int depth,
 static int repeat_lit(builder *b, const char *path, uint16_t i) {
     if (b->n_lits >= MAX_LITS) return fail(b, path, "too many enum values", "");
     b->lits[b->n_lits++] = b->lits[i];
+    return 0;
+}
+
+/* Literals x and y are the same JSON value: the same bytes, or equal numbers (1 and 1.0). */
+static bool same_value(const builder *b, const csd_schema_lit *x, const csd_schema_lit *y) {
+    const uint8_t *p = b->bytes + x->off, *q = b->bytes + y->off;
+    if (x->len == y->len && !memcmp(p, q, x->len)) return true;
+    bool numbers = (*p == '-' || (*p >= '0' && *p <= '9')) &&
+                   (*q == '-' || (*q >= '0' && *q <= '9'));
+    if (!numbers || x->len > CSD_JSON_MAX_NUMBER || y->len > CSD_JSON_MAX_NUMBER) return false;
+    char u[CSD_JSON_MAX_NUMBER + 1], v[CSD_JSON_MAX_NUMBER + 1];
+    snprintf(u, sizeof u, "%.*s", (int)x->len, (const char *)p);
+    snprintf(v, sizeof v, "%.*s", (int)y->len, (const char *)q);
+    return strtod(u, NULL) == strtod(v, NULL);
+}
+
+/* oneOf: a value two branches allow is valid against neither. */
+static int check_one_of(builder *b, const char *path, const csd_schema_node *m) {
+    for (uint16_t i = 0; i < m->n_lits; i++)
+        for (uint16_t j = i + 1; j < m->n_lits; j++)
+            if (same_value(b, &b->lits[m->first_lit + i], &b->lits[m->first_lit + j]))
+                return fail(b, path, "oneOf branches allow the same value", "");
     return 0;
 }
 
@@ -249,7 +308,7 @@ static int merge_enums(builder *b, const char *path, const char *kw, const uint1
     }
     m->n_lits = (uint16_t)(b->n_lits - m->first_lit);
     if (m->n_lits > CSD_SCHEMA_MAX_ENUM) return fail(b, path, kw, " allows more than 64 values");
-    return 0;
+    return strcmp(kw, "oneOf") ? 0 : check_one_of(b, path, m);
 }
 
 /* anyOf branches of different types merge into one node: the first byte of a value tells which
@@ -289,7 +348,9 @@ static int parse_any_of(builder *b, const char *path, const char *kw, const json
     size_t i;
     const json_t *v;
     json_array_foreach(list, i, v) {
-        snprintf(sub, sizeof sub, "%s/%s/%zu", path, kw, i);
+        char place[24];
+        snprintf(place, sizeof place, "%zu", i);
+        child_path(sub, sizeof sub, path, kw, place);
         int rc = compile(b, v, sub, depth, &br[i]);
         if (rc) return rc;
         any_enum |= b->nodes[br[i]].n_lits > 0;
@@ -346,11 +407,19 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
     else if (!rc && json_object_get(s, "required"))
         rc = fail(b, path, "required without properties", "");
     if (!rc && (n.types & CSD_JT_ARRAY)) rc = parse_array(b, path, s, depth, &n);
-    if (!rc && en && cn) rc = fail(b, path, "enum and const together", "");
-    if (!rc && en) rc = parse_enum(b, path, en, &n);
+    if (!rc && en && cn) { /* Pydantic writes both for a one-value Literal */
+        bool in = false;
+        size_t i;
+        const json_t *x;
+        json_array_foreach(en, i, x) in |= json_equal(x, cn);
+        if (!in) rc = fail(b, path, "const is not one of the enum's values", "");
+        en = NULL; /* the const alone says the same */
+    }
+    if (!rc && en) rc = parse_enum(b, path, "enum", en, &n);
     if (!rc && cn) {
         json_t *one = json_pack("[O]", cn);
-        rc = one ? parse_enum(b, path, one, &n) : csd_err_set(b->err, CSD_ENOMEM, "const");
+        rc = one ? parse_enum(b, path, "const", one, &n)
+                 : csd_err_set(b->err, CSD_ENOMEM, "const");
         json_decref(one);
     }
     b->nodes[id] = n;
@@ -358,17 +427,23 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
     return rc;
 }
 
+/* depth: the containers a value of s sits in (the root object's properties: 2). */
 static int compile(builder *b, const json_t *s, const char *path, int depth, uint16_t *out) {
-    if (depth > CSD_JSON_MAX_DEPTH) return fail(b, path, "nested deeper than 32 levels", "");
     if (json_is_true(s)) {
         *out = 0; /* the empty schema */
         return 0;
     }
+    if (depth > CSD_JSON_MAX_DEPTH) return fail(b, path, "nested deeper than 32 levels", "");
+    if (b->levels >= MAX_SCHEMA_LEVELS)
+        return fail(b, path, "more than 64 schemas inside one another", "");
     if (!json_is_object(s)) return fail(b, path, "a schema must be an object or true", "");
-    return compile_object(b, s, path, depth, out);
+    b->levels++;
+    int rc = compile_object(b, s, path, depth, out);
+    b->levels--;
+    return rc;
 }
 
-/* The builder's arrays packed into one allocation (header, nodes, props, lits, bytes). */
+/* The builder's arrays packed into one allocation (header, nodes, lits, props, bytes). */
 static csd_json_schema *pack(const builder *b, uint16_t root) {
     size_t nodes = b->n_nodes * sizeof(csd_schema_node);
     size_t props = b->n_props * sizeof(csd_schema_prop);
