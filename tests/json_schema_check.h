@@ -6,6 +6,7 @@
 #define CSD_TEST_JSON_SCHEMA_CHECK_H
 
 #include <jansson.h>
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -13,7 +14,9 @@ static bool check_type(const char *name, const json_t *v) {
     if (!strcmp(name, "object")) return json_is_object(v);
     if (!strcmp(name, "array")) return json_is_array(v);
     if (!strcmp(name, "string")) return json_is_string(v);
-    if (!strcmp(name, "integer")) return json_is_integer(v);
+    if (!strcmp(name, "integer")) /* 2.0 is an integer too (JSON Schema draft 6 on) */
+        return json_is_integer(v) || (json_is_real(v) && isfinite(json_real_value(v)) &&
+                                      floor(json_real_value(v)) == json_real_value(v));
     if (!strcmp(name, "number")) return json_is_number(v);
     if (!strcmp(name, "boolean")) return json_is_boolean(v);
     if (!strcmp(name, "null")) return json_is_null(v);
@@ -30,6 +33,12 @@ static bool check_types(const json_t *t, const json_t *v) {
 }
 
 static bool schema_check(const json_t *s, const json_t *v);
+
+/* JSON Schema's equality: numbers by value (1 and 1.0 are one number), the rest as jansson's. */
+static bool same_json(const json_t *a, const json_t *b) {
+    if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+    return json_equal(a, b);
+}
 
 /* Members: each named property valid, the required ones present, no others when
  * additionalProperties is false, and in the schema's order (a member's property comes after the one
@@ -85,12 +94,12 @@ static bool schema_check(const json_t *s, const json_t *v) {
     const json_t *t = json_object_get(s, "type"), *en = json_object_get(s, "enum"),
                  *cn = json_object_get(s, "const");
     if (t && !check_types(t, v)) return false;
-    if (cn && !json_equal(cn, v)) return false;
+    if (cn && !same_json(cn, v)) return false;
     if (en) {
         bool in = false;
         size_t i;
         const json_t *x;
-        json_array_foreach(en, i, x) in |= json_equal(x, v);
+        json_array_foreach(en, i, x) in |= same_json(x, v);
         if (!in) return false;
     }
     if (json_is_object(v)) return check_members(s, v);

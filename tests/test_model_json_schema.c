@@ -41,6 +41,8 @@ static void test_refused_schemas(void **state) {
          "'/properties/x': oneOf branches allow the same value"},
         {"{\"properties\":{\"x\":{\"oneOf\":[{\"const\":1},{\"const\":1.0}]}}}",
          "oneOf branches allow the same value"},
+        {"{\"properties\":{\"x\":{\"oneOf\":[{\"const\":-0},{\"const\":0}]}}}",
+         "oneOf branches allow the same value"},
         {"{\"properties\":{\"x\":{\"const\":\"c\",\"enum\":[\"d\"]}}}",
          "const is not one of the enum's values"},
         {"{\"properties\":{\"a/b~c\":{\"minimum\":1}}}",
@@ -81,6 +83,16 @@ static void test_refused_schemas(void **state) {
     csd_json_schema *ok = compile_text(big, &err);
     if (!ok) fail_msg("64 properties: %s", err.msg);
     csd_json_schema_destroy(ok);
+    /* a place too long to name whole ends in "/..." and cuts no "~1" escape in two */
+    for (int pad = 490; pad < 500; pad++) {
+        char key[600], schema[700];
+        memset(key, 'k', (size_t)pad);
+        strcpy(key + pad, "//////////"); /* each "/" is "~1" in the place */
+        snprintf(schema, sizeof schema, "{\"properties\":{\"%s\":{\"minimum\":1}}}", key);
+        assert_null(compile_text(schema, &err));
+        const char *end = strstr(err.msg, "/...': unsupported keyword minimum");
+        if (!end || end[-1] == '~') fail_msg("pad %d: %s", pad, err.msg);
+    }
     /* anyOf inside anyOf: bounded although it nests no container */
     char chain[4096] = "{\"properties\":{\"a\":";
     for (int i = 0; i < 65; i++) strcat(chain, "{\"anyOf\":[");
@@ -209,6 +221,10 @@ static void test_literals(void **state) {
         {"{\"properties\":{\"x\":{\"const\":1e-7}},\"required\":[\"x\"]}", "{\"x\":1e-7}"},
         {"{\"properties\":{\"x\":{\"type\":\"integer\",\"enum\":[2.0]}},\"required\":[\"x\"]}",
          "{\"x\":2.0}"},
+        {"{\"properties\":{\"x\":{\"enum\":[100.0,120.5]}},\"required\":[\"x\"]}",
+         "{\"x\":100.0}"},
+        {"{\"properties\":{\"x\":{\"const\":1,\"enum\":[1.0]}},\"required\":[\"x\"]}",
+         "{\"x\":1}"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         csd_err err = {0};
@@ -219,8 +235,18 @@ static void test_literals(void **state) {
         size_t n = feed(&a, cases[i][1]);
         if (n != strlen(cases[i][1]) || !csd_json_accept_done(&a))
             fail_msg("schema %zu: refused at %zu: %s", i, n, cases[i][1]);
+        json_t *raw = json_loads(cases[i][0], 0, NULL), *v = json_loads(cases[i][1], 0, NULL);
+        if (!schema_check(raw, v)) fail_msg("schema %zu: the check refuses %s", i, cases[i][1]);
+        json_decref(raw);
+        json_decref(v);
         csd_json_schema_destroy(s);
     }
+    /* oneOf's integers compare exactly: 2^53 + 1 and 2^53 are two values */
+    csd_err err = {0};
+    csd_json_schema *s = compile_text("{\"properties\":{\"x\":{\"oneOf\":[{\"const\":"
+                                      "9007199254740993},{\"const\":9007199254740992}]}}}", &err);
+    if (!s) fail_msg("%s", err.msg);
+    csd_json_schema_destroy(s);
 }
 
 /* A deterministic generator (xorshift), so a failure can be replayed. */

@@ -47,7 +47,10 @@ static void child_path(char *out, size_t cap, const char *path, const char *a, c
             n = cap;
         }
     }
-    if (n >= cap) memcpy(out + cap - 5, "/...", 5);
+    if (n < cap) return;
+    size_t end = cap - 5; /* the marker goes here, moved back off a cut escape or character */
+    while (end > 0 && (out[end - 1] == '~' || ((uint8_t)out[end] & 0xC0) == 0x80)) end--;
+    memcpy(out + end, "/...", 5);
 }
 
 static const char *const annotations[] = {"title", "description", "default", "examples", "$schema",
@@ -80,7 +83,9 @@ static int new_node(builder *b, const char *path, uint16_t *out) {
 static char *dump_literal(const json_t *v) {
     size_t flags = JSON_ENCODE_ANY | JSON_COMPACT;
     if (!json_is_real(v)) return json_dumps(v, flags);
-    for (int digits = 1; digits < 17; digits++) {
+    double x = fabs(json_real_value(v)); /* fewer digits than the integer part's: an exponent */
+    int first = x >= 1 && x < 1e17 ? (int)floor(log10(x)) + 1 : 1;
+    for (int digits = first; digits < 17; digits++) {
         char *s = json_dumps(v, flags | JSON_REAL_PRECISION(digits));
         if (!s || strtod(s, NULL) == json_real_value(v)) return s;
         free(s);
@@ -274,6 +279,8 @@ static bool same_value(const builder *b, const csd_schema_lit *x, const csd_sche
     char u[CSD_JSON_MAX_NUMBER + 1], v[CSD_JSON_MAX_NUMBER + 1];
     snprintf(u, sizeof u, "%.*s", (int)x->len, (const char *)p);
     snprintf(v, sizeof v, "%.*s", (int)y->len, (const char *)q);
+    if (!strpbrk(u, ".eE") && !strpbrk(v, ".eE")) /* integers: exactly (doubles lose past 2^53) */
+        return !strcmp(strcmp(u, "-0") ? u : "0", strcmp(v, "-0") ? v : "0");
     return strtod(u, NULL) == strtod(v, NULL);
 }
 
@@ -411,8 +418,12 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
         bool in = false;
         size_t i;
         const json_t *x;
-        json_array_foreach(en, i, x) in |= json_equal(x, cn);
-        if (!in) rc = fail(b, path, "const is not one of the enum's values", "");
+        json_array_foreach(en, i, x) in |= json_equal(x, cn) || (json_is_number(x) &&
+                                                             json_is_number(cn) &&
+                                                             json_number_value(x) ==
+                                                                 json_number_value(cn));
+        if (!json_is_array(en)) rc = fail(b, path, "enum must be a non-empty list", "");
+        else if (!in) rc = fail(b, path, "const is not one of the enum's values", "");
         en = NULL; /* the const alone says the same */
     }
     if (!rc && en) rc = parse_enum(b, path, "enum", en, &n);

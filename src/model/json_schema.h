@@ -32,7 +32,8 @@ enum {
     CSD_JT_OBJECT = 1,
     CSD_JT_ARRAY = 2,
     CSD_JT_STRING = 4,
-    CSD_JT_INTEGER = 8,  /* a number without fraction or exponent */
+    CSD_JT_INTEGER = 8,  /* an integer: written without fraction or exponent, except an enum's
+                          * integral real (2.0) */
     CSD_JT_NUMBER = 16,  /* any number (integers too) */
     CSD_JT_BOOLEAN = 32,
     CSD_JT_NULL = 64,
