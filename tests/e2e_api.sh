@@ -402,8 +402,9 @@ print("ok   response_format json_object: %d and %d of 8 answers closed (completi
 
 # response_format json_schema: every answer is valid against its schema, properties in its order
 schema = {"type": "object", "additionalProperties": False,
+          "$defs": {"Color": {"enum": ["red", "green", None], "title": "Color"}},
           "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"},
-                         "color": {"enum": ["red", "green", None]},
+                         "color": {"$ref": "#/$defs/Color"},
                          "tags": {"type": "array", "items": {"const": "a"}, "maxItems": 2},
                          "note": {"type": ["string", "null"]}},
           "required": ["ok", "n", "color", "tags"]}

@@ -34,6 +34,26 @@ static bool check_types(const json_t *t, const json_t *v) {
 
 static bool schema_check(const json_t *s, const json_t *v);
 
+/* The root schema whose $defs a "$ref" names (schema_check_root sets it). */
+static const json_t *check_root;
+
+/* The definition "#/$defs/NAME" or "#/definitions/NAME" names ("~0" in NAME is "~", "~1" is
+ * "/"), or NULL. */
+static const json_t *check_ref(const char *ref) {
+    const char *defs = !ref ? NULL : !strncmp(ref, "#/$defs/", 8) ? "$defs"
+                                   : !strncmp(ref, "#/definitions/", 14) ? "definitions" : NULL;
+    if (!defs) return NULL;
+    char name[256];
+    size_t n = 0;
+    for (const char *c = ref + strlen(defs) + 3; *c && n + 1 < sizeof name; c++) {
+        bool esc = c[0] == '~' && (c[1] == '0' || c[1] == '1');
+        name[n++] = esc ? (c[1] == '0' ? '~' : '/') : *c;
+        c += esc;
+    }
+    name[n] = '\0';
+    return json_object_get(json_object_get(check_root, defs), name);
+}
+
 /* JSON Schema's equality: numbers by value (1 and 1.0 are one number), the rest as jansson's. */
 static bool same_json(const json_t *a, const json_t *b) {
     if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
@@ -84,6 +104,11 @@ static bool check_items(const json_t *s, const json_t *v) {
 
 static bool schema_check(const json_t *s, const json_t *v) {
     if (json_is_true(s)) return true;
+    const json_t *ref = json_object_get(s, "$ref");
+    if (ref) {
+        const json_t *target = check_ref(json_string_value(ref));
+        return target && schema_check(target, v);
+    }
     const json_t *any = json_object_get(s, "anyOf"), *one = json_object_get(s, "oneOf");
     if (any || one) { /* anyOf: at least one branch fits; oneOf: exactly one */
         size_t i, n = 0;
@@ -105,6 +130,12 @@ static bool schema_check(const json_t *s, const json_t *v) {
     if (json_is_object(v)) return check_members(s, v);
     if (json_is_array(v)) return check_items(s, v);
     return true;
+}
+
+/* v against the whole schema root (its $refs resolved in it). */
+static bool schema_check_root(const json_t *root, const json_t *v) {
+    check_root = root;
+    return schema_check(root, v);
 }
 
 #endif

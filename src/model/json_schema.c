@@ -22,6 +22,9 @@ typedef struct builder {
     uint8_t bytes[CSD_SCHEMA_MAX_BYTES];
     uint32_t n_nodes, n_props, n_lits, n_bytes;
     int levels; /* schemas being compiled, one inside the other */
+    const json_t *root;                          /* whose $defs a $ref names */
+    const char *expanding[MAX_SCHEMA_LEVELS];    /* the $refs being compiled, outermost first */
+    int n_expanding;
     csd_err *err;
 } builder;
 
@@ -53,12 +56,13 @@ static void child_path(char *out, size_t cap, const char *path, const char *a, c
     memcpy(out + end, "/...", 5);
 }
 
+/* Keywords that constrain nothing here ($defs and definitions only hold what a $ref names). */
 static const char *const annotations[] = {"title", "description", "default", "examples", "$schema",
                                           "$id", "$comment", "deprecated", "readOnly",
-                                          "writeOnly", NULL};
+                                          "writeOnly", "$defs", "definitions", NULL};
 static const char *const supported[] = {"type", "properties", "required", "additionalProperties",
                                         "items", "minItems", "maxItems", "enum", "const", "anyOf",
-                                        "oneOf", NULL};
+                                        "oneOf", "$ref", NULL};
 
 static bool listed(const char *const *list, const char *key) {
     for (int i = 0; list[i]; i++)
@@ -374,7 +378,40 @@ static int parse_any_of(builder *b, const char *path, const char *kw, const json
     return rc;
 }
 
-/* Every keyword of s is supported or an annotation; anyOf/oneOf stand alone. */
+/* "$ref": "#/$defs/NAME" (or "#/definitions/NAME"), a definition of the root schema, compiled
+ * where it is used. A recursive one is refused: its answers could nest without end, and the
+ * acceptor's nodes are a tree. Errors inside it name its place ("/$defs/NAME/..."). */
+static int parse_ref(builder *b, const char *path, const json_t *ref, int depth, uint16_t *out) {
+    const char *r = json_string_value(ref), *name = NULL, *defs = NULL;
+    if (r && !strncmp(r, "#/$defs/", 8)) defs = "$defs", name = r + 8;
+    else if (r && !strncmp(r, "#/definitions/", 14)) defs = "definitions", name = r + 14;
+    if (!name || !*name || strchr(name, '/'))
+        return fail(b, path, "$ref must name a definition of the root (#/$defs/NAME)", "");
+    char key[256]; /* the name with its JSON Pointer escapes undone */
+    size_t k = 0;
+    for (const char *c = name; *c && k + 1 < sizeof key; c++) {
+        if (c[0] == '~' && (c[1] == '0' || c[1] == '1')) {
+            key[k++] = c[1] == '0' ? '~' : '/';
+            c++;
+        } else {
+            key[k++] = *c;
+        }
+    }
+    key[k] = '\0';
+    const json_t *target = json_object_get(json_object_get(b->root, defs), key);
+    if (!target) return fail(b, path, "$ref names no definition: ", r);
+    for (int i = 0; i < b->n_expanding; i++)
+        if (!strcmp(b->expanding[i], r)) return fail(b, path, "recursive $ref: ", r);
+    if (b->n_expanding >= MAX_SCHEMA_LEVELS) return fail(b, path, "too many nested $refs", "");
+    char place[PATH_MAX_LEN];
+    child_path(place, sizeof place, "", defs, key);
+    b->expanding[b->n_expanding++] = r;
+    int rc = compile(b, target, place, depth, out);
+    b->n_expanding--;
+    return rc;
+}
+
+/* Every keyword of s is supported or an annotation; anyOf, oneOf and $ref stand alone. */
 static int check_keywords(builder *b, const char *path, const json_t *s, const char **any_kw) {
     const char *key;
     const json_t *v;
@@ -383,8 +420,8 @@ static int check_keywords(builder *b, const char *path, const json_t *s, const c
     json_object_foreach((json_t *)s, key, v) {
         if (listed(annotations, key)) continue;
         if (!listed(supported, key)) return fail(b, path, "unsupported keyword ", key);
-        if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf")) {
-            if (*any_kw) return fail(b, path, "anyOf and oneOf together", "");
+        if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf") || !strcmp(key, "$ref")) {
+            if (*any_kw) return fail(b, path, "more than one of anyOf, oneOf and $ref", "");
             *any_kw = key;
         } else {
             constraints++;
@@ -400,6 +437,8 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
     const char *any_kw;
     int rc = check_keywords(b, path, s, &any_kw);
     if (rc) return rc;
+    if (any_kw && !strcmp(any_kw, "$ref"))
+        return parse_ref(b, path, json_object_get(s, any_kw), depth, out);
     if (any_kw) return parse_any_of(b, path, any_kw, json_object_get(s, any_kw), depth, out);
     uint16_t id;
     if ((rc = new_node(b, path, &id))) return rc;
@@ -491,6 +530,7 @@ int csd_json_schema_compile(csd_json_schema **out, const json_t *schema, csd_err
     if (!b) return csd_err_set(err, CSD_ENOMEM, "schema builder");
     b->n_nodes = b->n_props = b->n_lits = b->n_bytes = 0;
     b->err = err;
+    b->root = schema;
     uint16_t any, root;
     int rc = new_node(b, "", &any); /* node 0: any value */
     if (!rc) rc = compile(b, schema, "", 1, &root);

@@ -3,8 +3,9 @@
  * compiled nodes byte by byte, so every answer it lets through is valid against the schema.
  *
  * The subset (docs/api.md): "type" (a name or a list of names), "properties" with "required",
- * "additionalProperties" false or true, "items" with "minItems"/"maxItems", "enum", "const", and
- * "anyOf"/"oneOf" whose branches have different types. Annotations (title, description, default,
+ * "additionalProperties" false or true, "items" with "minItems"/"maxItems", "enum", "const",
+ * "anyOf"/"oneOf" whose branches have different types (or join enums with null or booleans), and
+ * "$ref" to the root's "$defs" (not recursive). Annotations (title, description, default,
  * examples, ...) are ignored. Any other keyword ("pattern", "format", "$ref", "minimum", ...) is
  * refused with its place in the schema: an answer that ignores a constraint would not be valid.
  *
