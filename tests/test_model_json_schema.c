@@ -68,6 +68,13 @@ static void test_refused_schemas(void **state) {
         {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/B\"}},\"$defs\":{}}",
          "'/properties/a': $ref names no definition: #/$defs/B"},
         {"{\"properties\":{\"a\":{\"$ref\":\"other.json#/x\"}}}", "must name a definition"},
+        {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/a~2\"}},\"$defs\":{\"a~2\":true}}",
+         "a '~' that is not '~0' or '~1'"},
+        {"{\"properties\":{\"a\":{\"$id\":\"http://x/a\",\"type\":\"string\"}}}",
+         "'/properties/a': $id below the root is not supported"},
+        {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\"}},\"$defs\":{\"A\":{\"properties\":"
+         "{\"b\":{\"$ref\":\"#/$defs/%41\"}}}}}",
+         "must name a definition"},
         {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\",\"type\":\"object\"}},"
          "\"$defs\":{\"A\":true}}", "$ref beside other constraints"},
         {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\"}},\"$defs\":{\"A\":{\"format\":\"x\"}}}",
@@ -103,6 +110,15 @@ static void test_refused_schemas(void **state) {
         const char *end = strstr(err.msg, "/...': unsupported keyword minimum");
         if (!end || end[-1] == '~') fail_msg("pad %d: %s", pad, err.msg);
     }
+    /* a definition's name over 255 bytes is refused, not cut (a cut one could name another) */
+    char name[300], longref[800];
+    memset(name, 'd', 299);
+    name[299] = '\0';
+    snprintf(longref, sizeof longref,
+             "{\"properties\":{\"a\":{\"$ref\":\"#/$defs/%s\"}},\"$defs\":{\"%s\":true}}", name,
+             name);
+    assert_null(compile_text(longref, &err));
+    if (!strstr(err.msg, "over 255 bytes")) fail_msg("long $ref: %s", err.msg);
     /* anyOf inside anyOf: bounded although it nests no container */
     char chain[4096] = "{\"properties\":{\"a\":";
     for (int i = 0; i < 65; i++) strcat(chain, "{\"anyOf\":[");

@@ -23,7 +23,7 @@ typedef struct builder {
     uint32_t n_nodes, n_props, n_lits, n_bytes;
     int levels; /* schemas being compiled, one inside the other */
     const json_t *root;                          /* whose $defs a $ref names */
-    const char *expanding[MAX_SCHEMA_LEVELS];    /* the $refs being compiled, outermost first */
+    const json_t *expanding[MAX_SCHEMA_LEVELS];  /* definitions being compiled, outermost first */
     int n_expanding;
     csd_err *err;
 } builder;
@@ -130,7 +130,7 @@ static int parse_type(builder *b, const char *path, const json_t *t, uint8_t *ty
     if (json_is_string(t)) {
         *types = (uint8_t)type_bit(t);
         if (!*types) return fail(b, path, "unknown type ", json_string_value(t));
-    } else if (json_is_array(t) && json_array_size(t) > 0) {
+    } else if (json_is_array(t) && json_array_size(t) > 0 && json_array_size(t) <= 7) {
         *types = 0;
         size_t i;
         const json_t *name;
@@ -140,7 +140,7 @@ static int parse_type(builder *b, const char *path, const json_t *t, uint8_t *ty
             *types |= (uint8_t)bit;
         }
     } else {
-        return fail(b, path, "type must be a type name or a list of them", "");
+        return fail(b, path, "type must be a type name or a list of up to 7 of them", "");
     }
     if (*types & CSD_JT_NUMBER) *types |= CSD_JT_INTEGER;
     return 0;
@@ -219,7 +219,8 @@ static int parse_properties(builder *b, const char *path, const json_t *s, int d
         if (rc) return rc;
     }
     if (!req) return 0;
-    if (!json_is_array(req)) return fail(b, path, "required must be a list of names", "");
+    if (!json_is_array(req) || json_array_size(req) > CSD_SCHEMA_MAX_PROPS)
+        return fail(b, path, "required must be a list of up to 64 names", "");
     size_t j;
     json_array_foreach(req, j, v) {
         const char *name = json_string_value(v);
@@ -385,27 +386,29 @@ static int parse_ref(builder *b, const char *path, const json_t *ref, int depth,
     const char *r = json_string_value(ref), *name = NULL, *defs = NULL;
     if (r && !strncmp(r, "#/$defs/", 8)) defs = "$defs", name = r + 8;
     else if (r && !strncmp(r, "#/definitions/", 14)) defs = "definitions", name = r + 14;
-    if (!name || !*name || strchr(name, '/'))
+    if (!name || !*name || strlen(r) != json_string_length(ref) || strpbrk(name, "/%"))
         return fail(b, path, "$ref must name a definition of the root (#/$defs/NAME)", "");
     char key[256]; /* the name with its JSON Pointer escapes undone */
     size_t k = 0;
-    for (const char *c = name; *c && k + 1 < sizeof key; c++) {
-        if (c[0] == '~' && (c[1] == '0' || c[1] == '1')) {
-            key[k++] = c[1] == '0' ? '~' : '/';
-            c++;
-        } else {
+    for (const char *c = name; *c; c++) {
+        if (k + 1 >= sizeof key) return fail(b, path, "$ref names a definition over 255 bytes", "");
+        if (*c != '~') {
             key[k++] = *c;
+            continue;
         }
+        if (c[1] != '0' && c[1] != '1')
+            return fail(b, path, "$ref has a '~' that is not '~0' or '~1'", "");
+        key[k++] = *++c == '0' ? '~' : '/';
     }
     key[k] = '\0';
     const json_t *target = json_object_get(json_object_get(b->root, defs), key);
     if (!target) return fail(b, path, "$ref names no definition: ", r);
-    for (int i = 0; i < b->n_expanding; i++)
-        if (!strcmp(b->expanding[i], r)) return fail(b, path, "recursive $ref: ", r);
+    for (int i = 0; i < b->n_expanding; i++) /* the definition itself, however it was spelled */
+        if (b->expanding[i] == target) return fail(b, path, "recursive $ref: ", r);
     if (b->n_expanding >= MAX_SCHEMA_LEVELS) return fail(b, path, "too many nested $refs", "");
     char place[PATH_MAX_LEN];
     child_path(place, sizeof place, "", defs, key);
-    b->expanding[b->n_expanding++] = r;
+    b->expanding[b->n_expanding++] = target;
     int rc = compile(b, target, place, depth, out);
     b->n_expanding--;
     return rc;
@@ -418,6 +421,8 @@ static int check_keywords(builder *b, const char *path, const json_t *s, const c
     int constraints = 0;
     *any_kw = NULL;
     json_object_foreach((json_t *)s, key, v) {
+        if (!strcmp(key, "$id") && s != b->root) /* it would start a document of its own */
+            return fail(b, path, "$id below the root is not supported", "");
         if (listed(annotations, key)) continue;
         if (!listed(supported, key)) return fail(b, path, "unsupported keyword ", key);
         if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf") || !strcmp(key, "$ref")) {
@@ -454,6 +459,8 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
         rc = fail(b, path, "required without properties", "");
     if (!rc && (n.types & CSD_JT_ARRAY)) rc = parse_array(b, path, s, depth, &n);
     if (!rc && en && cn) { /* Pydantic writes both for a one-value Literal */
+        if (!json_is_array(en) || json_array_size(en) > CSD_SCHEMA_MAX_ENUM)
+            return fail(b, path, "enum must be a non-empty list of up to 64 values", "");
         bool in = false;
         size_t i;
         const json_t *x;
@@ -461,8 +468,7 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
                                                              json_is_number(cn) &&
                                                              json_number_value(x) ==
                                                                  json_number_value(cn));
-        if (!json_is_array(en)) rc = fail(b, path, "enum must be a non-empty list", "");
-        else if (!in) rc = fail(b, path, "const is not one of the enum's values", "");
+        if (!in) rc = fail(b, path, "const is not one of the enum's values", "");
         en = NULL; /* the const alone says the same */
     }
     if (!rc && en) rc = parse_enum(b, path, "enum", en, &n);

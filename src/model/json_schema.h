@@ -6,7 +6,7 @@
  * "additionalProperties" false or true, "items" with "minItems"/"maxItems", "enum", "const",
  * "anyOf"/"oneOf" whose branches have different types (or join enums with null or booleans), and
  * "$ref" to the root's "$defs" (not recursive). Annotations (title, description, default,
- * examples, ...) are ignored. Any other keyword ("pattern", "format", "$ref", "minimum", ...) is
+ * examples, ...) are ignored. Any other keyword ("pattern", "format", "allOf", "minimum", ...) is
  * refused with its place in the schema: an answer that ignores a constraint would not be valid.
  *
  * What is generated, when the schema leaves a choice: an object's properties in the schema's order,
