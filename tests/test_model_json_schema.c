@@ -30,6 +30,14 @@ static csd_json_schema *compile_text(const char *text, csd_err *err) {
     return c;
 }
 
+/* open n times, then leaf, then close n times, into out (room for it is the caller's). */
+static void nest(char *out, const char *open, int n, const char *leaf, const char *close) {
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) strcat(out, open);
+    strcat(out, leaf);
+    for (int i = 0; i < n; i++) strcat(out, close);
+}
+
 static void test_refused_schemas(void **state) {
     (void)state;
     static const char *const cases[][2] = {
@@ -121,22 +129,16 @@ static void test_refused_schemas(void **state) {
     if (!strstr(err.msg, "over 255 bytes")) fail_msg("long $ref: %s", err.msg);
     /* anyOf inside anyOf: bounded although it nests no container */
     char chain[4096] = "{\"properties\":{\"a\":";
-    for (int i = 0; i < 65; i++) strcat(chain, "{\"anyOf\":[");
-    strcat(chain, "true");
-    for (int i = 0; i < 65; i++) strcat(chain, "]}");
+    nest(chain + strlen(chain), "{\"anyOf\":[", 65, "true", "]}");
     strcat(chain, "}}");
     assert_null(compile_text(chain, &err));
     if (!strstr(err.msg, "more than 64 schemas")) fail_msg("anyOf chain: %s", err.msg);
-    char deep[4096] = "";
-    for (int i = 0; i < 33; i++) strcat(deep, "{\"properties\":{\"a\":");
-    strcat(deep, "true");
-    for (int i = 0; i < 33; i++) strcat(deep, "}}");
+    char deep[4096];
+    nest(deep, "{\"properties\":{\"a\":", 33, "true", "}}");
     assert_null(compile_text(deep, &err));
     if (!strstr(err.msg, "deeper than 32")) fail_msg("nesting of 33: %s", err.msg);
-    deep[0] = '\0'; /* 32 levels are fine: 31 objects in one another and an object in the last */
-    for (int i = 0; i < 31; i++) strcat(deep, "{\"properties\":{\"a\":");
-    strcat(deep, "{\"type\":\"object\"}");
-    for (int i = 0; i < 31; i++) strcat(deep, "}}");
+    /* 32 levels are fine: 31 objects in one another and an object in the last */
+    nest(deep, "{\"properties\":{\"a\":", 31, "{\"type\":\"object\"}", "}}");
     ok = compile_text(deep, &err);
     if (!ok) fail_msg("32 levels: %s", err.msg);
     csd_json_accept a; /* and the 32nd object opens */

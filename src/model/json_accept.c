@@ -115,12 +115,16 @@ static uint8_t type_of_start(uint8_t b) {
     return b == 'n' ? CSD_JT_NULL : 0;
 }
 
-/* A value starting with b where the schema expects a->value_node (an array item counts). */
+/* A value starting with b: an array's item (which counts) against the array's items node, any
+ * other value against a->value_node. Either way it becomes a->value_node, which a container the
+ * value opens takes. */
 static bool schema_value(csd_json_accept *a, uint8_t b) {
     if (!a->schema) return true;
+    bool item = a->depth > 0 && a->stack[a->depth - 1] == '[';
+    if (item) a->value_node = top_node(a)->items;
     const csd_schema_node *n = node_at(a, a->value_node);
     if (!(n->types & type_of_start(b))) return false;
-    if (a->depth > 0 && a->stack[a->depth - 1] == '[') {
+    if (item) {
         if (a->count[a->depth - 1] >= top_node(a)->max_items) return false;
         a->count[a->depth - 1]++;
     }
@@ -136,7 +140,6 @@ static void schema_open(csd_json_accept *a) {
     if (!a->schema) return;
     a->node[a->depth - 1] = a->value_node;
     a->count[a->depth - 1] = 0;
-    if (a->stack[a->depth - 1] == '[') a->value_node = top_node(a)->items;
 }
 
 /* May the open container close now (its required properties written, minItems reached)? */
@@ -149,14 +152,11 @@ static bool schema_may_close(const csd_json_accept *a) {
 }
 
 /* May another member or item follow (a ',')? */
-static bool schema_may_continue(csd_json_accept *a) {
+static bool schema_may_continue(const csd_json_accept *a) {
     if (!a->schema) return true;
     const csd_schema_node *n = top_node(a);
     uint16_t k = a->count[a->depth - 1];
-    if (a->stack[a->depth - 1] == '[') {
-        a->value_node = n->items;
-        return k < n->max_items;
-    }
+    if (a->stack[a->depth - 1] == '[') return k < n->max_items;
     return n->free_object || k < n->n_props;
 }
 

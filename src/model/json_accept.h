@@ -47,7 +47,8 @@ typedef struct csd_json_accept {
     uint16_t lit_base;                  /* bit i of cand is literal lit_base + i */
     uint32_t match_len;                 /* bytes of the literal matched so far */
     uint64_t cand;                      /* the literals the bytes so far still match */
-    uint16_t value_node;                /* the schema of the value that comes next */
+    uint16_t value_node;                /* the schema of the current value, or of an object's
+                                         * member that comes next (an item's: its array's items) */
     uint16_t node[CSD_JSON_MAX_DEPTH];  /* per open container: its schema */
     uint16_t count[CSD_JSON_MAX_DEPTH]; /* object: the place of its next property; array: items */
 } csd_json_accept;

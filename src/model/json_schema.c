@@ -269,7 +269,7 @@ static int parse_array(builder *b, const char *path, const json_t *s, int depth,
 
 /* Appends a literal entry (the same bytes as literal i: a node's literals must be consecutive). */
 static int repeat_lit(builder *b, const char *path, uint16_t i) {
-    if (b->n_lits >= MAX_LITS) return fail(b, path, "too many enum values", "");
+    if (b->n_lits >= MAX_LITS) return fail(b, path, "more than 4096 keys and enum values", "");
     b->lits[b->n_lits++] = b->lits[i];
     return 0;
 }
@@ -437,6 +437,12 @@ static int check_keywords(builder *b, const char *path, const json_t *s, const c
     return 0;
 }
 
+/* JSON Schema's equality: numbers by value (1 and 1.0), the rest as jansson compares. */
+static bool same_json(const json_t *x, const json_t *y) {
+    if (json_is_number(x) && json_is_number(y)) return json_number_value(x) == json_number_value(y);
+    return json_equal(x, y);
+}
+
 static int compile_object(builder *b, const json_t *s, const char *path, int depth,
                           uint16_t *out) {
     const char *any_kw;
@@ -464,10 +470,7 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
         bool in = false;
         size_t i;
         const json_t *x;
-        json_array_foreach(en, i, x) in |= json_equal(x, cn) || (json_is_number(x) &&
-                                                             json_is_number(cn) &&
-                                                             json_number_value(x) ==
-                                                                 json_number_value(cn));
+        json_array_foreach(en, i, x) in |= same_json(x, cn);
         if (!in) rc = fail(b, path, "const is not one of the enum's values", "");
         en = NULL; /* the const alone says the same */
     }
@@ -499,6 +502,18 @@ static int compile(builder *b, const json_t *s, const char *path, int depth, uin
     return rc;
 }
 
+/* Points s's arrays into its own allocation (once packed, and after a copy moved it). */
+static void point(csd_json_schema *s) {
+    const uint8_t *p = (const uint8_t *)(s + 1);
+    s->nodes = (const csd_schema_node *)p;
+    p += s->n_nodes * sizeof(csd_schema_node);
+    s->lits = (const csd_schema_lit *)p;
+    p += s->n_lits * sizeof(csd_schema_lit);
+    s->props = (const csd_schema_prop *)p;
+    p += s->n_props * sizeof(csd_schema_prop);
+    s->bytes = p;
+}
+
 /* The builder's arrays packed into one allocation (header, nodes, lits, props, bytes). */
 static csd_json_schema *pack(const builder *b, uint16_t root) {
     size_t nodes = b->n_nodes * sizeof(csd_schema_node);
@@ -515,26 +530,14 @@ static csd_json_schema *pack(const builder *b, uint16_t root) {
     *s = (csd_json_schema){.root = root, .n_nodes = (uint16_t)b->n_nodes,
                            .n_props = (uint16_t)b->n_props, .n_lits = (uint16_t)b->n_lits,
                            .n_bytes = b->n_bytes, .size = size};
+    point(s);
     return s;
-}
-
-/* Points s's arrays into its own allocation (after a copy moved it). */
-static void point(csd_json_schema *s) {
-    const uint8_t *p = (const uint8_t *)(s + 1);
-    s->nodes = (const csd_schema_node *)p;
-    p += s->n_nodes * sizeof(csd_schema_node);
-    s->lits = (const csd_schema_lit *)p;
-    p += s->n_lits * sizeof(csd_schema_lit);
-    s->props = (const csd_schema_prop *)p;
-    p += s->n_props * sizeof(csd_schema_prop);
-    s->bytes = p;
 }
 
 int csd_json_schema_compile(csd_json_schema **out, const json_t *schema, csd_err *err) {
     *out = NULL;
     builder *b = csd_alloc(sizeof *b);
-    if (!b) return csd_err_set(err, CSD_ENOMEM, "schema builder");
-    b->n_nodes = b->n_props = b->n_lits = b->n_bytes = 0;
+    if (!b) return csd_err_set(err, CSD_ENOMEM, "schema builder"); /* zeroed: empty, level 0 */
     b->err = err;
     b->root = schema;
     uint16_t any, root;
@@ -544,11 +547,7 @@ int csd_json_schema_compile(csd_json_schema **out, const json_t *schema, csd_err
         rc = fail(b, "", "the root schema must describe an object", "");
     if (!rc && (!(b->nodes[root].types & CSD_JT_OBJECT) || b->nodes[root].n_lits))
         rc = fail(b, "", "the root schema must allow an object (and not be an enum)", "");
-    if (!rc) {
-        *out = pack(b, root);
-        if (!*out) rc = csd_err_set(err, CSD_ENOMEM, "schema");
-        else point(*out);
-    }
+    if (!rc && !(*out = pack(b, root))) rc = csd_err_set(err, CSD_ENOMEM, "schema");
     csd_free(b);
     return rc;
 }
