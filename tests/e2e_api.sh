@@ -446,6 +446,72 @@ st, err = post("/v1/chat/completions", {"messages": [{"role": "user", "content":
 assert st == 400 and "root" in err["error"]["message"], err
 print("ok   response_format json_schema: %d and %d of 6 answers closed (completions, chat), each one"
       " valid against the schema" % tuple(closed_schema))
+# tool calls: a named tool_choice answers with one call whose arguments are valid against the
+# function's parameters; streamed, the id and name come first and the argument pieces join into the
+# same arguments; "required" among two tools names one of them; refusals name the field
+weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather",
+           "parameters": {"type": "object", "additionalProperties": False,
+                          "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                          "required": ["city", "days"]}}}
+clock = {"type": "function", "function": {"name": "get_time"}}
+ask = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [clock, weather],
+       "max_tokens": 96, "temperature": 1, "logit_bias": bias,
+       "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+def args_valid(a):
+    v = json.loads(a)
+    return list(v) == ["city", "days"] and isinstance(v["city"], str) and type(v["days"]) is int
+calls = []
+for seed in range(1, 7):
+    st, r = post("/v1/chat/completions", dict(ask, seed=seed))
+    assert st == 200, r
+    c = r["choices"][0]
+    m = c["message"]
+    assert m["content"] is None and len(m["tool_calls"]) == 1, r
+    call = m["tool_calls"][0]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather", call
+    assert call["id"].startswith("call_") and len(call["id"]) == 29, call
+    assert c["finish_reason"] in ("tool_calls", "length"), c
+    if c["finish_reason"] == "tool_calls": assert args_valid(call["function"]["arguments"]), call
+    calls.append((call["function"]["arguments"], c["finish_reason"]))
+n_closed = sum(why == "tool_calls" for _, why in calls)
+assert n_closed, calls
+seed = 1 + [why for _, why in calls].index("tool_calls")
+req = urllib.request.Request(base + "/v1/chat/completions", method="POST",
+                             data=json.dumps(dict(ask, seed=seed, stream=True)).encode(),
+                             headers={"Content-Type": "application/json",
+                                      "Authorization": "Bearer secret"})
+with urllib.request.urlopen(req) as resp:
+    events = [json.loads(l[6:]) for l in resp.read().decode().splitlines()
+              if l.startswith("data: {")]
+deltas = [d for e in events for d in e["choices"][0]["delta"].get("tool_calls", [])]
+assert deltas[0]["id"].startswith("call_") and deltas[0]["function"] == {"name": "get_weather", "arguments": ""}, deltas[0]
+assert all(d["index"] == 0 and "id" not in d for d in deltas[1:]), deltas
+streamed = "".join(d["function"]["arguments"] for d in deltas)
+why = events[-1]["choices"][0]["finish_reason"]
+assert (streamed, why) == calls[seed - 1], (streamed, why, calls[seed - 1])
+picked = []
+for seed in range(1, 4):
+    st, r = post("/v1/chat/completions", dict(ask, seed=seed, tool_choice="required"))
+    assert st == 200, r
+    c = r["choices"][0]
+    assert c["finish_reason"] in ("tool_calls", "length"), r
+    if c["finish_reason"] == "length": continue  # cut before the object closed: text
+    call = c["message"]["tool_calls"][0]
+    assert call["function"]["name"] in ("get_time", "get_weather"), r
+    assert isinstance(json.loads(call["function"]["arguments"]), dict), r
+    picked.append(call["function"]["name"])
+assert picked, "no 'required' call closed in 3 tries"
+st, err = post("/v1/chat/completions", dict(ask, tool_choice={"type": "function", "function": {"name": "nope"}}))
+assert st == 400 and err["error"]["param"] == "tool_choice.function.name", err
+mail = {"type": "function", "function": {"name": "send", "parameters": {"type": "object", "properties":
+        {"to": {"type": "string", "format": "email"}}}}}
+st, err = post("/v1/chat/completions", dict(ask, response_format={"type": "json_object"}))
+assert st == 400 and err["error"]["param"] == "tool_choice", err
+st, err = post("/v1/chat/completions", dict(ask, tools=[clock, mail],
+                                            tool_choice={"type": "function", "function": {"name": "send"}}))
+assert st == 400 and err["error"]["param"] == "tools[1].function.parameters" and "format" in err["error"]["message"], err
+print("ok   tool_choice: %d of 6 forced calls closed, each valid against the function's parameters;"
+      " streamed deltas join into the same call; refusals name the field" % n_closed)
 PY
 
 # --- SIGTERM shuts down cleanly ---

@@ -16,6 +16,7 @@
 #include "openai_request.h"
 #include "stop_text.h"
 #include "tok/tokenizer.h"
+#include "tool_calls.h"
 
 /* Bytes the detokenizer may produce for one token (a piece plus held-back UTF-8 bytes). */
 #define CSD_HTTP_PIECE_MAX 4096
@@ -40,8 +41,11 @@ typedef struct csd_http_choice {
     csd_http_stop stop;
     char piece[CSD_HTTP_PIECE_MAX];
     int64_t text_offset; /* completions logprobs: bytes of text so far */
+    csd_tool_split tools; /* chat with tools (auto, or "required" among several): the calls */
+    int n_streamed;       /* of those, how many the stream has sent */
     /* results, under the job's mu */
-    csd_http_buf text; /* non-stream: the generated text */
+    csd_http_buf text; /* non-stream: the generated text (the content, or a named call's
+                        * arguments) */
     json_t *lp;        /* non-stream logprobs: chat array / completions object */
     csd_req_result res; /* once it has ended */
 } csd_http_choice;
@@ -54,6 +58,8 @@ struct csd_http_job {
     int kind; /* enum csd_http_kind */
     bool stream, include_usage, logprobs;
     int top_logprobs;
+    int tool_mode;    /* enum csd_http_tool_mode */
+    char *tool_name;  /* CSD_HTTP_TOOLS_NAMED: the function (owned) */
     char id[48];       /* "chatcmpl-..." / "cmpl-..." */
     long long created; /* unix seconds */
     char model[128];

@@ -62,6 +62,11 @@ static int choice_init(csd_http_job *j, int i) {
     /* a completion continues its prompt: keep the leading space a decoder strips at text start */
     if (j->kind != CSD_HTTP_KIND_CHAT) ch->detok.at_start = false;
     csd_http_stop_init(&ch->stop, j->stops, j->n_stop);
+    csd_tool_split_init(&ch->tools, j->tool_mode == CSD_HTTP_TOOLS_PICK);
+    if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) { /* the tags are text even where they are special */
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<tool_call>"));
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</tool_call>"));
+    }
     if (j->logprobs && !j->stream) {
         ch->lp = j->kind == CSD_HTTP_KIND_CHAT
                      ? json_array()
@@ -86,6 +91,7 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->logprobs = req->logprobs;
     j->top_logprobs = req->top_logprobs;
     bool chat = req->kind == CSD_HTTP_KIND_CHAT;
+    j->tool_mode = chat ? req->tool_mode : CSD_HTTP_TOOLS_OFF;
     char hex[2 * JOB_ID_RANDOM_BYTES + 1];
     random_hex(hex);
     snprintf(j->id, sizeof j->id, "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
@@ -94,6 +100,10 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->tok = tok;
     j->engine = engine;
     j->n_prompt = n_prompt;
+    if (j->tool_mode == CSD_HTTP_TOOLS_NAMED && !(j->tool_name = csd_strdup(req->tool_name))) {
+        csd_http_job_release(j);
+        return CSD_ENOMEM;
+    }
     for (int i = 0; i < req->n_stop; i++) {
         if (!(j->stops[i] = csd_strdup(req->stop[i]))) {
             csd_http_job_release(j);
@@ -126,12 +136,14 @@ void csd_http_job_release(csd_http_job *j) {
     if (left > 0) return;
     for (int i = 0; i < j->n_choices; i++) {
         csd_http_stop_fini(&j->choices[i].stop);
+        csd_tool_split_fini(&j->choices[i].tools);
         csd_http_buf_fini(&j->choices[i].text);
         json_decref(j->choices[i].lp);
     }
     csd_free(j->choices);
     for (int i = 0; i < j->n_stop; i++)
         csd_free(j->stops[i]);
+    csd_free(j->tool_name);
     csd_http_buf_fini(&j->out);
     pthread_mutex_destroy(&j->mu);
     pthread_cond_destroy(&j->cv);
@@ -200,6 +212,66 @@ static int emit_choice(csd_http_job *j, int index, const char *text, size_t len,
     return emit_event(j, c);
 }
 
+/* ---- tool calls ---- */
+
+/* {"id": "call_...", "type": "function", "function": {"name": ..., "arguments": ...}}, with the
+ * call's "index" first when index >= 0 (a streamed delta). */
+static json_t *call_json(int index, const char *name, const char *args, size_t args_len) {
+    char hex[2 * JOB_ID_RANDOM_BYTES + 1], id[40];
+    random_hex(hex);
+    snprintf(id, sizeof id, "call_%s", hex);
+    json_t *call = index >= 0 ? json_pack("{s:i}", "index", index) : json_object();
+    json_t *fn = json_pack("{s:s, s:s%}", "name", name, "arguments", args, args_len);
+    if (!call || !fn || json_object_set_new(call, "id", json_string(id)) ||
+        json_object_set_new(call, "type", json_string("function")) ||
+        json_object_set_new(call, "function", fn)) {
+        json_decref(call);
+        return NULL;
+    }
+    return call;
+}
+
+/* A chat chunk of choice index whose delta is one tool call's part (stolen). mu held. */
+static int emit_tool_delta(csd_http_job *j, int index, json_t *call) {
+    json_t *c = chunk_base(j);
+    json_t *choice = call ? json_pack("{s:i, s:{s:[o]}, s:n, s:n}", "index", index, "delta",
+                                      "tool_calls", call, "logprobs", "finish_reason")
+                          : NULL;
+    if (!c || !choice) {
+        json_decref(c);
+        json_decref(choice);
+        return CSD_ENOMEM;
+    }
+    json_object_set_new(c, "choices", json_pack("[o]", choice));
+    return emit_event(j, c);
+}
+
+/* Streams the calls the splitter has completed and the stream has not had yet. mu held. */
+static int emit_new_calls(csd_http_choice *ch) {
+    int rc = 0;
+    for (; ch->n_streamed < ch->tools.n_calls && !rc && ch->job->stream; ch->n_streamed++) {
+        const csd_tool_call *c = &ch->tools.calls[ch->n_streamed];
+        rc = emit_tool_delta(ch->job, ch->index, call_json(ch->n_streamed, c->name, c->arguments,
+                                                           strlen(c->arguments)));
+    }
+    return rc;
+}
+
+/* The message's tool_calls (NULL when it has none): a named call's arguments are the answer's
+ * text; otherwise the calls the splitter found. mu held. */
+static json_t *tool_calls_json(const csd_http_job *j, const csd_http_choice *ch) {
+    if (j->tool_mode == CSD_HTTP_TOOLS_NAMED)
+        return json_pack("[o]", call_json(-1, j->tool_name, ch->text.data ? ch->text.data : "",
+                                          ch->text.len));
+    if (!ch->tools.n_calls) return NULL;
+    json_t *arr = json_array();
+    for (int i = 0; i < ch->tools.n_calls && arr; i++) {
+        const csd_tool_call *c = &ch->tools.calls[i];
+        json_array_append_new(arr, call_json(-1, c->name, c->arguments, strlen(c->arguments)));
+    }
+    return arr;
+}
+
 int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
     int rc = 0;
     pthread_mutex_lock(&j->mu);
@@ -207,6 +279,9 @@ int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
         if (j->stream) {
             if (j->kind == CSD_HTTP_KIND_CHAT)
                 rc = emit_choice(j, i, NULL, 0, NULL, NULL, true);
+            /* a named call streams its arguments: its id and name come first */
+            if (!rc && j->tool_mode == CSD_HTTP_TOOLS_NAMED)
+                rc = emit_tool_delta(j, i, call_json(0, j->tool_name, "", 0));
             else if (echo_len)
                 rc = emit_choice(j, i, echo, echo_len, NULL, NULL, false);
         } else if (echo_len) {
@@ -300,6 +375,39 @@ static int add_text(csd_http_choice *ch, const char *text, size_t len,
     return rc;
 }
 
+/* Hands a choice's answer text on (mu held): streamed as a named call's arguments, through the
+ * tool-call splitter (auto, "required" among several), or as it is. */
+static int route_text(csd_http_choice *ch, const char *text, size_t len,
+                      const csd_token_event *ev) {
+    csd_http_job *j = ch->job;
+    if (j->tool_mode == CSD_HTTP_TOOLS_NAMED && j->stream) {
+        if (len) {
+            int rc = emit_tool_delta(j, ch->index, json_pack("{s:i, s:{s:s%}}", "index", 0,
+                                                             "function", "arguments", text, len));
+            if (rc) return rc;
+        }
+        return add_text(ch, "", 0, ev); /* the logprobs, if asked for */
+    }
+    if (j->tool_mode != CSD_HTTP_TOOLS_AUTO && j->tool_mode != CSD_HTTP_TOOLS_PICK)
+        return add_text(ch, text, len, ev);
+    const char *content = "";
+    size_t n = 0;
+    int rc = csd_tool_split_push(&ch->tools, text, len, &content, &n);
+    if (!rc) rc = add_text(ch, content, n, ev);
+    return rc ? rc : emit_new_calls(ch);
+}
+
+/* The end of a choice's text: the splitter's held-back text and a call still open. mu held. */
+static int route_end(csd_http_choice *ch) {
+    if (ch->job->tool_mode != CSD_HTTP_TOOLS_AUTO && ch->job->tool_mode != CSD_HTTP_TOOLS_PICK)
+        return 0;
+    const char *content = "";
+    size_t n = 0;
+    int rc = csd_tool_split_finish(&ch->tools, &content, &n);
+    if (!rc) rc = add_text(ch, content, n, NULL);
+    return rc ? rc : emit_new_calls(ch);
+}
+
 bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     csd_http_choice *ch = ctx;
     csd_http_job *j = ch->job;
@@ -311,13 +419,18 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     stopped = csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len);
     if (stopped < 0) return true; /* out of memory: end the request rather than lose text */
     pthread_mutex_lock(&j->mu);
-    int rc = add_text(ch, emit, emit_len, ev);
+    int rc = route_text(ch, emit, emit_len, ev);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     return stopped == 1 || rc != 0;
 }
 
-static const char *finish_name(int end) { return end == CSD_REQ_END_LENGTH ? "length" : "stop"; }
+/* "length" when max_tokens cut the answer, else "tool_calls" when it is a call, else "stop". */
+static const char *finish_reason(const csd_http_job *j, const csd_http_choice *ch) {
+    if (ch->res.end == CSD_REQ_END_LENGTH) return "length";
+    bool called = j->tool_mode == CSD_HTTP_TOOLS_NAMED || ch->tools.n_calls > 0;
+    return called ? "tool_calls" : "stop";
+}
 
 /* Appends "data: <error json>\n\n" for a choice that failed. mu held. */
 static void emit_failure(csd_http_job *j, const csd_req_result *res) {
@@ -349,7 +462,7 @@ static void stream_choice_end(csd_http_job *j, const csd_http_choice *ch) {
     if (ch->res.end == CSD_REQ_END_ERROR)
         emit_failure(j, &ch->res);
     else if (ch->res.end != CSD_REQ_END_CANCELLED)
-        emit_choice(j, ch->index, NULL, 0, NULL, finish_name(ch->res.end), false);
+        emit_choice(j, ch->index, NULL, 0, NULL, finish_reason(j, ch), false);
     if (!csd_http_job_done(j) || j->cancelled) return;
     if (j->include_usage && !j->failed) emit_usage(j);
     csd_http_buf_append(&j->out, "data: [DONE]\n\n", 14);
@@ -365,9 +478,10 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
     if (csd_detok_flush(&ch->detok, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
     if (csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len) < 0) emit_len = 0;
     pthread_mutex_lock(&j->mu);
-    add_text(ch, emit, emit_len, NULL);
+    route_text(ch, emit, emit_len, NULL);
     csd_http_stop_flush(&ch->stop, &rest, &rest_len);
-    add_text(ch, rest, rest_len, NULL);
+    route_text(ch, rest, rest_len, NULL);
+    route_end(ch);
     ch->res = *res;
     j->n_done++;
     if (res->end == CSD_REQ_END_ERROR) j->failed = true;
@@ -468,12 +582,21 @@ ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
 static json_t *choice_json(const csd_http_job *j, const csd_http_choice *ch) {
     json_t *text = json_stringn(ch->text.data ? ch->text.data : "", ch->text.len);
     if (!text) text = json_string("");
-    const char *finish = finish_name(ch->res.end);
-    if (j->kind == CSD_HTTP_KIND_CHAT)
-        return json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", ch->index, "message", "role",
-                         "assistant", "content", text, "logprobs",
-                         ch->lp ? json_pack("{s:O}", "content", ch->lp) : json_null(),
+    const char *finish = finish_reason(j, ch);
+    if (j->kind == CSD_HTTP_KIND_CHAT) {
+        json_t *calls = tool_calls_json(j, ch);
+        /* with calls, content is null unless the model also wrote text (a named call's text is
+         * its arguments) */
+        if (calls && (j->tool_mode == CSD_HTTP_TOOLS_NAMED || ch->text.len == 0)) {
+            json_decref(text);
+            text = json_null();
+        }
+        json_t *message = json_pack("{s:s, s:o}", "role", "assistant", "content", text);
+        if (calls) json_object_set_new(message, "tool_calls", calls);
+        return json_pack("{s:i, s:o, s:o, s:s}", "index", ch->index, "message", message,
+                         "logprobs", ch->lp ? json_pack("{s:O}", "content", ch->lp) : json_null(),
                          "finish_reason", finish);
+    }
     return json_pack("{s:i, s:o, s:O, s:s}", "index", ch->index, "text", text, "logprobs",
                      ch->lp ? ch->lp : json_null(), "finish_reason", finish);
 }

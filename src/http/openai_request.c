@@ -2,6 +2,7 @@
  * that checks its type and range and names the field on failure; absent and null fields keep the
  * OpenAI defaults. Nothing here trusts the body: every length and count is bounded first. */
 #include "openai_request.h"
+#include "tool_request.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -88,14 +89,13 @@ json_t *csd_http_body_object(const char *body, size_t len, csd_http_error *e) {
     return root;
 }
 
-/* A present, non-null member (NULL when absent or null). */
-static json_t *member(const json_t *root, const char *key) {
+json_t *csd_http_member(const json_t *root, const char *key) {
     json_t *v = json_object_get(root, key);
     return v && !json_is_null(v) ? v : NULL;
 }
 
 int csd_http_read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e) {
-    json_t *v = member(root, key);
+    json_t *v = csd_http_member(root, key);
     if (!v) return 0;
     if (!json_is_boolean(v)) return csd_http_bad_type(e, key, "a boolean");
     *out = json_is_true(v);
@@ -105,7 +105,7 @@ int csd_http_read_bool(const json_t *root, const char *key, bool *out, csd_http_
 /* A number in [lo, hi] (both inclusive; lo_open makes the lower bound exclusive). */
 static int read_num(const json_t *root, const char *key, double lo, bool lo_open, double hi,
                     const char *range, float *out, csd_http_error *e) {
-    json_t *v = member(root, key);
+    json_t *v = csd_http_member(root, key);
     if (!v) return 0;
     if (!json_is_number(v)) return csd_http_bad_type(e, key, "a number");
     double d = json_number_value(v);
@@ -121,7 +121,7 @@ static int read_num(const json_t *root, const char *key, double lo, bool lo_open
 
 static int read_int(const json_t *root, const char *key, int64_t lo, int64_t hi, const char *range,
                     bool *present, int64_t *out, csd_http_error *e) {
-    json_t *v = member(root, key);
+    json_t *v = csd_http_member(root, key);
     if (present) *present = false;
     if (!v) return 0;
     if (!json_is_integer(v)) return csd_http_bad_type(e, key, "an integer");
@@ -133,7 +133,7 @@ static int read_int(const json_t *root, const char *key, int64_t lo, int64_t hi,
 }
 
 static int read_string(const json_t *root, const char *key, char **out, csd_http_error *e) {
-    json_t *v = member(root, key);
+    json_t *v = csd_http_member(root, key);
     if (!v) return 0;
     if (!json_is_string(v)) return csd_http_bad_type(e, key, "a string");
     if (strlen(json_string_value(v)) != json_string_length(v))
@@ -144,14 +144,14 @@ static int read_string(const json_t *root, const char *key, char **out, csd_http
 }
 
 /* JSON nesting depth of v, stopping once it passes limit. */
-static int json_depth(const json_t *v, int limit) {
+int csd_http_json_depth(const json_t *v, int limit) {
     if (limit < 0) return 1;
     int best = 0;
     if (json_is_object(v)) {
         const char *k;
         json_t *c;
         json_object_foreach((json_t *)v, k, c) {
-            int d = json_depth(c, limit - 1);
+            int d = csd_http_json_depth(c, limit - 1);
             if (d > best) best = d;
             if (best > limit) break;
         }
@@ -159,7 +159,7 @@ static int json_depth(const json_t *v, int limit) {
         size_t i;
         json_t *c;
         json_array_foreach(v, i, c) {
-            int d = json_depth(c, limit - 1);
+            int d = csd_http_json_depth(c, limit - 1);
             if (d > best) best = d;
             if (best > limit) break;
         }
@@ -230,7 +230,7 @@ static bool parse_bias_key(const char *key, size_t len, int64_t hi, int32_t *id)
 
 /* logit_bias: {"token id": bias in [-100, 100], ...}, as OpenAI. */
 static int parse_logit_bias(const json_t *root, int32_t vocab, csd_http_req *r, csd_http_error *e) {
-    json_t *v = member(root, "logit_bias"), *bias;
+    json_t *v = csd_http_member(root, "logit_bias"), *bias;
     if (!v) return 0;
     if (!json_is_object(v)) return csd_http_bad_type(e, "logit_bias", "an object");
     if (json_object_size(v) > CSD_SAMPLER_MAX_LOGIT_BIAS)
@@ -276,7 +276,7 @@ static int add_stop(csd_http_req *r, const json_t *s, const char *field, csd_htt
 }
 
 static int parse_stop(const json_t *root, csd_http_req *r, csd_http_error *e) {
-    json_t *v = member(root, "stop");
+    json_t *v = csd_http_member(root, "stop");
     if (!v) return 0;
     if (json_is_string(v)) return add_stop(r, v, "stop", e);
     if (!json_is_array(v)) return csd_http_bad_type(e, "stop", "a string or an array of strings");
@@ -294,10 +294,10 @@ static int parse_stop(const json_t *root, csd_http_req *r, csd_http_error *e) {
 static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) {
     int rc = csd_http_read_bool(root, "stream", &r->stream, e);
     if (rc) return rc;
-    json_t *so = member(root, "stream_options");
+    json_t *so = csd_http_member(root, "stream_options");
     if (!so) return 0;
     if (!json_is_object(so)) return csd_http_bad_type(e, "stream_options", "an object");
-    json_t *iu = member(so, "include_usage");
+    json_t *iu = csd_http_member(so, "include_usage");
     if (iu) {
         if (!json_is_boolean(iu))
             return csd_http_bad_type(e, "stream_options.include_usage", "a boolean");
@@ -335,7 +335,7 @@ static int parse_json_schema(const json_t *v, csd_http_req *r, csd_http_error *e
 /* response_format: plain text, one JSON object, or one object valid against a JSON schema
  * (constrained decoding: model/json_mask.h). */
 static int parse_response_format(const json_t *root, csd_http_req *r, csd_http_error *e) {
-    json_t *v = member(root, "response_format");
+    json_t *v = csd_http_member(root, "response_format");
     if (!v) return 0;
     if (!json_is_object(v)) return csd_http_bad_type(e, "response_format", "an object");
     json_t *t = json_object_get(v, "type");
@@ -418,8 +418,8 @@ static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_
     json_array_append_new(out_arr, nm);
     json_object_set_new(nm, "role", json_string(strcmp(rs, "developer") ? rs : "system"));
 
-    json_t *content = member(m, "content");
-    json_t *tool_calls = member(m, "tool_calls");
+    json_t *content = csd_http_member(m, "content");
+    json_t *tool_calls = csd_http_member(m, "tool_calls");
     snprintf(field, sizeof field, "messages[%zu].content", idx);
     if (content) {
         json_t *c = NULL;
@@ -436,13 +436,15 @@ static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_
     if (tool_calls) {
         snprintf(field, sizeof field, "messages[%zu].tool_calls", idx);
         if (!json_is_array(tool_calls)) return csd_http_bad_type(e, field, "an array");
-        if (json_depth(tool_calls, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
+        if (csd_http_json_depth(tool_calls, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
             return csd_http_bad_value(e, field, "nested less deeply");
-        json_object_set(nm, "tool_calls", tool_calls);
+        json_t *calls = csd_http_history_calls(tool_calls);
+        if (!calls) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        json_object_set_new(nm, "tool_calls", calls);
     }
     static const char *const strs[] = {"name", "tool_call_id"};
     for (size_t i = 0; i < 2; i++) {
-        json_t *v = member(m, strs[i]);
+        json_t *v = csd_http_member(m, strs[i]);
         if (!v) continue;
         snprintf(field, sizeof field, "messages[%zu].%s", idx, strs[i]);
         if (!json_is_string(v)) return csd_http_bad_type(e, field, "a string");
@@ -482,28 +484,7 @@ static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
                                       "'top_logprobs' requires 'logprobs' to be true");
         r->top_logprobs = (int)v;
     }
-    json_t *tools = member(root, "tools");
-    if (tools) {
-        if (!json_is_array(tools)) return csd_http_bad_type(e, "tools", "an array");
-        if (json_depth(tools, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
-            return csd_http_bad_value(e, "tools", "nested less deeply");
-        size_t k;
-        json_t *t;
-        json_array_foreach(tools, k, t) {
-            char field[64];
-            snprintf(field, sizeof field, "tools[%zu]", k);
-            if (!json_is_object(t)) return csd_http_bad_type(e, field, "an object");
-        }
-        if (json_array_size(tools) > 0) r->tools = json_incref(tools);
-    }
-    json_t *tc = member(root, "tool_choice");
-    if (tc) {
-        if (!json_is_string(tc) && !json_is_object(tc))
-            return csd_http_bad_type(e, "tool_choice", "a string or an object");
-        if (json_depth(tc, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
-            return csd_http_bad_value(e, "tool_choice", "nested less deeply");
-        r->tool_choice = json_incref(tc);
-    }
+    if ((rc = csd_http_parse_tools(root, r, e))) return rc;
     return 0;
 }
 
@@ -574,7 +555,7 @@ static int parse_completion(const json_t *root, int32_t vocab, csd_http_req *r, 
     }
     if (rc) return rc;
     if ((rc = csd_http_read_bool(root, "echo", &r->echo, e))) return rc;
-    json_t *lp = member(root, "logprobs");
+    json_t *lp = csd_http_member(root, "logprobs");
     if (lp) {
         if (json_is_boolean(lp)) { /* lenient: some clients send the chat form */
             r->logprobs = json_is_true(lp);
@@ -588,7 +569,7 @@ static int parse_completion(const json_t *root, int32_t vocab, csd_http_req *r, 
             return csd_http_bad_type(e, "logprobs", "an integer");
         }
     }
-    json_t *suffix = member(root, "suffix");
+    json_t *suffix = csd_http_member(root, "suffix");
     if (suffix && (!json_is_string(suffix) || json_string_length(suffix) > 0))
         return csd_http_error_set(e, 400, NULL, "suffix", "unsupported_value",
                                   "'suffix' is not supported");
@@ -657,6 +638,7 @@ void csd_http_req_fini(csd_http_req *req) {
     json_decref(req->messages);
     json_decref(req->tools);
     json_decref(req->tool_choice);
+    csd_free(req->tool_name);
     csd_free(req->prompt);
     csd_free(req->prompt_ids);
     csd_json_schema_destroy(req->json_schema);

@@ -56,10 +56,22 @@ int csd_http_bad_value(csd_http_error *e, const char *field, const char *want);
 /* The request body as a JSON object (json_decref it), or NULL with e set (400, invalid_json): an
  * empty body, text that is not JSON, or JSON that is not an object. */
 json_t *csd_http_body_object(const char *body, size_t len, csd_http_error *e);
+/* root[key] when present and not null, else NULL. */
+json_t *csd_http_member(const json_t *root, const char *key);
+/* The JSON nesting depth of v, counted no further than just past limit. */
+int csd_http_json_depth(const json_t *v, int limit);
 /* *out = root[key] when present and not null; a 400 when it is not a boolean. */
 int csd_http_read_bool(const json_t *root, const char *key, bool *out, csd_http_error *e);
 /* The OpenAI error body as a NUL-terminated string (free with free(): jansson's json_dumps). */
 char *csd_http_error_json(const csd_http_error *e);
+
+/* What a chat answer does with the request's tools (tool_request.h). */
+enum csd_http_tool_mode {
+    CSD_HTTP_TOOLS_OFF = 0, /* no tools, or tool_choice "none": the answer is text */
+    CSD_HTTP_TOOLS_AUTO,    /* the model may write calls: they are split out of the answer */
+    CSD_HTTP_TOOLS_NAMED,   /* the answer is tool_name's arguments (constrained) */
+    CSD_HTTP_TOOLS_PICK,    /* the answer is {"name", "arguments"} for one tool (constrained) */
+};
 
 /* A parsed request. Strings and JSON are owned by the struct; release with csd_http_req_fini. */
 typedef struct csd_http_req {
@@ -85,6 +97,8 @@ typedef struct csd_http_req {
                             tool_call_id]}: content is a string (text parts joined) or null */
     json_t *tools;       /* owned reference to the request's array, or NULL */
     json_t *tool_choice; /* owned reference, or NULL */
+    int tool_mode;       /* enum csd_http_tool_mode */
+    char *tool_name;     /* CSD_HTTP_TOOLS_NAMED: the function's name (owned) */
     /* completions: exactly one of prompt / prompt_ids */
     char *prompt; /* NUL-terminated */
     size_t prompt_len;

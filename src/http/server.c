@@ -540,9 +540,13 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     size_t n_ids = 0;
     csd_http_job *j = NULL;
     if (req.json_object && !s->json_vocab) {
-        csd_http_error_set(&e, 400, NULL, "response_format", "unsupported_value",
-                           "response_format '%s' is not available on this server",
-                           req.json_schema ? "json_schema" : "json_object");
+        if (req.tool_mode == CSD_HTTP_TOOLS_NAMED || req.tool_mode == CSD_HTTP_TOOLS_PICK)
+            csd_http_error_set(&e, 400, NULL, "tool_choice", "unsupported_value",
+                               "a forced tool call is not available on this server");
+        else
+            csd_http_error_set(&e, 400, NULL, "response_format", "unsupported_value",
+                               "response_format '%s' is not available on this server",
+                               req.json_schema ? "json_schema" : "json_object");
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }

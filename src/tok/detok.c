@@ -92,11 +92,17 @@ static void emit_replaced(csd_detok *d, sink *s, const char *t) {
     emit(d, s, t, strlen(t));
 }
 
+static bool kept(const csd_detok *d, int32_t id) {
+    for (int i = 0; i < CSD_DETOK_MAX_KEEP; i++)
+        if (d->keep[i] == id) return true;
+    return false;
+}
+
 static int step(csd_detok *d, int32_t id, sink *s) {
     const csd_tok *tok = d->tok;
     if (id < 0 || id >= tok->n_ids || tok->id_sym[id] < 0) return CSD_ERANGE;
     uint8_t flags = tok->id_flags[id];
-    if (d->skip_special && (flags & CSD_TOK_ID_SPECIAL)) return 0;
+    if (d->skip_special && (flags & CSD_TOK_ID_SPECIAL) && !kept(d, id)) return 0;
     const char *piece = csd_tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
     size_t plen = tok->syms.slen[tok->id_sym[id]];
     switch (tok->dec_kind) {
@@ -134,7 +140,18 @@ void csd_detok_init(csd_detok *d, const csd_tok *tok, bool skip_special) {
     memset(d, 0, sizeof *d);
     d->tok = tok;
     d->skip_special = skip_special;
+    for (int i = 0; i < CSD_DETOK_MAX_KEEP; i++) d->keep[i] = -1;
     d->at_start = true;
+}
+
+void csd_detok_keep(csd_detok *d, int32_t id) {
+    for (int i = 0; i < CSD_DETOK_MAX_KEEP && id >= 0; i++) {
+        if (d->keep[i] == id) return;
+        if (d->keep[i] < 0) {
+            d->keep[i] = id;
+            return;
+        }
+    }
 }
 
 int csd_detok_push(csd_detok *d, int32_t id, char *out, size_t cap, size_t *out_len) {

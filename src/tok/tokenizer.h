@@ -62,16 +62,21 @@ const char *csd_tok_eos_text(const csd_tok *tok);
  * UTF-8 (bytes of an unfinished character are held back until complete). Produces exactly the same
  * concatenated text as csd_tok_decode over the same ids. Caller-provided storage. */
 #define CSD_DETOK_MAX_PENDING 64
+#define CSD_DETOK_MAX_KEEP 2
 
 typedef struct csd_detok {
     const csd_tok *tok;
     bool skip_special;
+    int32_t keep[CSD_DETOK_MAX_KEEP];      /* special ids shown all the same (-1: none) */
     bool at_start;                         /* for leading-space rules of the decoder */
     size_t n_pending;
     uint8_t pending[CSD_DETOK_MAX_PENDING]; /* bytes of an incomplete UTF-8 sequence */
 } csd_detok;
 
 void csd_detok_init(csd_detok *d, const csd_tok *tok, bool skip_special);
+/* Shows id as text although it is special and skip_special is set (the tags of tool calls, which
+ * some vocabularies mark special). At most CSD_DETOK_MAX_KEEP ids; id < 0 is ignored. */
+void csd_detok_keep(csd_detok *d, int32_t id);
 /* Appends the text for id to out (capacity cap, NUL-terminated); *out_len is the bytes written. */
 int csd_detok_push(csd_detok *d, int32_t id, char *out, size_t cap, size_t *out_len);
 /* Emits what is still held back (invalid trailing bytes become U+FFFD, as the reference does). */

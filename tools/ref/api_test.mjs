@@ -177,6 +177,40 @@ await test('chat streaming equals non-streaming (same seed), usage chunk, [DONE]
   assert(!r.text.includes('"usage"'), 'no usage without include_usage');
 });
 
+await test('a forced tool call: the client reads message.tool_calls and rebuilds the streamed call', async () => {
+  const tools = [
+    { type: 'function', function: { name: 'get_time' } },
+    {
+      type: 'function',
+      function: {
+        name: 'get_weather',
+        parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+      },
+    },
+  ];
+  const opts = {
+    model, messages: chatMsgs, tools, max_tokens: 48, seed: 3, temperature: 0.9,
+    tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  };
+  const full = await client.chat.completions.create(opts);
+  const msg = full.choices[0].message;
+  eq(msg.content, null, 'content of a forced call');
+  eq(msg.tool_calls.length, 1, 'one call');
+  eq(msg.tool_calls[0].type, 'function', 'type');
+  eq(msg.tool_calls[0].function.name, 'get_weather', 'name');
+  assert(/^call_[0-9a-f]{24}$/.test(msg.tool_calls[0].id), `id ${msg.tool_calls[0].id}`);
+  const why = full.choices[0].finish_reason;
+  assert(why === 'tool_calls' || why === 'length', `finish_reason ${why}`);
+  if (why === 'tool_calls') eq(typeof JSON.parse(msg.tool_calls[0].function.arguments).city, 'string', 'city');
+  // the client's own stream helper accumulates the deltas into the same call
+  const stream = client.chat.completions.stream(opts);
+  const final = await stream.finalChatCompletion();
+  const call = final.choices[0].message.tool_calls[0];
+  eq(call.function.name, 'get_weather', 'streamed name');
+  eq(call.function.arguments, msg.tool_calls[0].function.arguments, 'streamed arguments');
+  eq(final.choices[0].finish_reason, why, 'streamed finish_reason');
+});
+
 await test('completions non-streaming and streaming agree', async () => {
   const opts = { max_tokens: 16, seed: 9, temperature: 0.8 };
   const r = await client.completions.create({ model, prompt: 'Once upon a time', ...opts });

@@ -1,0 +1,188 @@
+/* tool_calls: Hermes-style tool calls split out of a streamed answer (see tool_calls.h).
+ *
+ * pending holds what is not handed out yet. Outside a call it is the answer's tail that may still
+ * matter: trailing whitespace and a proper prefix of the open tag. Inside a call it is the
+ * whitespace before the open tag (lead bytes), the tag and the body so far: if the call turns out
+ * not to be one, all of it goes to the content as written. */
+#include "tool_calls.h"
+
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/err.h"
+
+static const char OPEN_TAG[] = "<tool_call>";
+static const char CLOSE_TAG[] = "</tool_call>";
+#define OPEN_LEN (sizeof OPEN_TAG - 1)
+#define CLOSE_LEN (sizeof CLOSE_TAG - 1)
+
+void csd_tool_split_init(csd_tool_split *s, bool whole) {
+    memset(s, 0, sizeof *s);
+    s->whole = whole;
+}
+
+void csd_tool_split_fini(csd_tool_split *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_calls; i++) csd_tool_call_fini(&s->calls[i]);
+    csd_free(s->pending);
+    csd_free(s->out);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- buffers ---- */
+
+/* Makes room for need bytes in buf[0, *cap), keeping its first len. */
+static int grow(char **buf, size_t *cap, size_t len, size_t need) {
+    if (need <= *cap) return 0;
+    size_t cap2 = *cap ? *cap : 64;
+    while (cap2 < need) cap2 *= 2;
+    char *nb = csd_alloc(cap2);
+    if (!nb) return CSD_ENOMEM;
+    if (len) memcpy(nb, *buf, len);
+    csd_free(*buf);
+    *buf = nb;
+    *cap = cap2;
+    return 0;
+}
+
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+/* ---- content ---- */
+
+/* Hands out pending[0, n) as content and drops it from pending. */
+static int give(csd_tool_split *s, size_t n) {
+    if (!n) return 0;
+    if (grow(&s->out, &s->out_cap, s->out_len, s->out_len + n + 1)) return CSD_ENOMEM;
+    memcpy(s->out + s->out_len, s->pending, n);
+    s->out_len += n;
+    s->out[s->out_len] = 0;
+    memmove(s->pending, s->pending + n, s->len - n);
+    s->len -= n;
+    return 0;
+}
+
+static void drop(csd_tool_split *s, size_t n) {
+    memmove(s->pending, s->pending + n, s->len - n);
+    s->len -= n;
+}
+
+/* ---- the scan ---- */
+
+/* The length of the longest suffix of buf[0, n) that is a proper prefix of tag. */
+static size_t partial(const char *buf, size_t n, const char *tag, size_t tag_len) {
+    size_t k = tag_len - 1 < n ? tag_len - 1 : n;
+    for (; k > 0; k--)
+        if (!memcmp(buf + n - k, tag, k)) return k;
+    return 0;
+}
+
+/* The length of the whitespace run that ends at buf[n), counted up to CSD_TOOL_SPACE_MAX: what
+ * is held back is bounded, and so is every scan of it. */
+static size_t space_before(const char *buf, size_t n) {
+    size_t k = 0;
+    while (k < n && k < CSD_TOOL_SPACE_MAX && is_space(buf[n - 1 - k])) k++;
+    return k;
+}
+
+/* Ends the open call: a call when its body parses, else content as written. body_end is where the
+ * body ends in pending, used is how much of pending the call takes (its close tag included). */
+static int close_call(csd_tool_split *s, size_t body_start, size_t body_end, size_t used) {
+    csd_tool_call c;
+    int rc = csd_tool_call_parse(s->pending + body_start, body_end - body_start, &c);
+    if (rc < 0) return rc;
+    s->in_call = false;
+    s->whole = false;
+    if (rc == 1) return give(s, used);
+    s->calls[s->n_calls++] = c;
+    drop(s, used);
+    return 0;
+}
+
+/* Outside a call: hands out what can no longer be part of a tag or of dropped whitespace; enters a
+ * call at an open tag. */
+static int scan_text(csd_tool_split *s) {
+    if (s->n_calls == CSD_TOOL_CALLS_MAX) return give(s, s->len);
+    const char *hit = memmem(s->pending, s->len, OPEN_TAG, OPEN_LEN);
+    if (hit) {
+        size_t at = (size_t)(hit - s->pending);
+        size_t lead = space_before(s->pending, at);
+        int rc = give(s, at - lead);
+        s->lead = lead;
+        s->searched = lead + OPEN_LEN;
+        s->in_call = true;
+        return rc;
+    }
+    size_t keep = partial(s->pending, s->len, OPEN_TAG, OPEN_LEN);
+    keep += space_before(s->pending, s->len - keep);
+    return give(s, s->len - keep);
+}
+
+/* Inside a call: closes it at its close tag, or gives it up as content when it grows too long.
+ * The search starts where the last one left off, so a long body is scanned once, not per piece. */
+static int scan_call(csd_tool_split *s) {
+    size_t body = s->lead + OPEN_LEN;
+    const char *hit = memmem(s->pending + s->searched, s->len - s->searched, CLOSE_TAG, CLOSE_LEN);
+    if (hit) {
+        size_t end = (size_t)(hit - s->pending);
+        return close_call(s, body, end, end + CLOSE_LEN);
+    }
+    if (s->len - body >= CLOSE_LEN) s->searched = s->len - (CLOSE_LEN - 1);
+    if (s->len - body > CSD_TOOL_CALL_MAX_BYTES) {
+        s->in_call = false;
+        return give(s, s->len);
+    }
+    return 0;
+}
+
+static void hand_out(const csd_tool_split *s, const char **content, size_t *content_len) {
+    *content = s->out ? s->out : "";
+    *content_len = s->out_len;
+}
+
+int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const char **content,
+                        size_t *content_len) {
+    s->out_len = 0;
+    hand_out(s, content, content_len);
+    if (grow(&s->pending, &s->cap, s->len, s->len + len + 1)) return CSD_ENOMEM;
+    if (len) memcpy(s->pending + s->len, text, len);
+    s->len += len;
+    int rc = 0;
+    if (s->plain) {
+        rc = give(s, s->len);
+    } else if (s->whole) {
+        if (s->len > CSD_TOOL_CALL_MAX_BYTES) { /* not a call: all of it is content */
+            s->plain = true;
+            rc = give(s, s->len);
+        }
+    } else {
+        /* each turn enters a call or ends one (consuming its tags), or finds nothing more */
+        for (bool was = s->in_call; !rc; was = s->in_call) {
+            rc = was ? scan_call(s) : scan_text(s);
+            if (s->in_call == was) break;
+        }
+    }
+    hand_out(s, content, content_len);
+    return rc;
+}
+
+int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *content_len) {
+    s->out_len = 0;
+    int rc = 0;
+    if (s->plain) /* everything was handed out as it came */
+        rc = 0;
+    else if (s->whole && s->len)
+        rc = close_call(s, 0, s->len, s->len);
+    else if (s->in_call) /* a call cut inside its close tag is parsed without the cut tag */
+        rc = close_call(s, s->lead + OPEN_LEN,
+                        s->len - partial(s->pending, s->len, CLOSE_TAG, CLOSE_LEN), s->len);
+    if (!rc && s->len) {
+        /* what is left was held back: whitespace after the last call is dropped */
+        if (s->n_calls && space_before(s->pending, s->len) == s->len)
+            drop(s, s->len);
+        else
+            rc = give(s, s->len);
+    }
+    s->plain = true; /* anything pushed after the end is content */
+    hand_out(s, content, content_len);
+    return rc;
+}

@@ -1,0 +1,73 @@
+/* tool_calls: the tool calls in a chat answer, found while the answer streams.
+ *
+ * Models trained on the Hermes format (Qwen2.5, Qwen3, Hermes 2 and 3, and their fine-tunes; their
+ * chat templates ask for it) write each call as
+ *   <tool_call>
+ *   {"name": "get_weather", "arguments": {"city": "Paris"}}
+ *   </tool_call>
+ * Text outside the tags is the answer's content. What could still be the start of a tag is held
+ * back, as stop strings are, and so is trailing whitespace: whitespace just before a call or at the
+ * end of an answer with calls is dropped (it only separates the calls; up to CSD_TOOL_SPACE_MAX
+ * bytes of each run).
+ *
+ * A call whose body is not an object with a non-empty string "name" (and "arguments" an object, a
+ * string, null or absent; "parameters" is taken as its other name) goes back into the content as
+ * it was written, tags included: nothing the model wrote is lost. Arguments are kept as written
+ * (tool_call_parse.c). A call still open when the answer ends
+ * (cut by max_tokens, or the close tag never came) is parsed as it stands.
+ *
+ * In whole mode (tool_choice "required" among several tools) the answer is one call's body, with
+ * no tags: the constrained decoder writes {"name": ..., "arguments": {...}} and nothing else.
+ *
+ * Pure and bounded: at most CSD_TOOL_CALLS_MAX calls (later tags stay content) and a body of at
+ * most CSD_TOOL_CALL_MAX_BYTES (a longer one is content). Unit-tested apart from the server. */
+#ifndef CSD_HTTP_TOOL_CALLS_H
+#define CSD_HTTP_TOOL_CALLS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#define CSD_TOOL_CALLS_MAX 64
+#define CSD_TOOL_CALL_MAX_BYTES (1u << 20)
+/* Whitespace dropped before a call or at the end: the last this many bytes of a run (the rest
+ * stays content). */
+#define CSD_TOOL_SPACE_MAX 1024
+
+typedef struct csd_tool_call {
+    char *name;      /* owned, NUL-terminated */
+    char *arguments; /* owned: the arguments as JSON text, as written; "{}" when absent */
+} csd_tool_call;
+
+typedef struct csd_tool_split {
+    bool whole;   /* the whole answer is one call's body, without tags */
+    bool in_call; /* inside <tool_call>: pending holds the body so far (open tag included) */
+    bool plain;   /* every byte from now on is content (a whole answer too long to be a call) */
+    size_t lead;  /* in a call: the whitespace bytes before its open tag in pending */
+    size_t searched; /* in a call: no close tag starts in pending before this */
+    char *pending; /* text not yet handed out */
+    size_t len, cap;
+    char *out; /* the content handed out by the last call (borrowed by the caller until the next) */
+    size_t out_len, out_cap;
+    int n_calls;
+    csd_tool_call calls[CSD_TOOL_CALLS_MAX];
+} csd_tool_split;
+
+void csd_tool_split_init(csd_tool_split *s, bool whole);
+void csd_tool_split_fini(csd_tool_split *s);
+
+/* Adds len bytes of answer text (whole UTF-8 pieces). *content / *content_len: the content now safe
+ * to show (borrowed until the next call); calls completed by this text are appended to s->calls.
+ * Returns 0, or CSD_ENOMEM (the text is then lost to this splitter: the caller ends the
+ * request). */
+int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const char **content,
+                        size_t *content_len);
+/* End of the answer: an open call is parsed as it stands (else it is content); the held-back text
+ * is handed out. Returns 0 or CSD_ENOMEM. */
+int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *content_len);
+
+/* Parses one call's body (surrounding whitespace allowed) into *out (owned strings). Returns 0, 1
+ * when the body is not a call, or CSD_ENOMEM. */
+int csd_tool_call_parse(const char *body, size_t len, csd_tool_call *out);
+void csd_tool_call_fini(csd_tool_call *c);
+
+#endif

@@ -1,0 +1,740 @@
+/* Tool calls: the splitter that takes Hermes-style <tool_call> blocks out of a streamed answer
+ * (any chunking gives the same content and calls; a bad call is content, as written; bounds), the
+ * request's tools and tool_choice (modes, refusals naming the field), and the job that turns an
+ * answer into OpenAI's message.tool_calls and streamed tool_calls deltas. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/err.h"
+#include "http/http_internal.h"
+#include "http/tool_calls.h"
+
+/* ---- the splitter ---- */
+
+typedef struct split_result {
+    char content[8192];
+    size_t content_len;
+    int n_calls;
+    char names[CSD_TOOL_CALLS_MAX][64];
+    char args[CSD_TOOL_CALLS_MAX][256];
+} split_result;
+
+static void add_content(split_result *r, const char *s, size_t n) {
+    assert_true(r->content_len + n < sizeof r->content);
+    memcpy(r->content + r->content_len, s, n);
+    r->content_len += n;
+    r->content[r->content_len] = 0;
+}
+
+/* Splits text pushed in pieces of the given sizes (cycled; 0: all at once). */
+static void split(const char *text, bool whole, const size_t *sizes, int n_sizes,
+                  split_result *r) {
+    memset(r, 0, sizeof *r);
+    csd_tool_split s;
+    csd_tool_split_init(&s, whole);
+    size_t len = strlen(text), at = 0;
+    const char *out;
+    size_t n;
+    for (int k = 0; at < len; k++) {
+        size_t step = n_sizes ? sizes[k % n_sizes] : len;
+        if (step > len - at) step = len - at;
+        assert_int_equal(csd_tool_split_push(&s, text + at, step, &out, &n), 0);
+        add_content(r, out, n);
+        at += step;
+    }
+    assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
+    add_content(r, out, n);
+    r->n_calls = s.n_calls;
+    for (int i = 0; i < s.n_calls; i++) {
+        snprintf(r->names[i], sizeof r->names[i], "%s", s.calls[i].name);
+        snprintf(r->args[i], sizeof r->args[i], "%s", s.calls[i].arguments);
+    }
+    csd_tool_split_fini(&s);
+}
+
+/* The same result whole, byte by byte, and in several other chunkings. */
+static void split_every_way(const char *text, bool whole, split_result *r) {
+    static const size_t chunkings[][3] = {{1, 1, 1}, {2, 3, 5}, {7, 1, 4}, {11, 12, 13}};
+    split(text, whole, NULL, 0, r);
+    for (size_t c = 0; c < sizeof chunkings / sizeof chunkings[0]; c++) {
+        split_result other;
+        split(text, whole, chunkings[c], 3, &other);
+        assert_string_equal(other.content, r->content);
+        assert_int_equal(other.n_calls, r->n_calls);
+        for (int i = 0; i < r->n_calls; i++) {
+            assert_string_equal(other.names[i], r->names[i]);
+            assert_string_equal(other.args[i], r->args[i]);
+        }
+    }
+}
+
+#define CALL(name, args) \
+    "<tool_call>\n{\"name\": \"" name "\", \"arguments\": " args "}\n</tool_call>"
+
+static void test_split_plain_text(void **state) {
+    (void)state;
+    split_result r;
+    const char *texts[] = {"Hello, world.", "trailing space \n\n", "a < b and <tool", "<tool_cal",
+                           "x</tool_call>y", ""};
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        split_every_way(texts[i], false, &r);
+        assert_string_equal(r.content, texts[i]); /* nothing lost, nothing added */
+        assert_int_equal(r.n_calls, 0);
+    }
+}
+
+static void test_split_one_call(void **state) {
+    (void)state;
+    split_result r;
+    split_every_way(
+        "Let me check.\n" CALL("get_weather", "{\"city\": \"Paris\", \"days\": [1, 2]}"), false,
+        &r);
+    assert_string_equal(r.content, "Let me check.");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Paris\", \"days\": [1, 2]}"); /* as written */
+    /* the tags as the only text, and text after the call */
+    split_every_way(CALL("f", "{}") "\nDone.", false, &r);
+    assert_string_equal(r.content, "\nDone.");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.args[0], "{}");
+}
+
+static void test_split_calls_and_whitespace(void **state) {
+    (void)state;
+    split_result r;
+    split_every_way("\n" CALL("a", "{\"x\": 1}") "\n\n" CALL("b", "{\"y\": \"\\u00e9\"}") "\n \n",
+                    false, &r);
+    assert_string_equal(r.content, ""); /* only whitespace around the calls */
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.names[0], "a");
+    assert_string_equal(r.names[1], "b");
+    assert_string_equal(r.args[1], "{\"y\": \"\\u00e9\"}"); /* as written, escape and all */
+}
+
+static void test_split_bad_call_is_content(void **state) {
+    (void)state;
+    split_result r;
+    const char *bad[] = {
+        "Look: \n<tool_call>not json</tool_call> ok",
+        "<tool_call>{\"arguments\": {}}</tool_call>",              /* no name */
+        "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",  /* empty name */
+        "<tool_call>{\"name\": 3}</tool_call>",                     /* not a string */
+        "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", /* not an object */
+        "<tool_call>[\"f\"]</tool_call>",                            /* not an object */
+        "<tool_call>{\"name\": \"f\", \"name\": \"g\"}</tool_call>",     /* duplicate key */
+        "<tool_call>{\"name\": \"a\\u0000b\"}</tool_call>",           /* NUL in the name */
+        "<tool_call>{\"name\": ",                                    /* cut short */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        split_every_way(bad[i], false, &r);
+        assert_string_equal(r.content, bad[i]); /* as written, whitespace before the tag too */
+        assert_int_equal(r.n_calls, 0);
+    }
+}
+
+static void test_split_call_forms(void **state) {
+    (void)state;
+    split_result r;
+    /* an open call at the end (max_tokens, or no close tag) is parsed as it stands */
+    split_every_way("ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": true}}", false, &r);
+    assert_string_equal(r.content, "ok");
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.args[0], "{\"a\": true}");
+    /* arguments as a string are kept as written; "parameters" is their other name; none: {} */
+    split_every_way("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
+                    "<tool_call>{\"name\": \"g\", \"parameters\": {\"b\": null}}</tool_call>"
+                    "<tool_call>{\"name\": \"h\"}</tool_call>",
+                    false, &r);
+    assert_int_equal(r.n_calls, 3);
+    assert_string_equal(r.args[0], "{\"a\": 1}");
+    assert_string_equal(r.args[1], "{\"b\": null}");
+    assert_string_equal(r.args[2], "{}");
+    assert_string_equal(r.content, "");
+}
+
+static void test_split_whole_mode(void **state) {
+    (void)state;
+    split_result r;
+    split_every_way("{\"name\": \"pick\", \"arguments\": {\"n\": 2}}", true, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "pick");
+    assert_string_equal(r.args[0], "{\"n\": 2}");
+    assert_string_equal(r.content, "");
+    split_every_way("{\"name\": \"pick\", \"argum", true, &r); /* cut by max_tokens */
+    assert_int_equal(r.n_calls, 0);
+    assert_string_equal(r.content, "{\"name\": \"pick\", \"argum");
+}
+
+/* What the constrained decoder may write is a call, whatever jansson makes of it: integers beyond
+ * 64 bits, a NUL character, a number beyond the double range; the digits are kept. */
+static void test_split_numbers_kept(void **state) {
+    (void)state;
+    split_result r;
+    const char *args[] = {"{\"id\": 12345678901234567890123}", "{\"s\": \"a\\u0000b\"}",
+                          "{\"x\": 1e999, \"y\": 0.1, \"z\": 1E+2}"};
+    for (int i = 0; i < 3; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"name\": \"f\", \"arguments\": %s}", args[i]);
+        split_every_way(text, true, &r);
+        assert_int_equal(r.n_calls, 1);
+        assert_string_equal(r.args[0], args[i]);
+        snprintf(text, sizeof text, "<tool_call>{\"name\": \"f\", \"arguments\": %s}</tool_call>",
+                 args[i]);
+        split_every_way(text, false, &r);
+        assert_int_equal(r.n_calls, 1);
+        assert_string_equal(r.args[0], args[i]);
+    }
+}
+
+/* A call cut inside its close tag (a tag of several tokens) is still a call. */
+static void test_split_cut_close_tag(void **state) {
+    (void)state;
+    split_result r;
+    split_every_way("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_c", false,
+                    &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.args[0], "{\"a\": 1}");
+    assert_string_equal(r.content, "");
+}
+
+/* At most CSD_TOOL_SPACE_MAX bytes of whitespace are dropped before a call: the rest of a longer
+ * run stays content (and nothing scans more than that per piece). */
+static void test_split_long_space(void **state) {
+    (void)state;
+    size_t run = 3 * CSD_TOOL_SPACE_MAX + 7;
+    char *text = malloc(run + 64);
+    strcpy(text, "x");
+    memset(text + 1, '\n', run);
+    strcpy(text + 1 + run, "<tool_call>{\"name\": \"f\"}</tool_call>");
+    split_result r;
+    split_every_way(text, false, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_int_equal(r.content_len, 1 + run - CSD_TOOL_SPACE_MAX);
+    /* the same run at the end of an answer with a call */
+    strcpy(text, "<tool_call>{\"name\": \"f\"}</tool_call>");
+    size_t at = strlen(text);
+    memset(text + at, ' ', run);
+    text[at + run] = 0;
+    split_every_way(text, false, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_int_equal(r.content_len, run - CSD_TOOL_SPACE_MAX);
+    free(text);
+}
+
+/* Calls beyond CSD_TOOL_CALLS_MAX stay content; a body beyond CSD_TOOL_CALL_MAX_BYTES is content,
+ * every byte of it. */
+static void test_split_bounds(void **state) {
+    (void)state;
+    csd_tool_split s;
+    csd_tool_split_init(&s, false);
+    const char *one = "<tool_call>{\"name\": \"f\"}</tool_call>";
+    const char *out;
+    size_t n, total = 0;
+    for (int i = 0; i < CSD_TOOL_CALLS_MAX + 1; i++) {
+        assert_int_equal(csd_tool_split_push(&s, one, strlen(one), &out, &n), 0);
+        total += n;
+    }
+    assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
+    total += n;
+    assert_int_equal(s.n_calls, CSD_TOOL_CALLS_MAX);
+    assert_int_equal(total, strlen(one));
+    csd_tool_split_fini(&s);
+
+    for (int whole = 0; whole < 2; whole++) {
+        csd_tool_split_init(&s, whole);
+        size_t chunk = 4096, pushed = 0, got = 0;
+        char *filler = malloc(chunk);
+        memset(filler, 'x', chunk);
+        const char *open = whole ? "{\"name\": \"f\", \"arguments\": {\"a\": \"" : "<tool_call>";
+        assert_int_equal(csd_tool_split_push(&s, open, strlen(open), &out, &n), 0);
+        pushed += strlen(open), got += n;
+        while (pushed <= CSD_TOOL_CALL_MAX_BYTES + chunk) {
+            assert_int_equal(csd_tool_split_push(&s, filler, chunk, &out, &n), 0);
+            pushed += chunk, got += n;
+        }
+        assert_true(got > CSD_TOOL_CALL_MAX_BYTES); /* handed out as it came, once too long */
+        assert_int_equal(csd_tool_split_push(&s, "</tool_call>", 12, &out, &n), 0);
+        pushed += 12, got += n;
+        assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
+        got += n;
+        assert_int_equal(got, pushed);
+        assert_int_equal(s.n_calls, 0);
+        free(filler);
+        csd_tool_split_fini(&s);
+    }
+}
+
+/* Random answers from fragments that make and break tags: every chunking gives the same result,
+ * and an answer with no call comes out whole. */
+static void test_split_random(void **state) {
+    (void)state;
+    static const char *frags[] = {"a", " ", "\n", "<tool_call>", "</tool_call>", "<tool", "_call>",
+                                  "{\"name\": \"f\"}", "{\"name\": \"g\", \"arguments\": {}}", "}",
+                                  "<", "</tool_call", "x y"};
+    unsigned seed = 12345;
+    for (int t = 0; t < 400; t++) {
+        char text[512] = {0};
+        int parts = 1 + (int)((seed = seed * 1103515245u + 12345u) >> 16) % 12;
+        for (int p = 0; p < parts; p++) {
+            seed = seed * 1103515245u + 12345u;
+            strcat(text, frags[(seed >> 16) % (sizeof frags / sizeof frags[0])]);
+        }
+        split_result r;
+        split_every_way(text, false, &r);
+        if (r.n_calls == 0) assert_string_equal(r.content, text);
+    }
+}
+
+/* ---- the request ---- */
+
+#define USER "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]"
+#define TOOL(name, params) \
+    "{\"type\":\"function\",\"function\":{\"name\":\"" name "\",\"parameters\":" params "}}"
+#define WEATHER TOOL("get_weather", "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":" \
+                     "\"string\"}},\"required\":[\"city\"],\"additionalProperties\":false}")
+
+static void parse_ok(const char *body, csd_http_req *r) {
+    csd_http_error e;
+    int rc = csd_http_req_parse(r, CSD_HTTP_KIND_CHAT, body, strlen(body), 0, &e);
+    if (rc) fail_msg("%s: %s", body, e.message);
+}
+
+static void parse_fails(const char *body, const char *param, const char *in_message) {
+    csd_http_req r;
+    csd_http_error e;
+    int rc = csd_http_req_parse(&r, CSD_HTTP_KIND_CHAT, body, strlen(body), 0, &e);
+    if (!rc) fail_msg("accepted: %s", body);
+    assert_int_equal(e.status, 400);
+    assert_string_equal(e.param, param);
+    if (!strstr(e.message, in_message)) fail_msg("'%s' lacks '%s'", e.message, in_message);
+    csd_http_req_fini(&r);
+}
+
+static void test_request_modes(void **state) {
+    (void)state;
+    csd_http_req r;
+    parse_ok("{" USER "}", &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_OFF);
+    csd_http_req_fini(&r);
+    parse_ok("{" USER ",\"tools\":[" WEATHER "]}", &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_AUTO);
+    assert_false(r.json_object);
+    csd_http_req_fini(&r);
+    parse_ok("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":\"none\"}", &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_OFF);
+    assert_non_null(r.tools); /* still shown to the template */
+    csd_http_req_fini(&r);
+    parse_ok("{" USER ",\"tool_choice\":\"auto\"}", &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_OFF);
+    csd_http_req_fini(&r);
+    const char *named[] = {
+        "{" USER ",\"tools\":[" TOOL("x", "{}") "," WEATHER "],\"tool_choice\":{\"type\":"
+        "\"function\",\"function\":{\"name\":\"get_weather\"}}}",
+        "{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":\"required\"}",
+    };
+    for (int i = 0; i < 2; i++) {
+        parse_ok(named[i], &r);
+        assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_NAMED);
+        assert_string_equal(r.tool_name, "get_weather");
+        assert_true(r.json_object);
+        assert_non_null(r.json_schema);
+        csd_http_req_fini(&r);
+    }
+    parse_ok("{" USER ",\"tools\":[" TOOL("x", "{}") "," WEATHER "],\"tool_choice\":\"required\"}",
+             &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_PICK);
+    assert_non_null(r.json_schema);
+    csd_http_req_fini(&r);
+    /* a function without parameters takes none: its arguments are {} */
+    parse_ok("{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}],"
+             "\"tool_choice\":\"required\"}",
+             &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_NAMED);
+    assert_int_equal(r.json_schema->nodes[r.json_schema->root].n_props, 0);
+    assert_false(r.json_schema->nodes[r.json_schema->root].free_object);
+    csd_http_req_fini(&r);
+}
+
+static void test_request_refusals(void **state) {
+    (void)state;
+    parse_fails("{" USER ",\"tools\":[{\"type\":\"retrieval\"}]}", "tools[0].type", "function");
+    parse_fails("{" USER ",\"tools\":[{\"type\":\"function\"}]}", "tools[0].function", "object");
+    parse_fails("{" USER ",\"tools\":[{\"function\":{\"name\":\"\"}}]}", "tools[0].function.name",
+                "1 to 256");
+    parse_fails("{" USER ",\"tools\":[" TOOL("f", "5") "]}", "tools[0].function.parameters",
+                "object");
+    parse_fails("{" USER ",\"tools\":[" WEATHER "," WEATHER "]}", "tools[1].function.name",
+                "both named");
+    parse_fails("{" USER ",\"tool_choice\":\"required\"}", "tool_choice", "needs tools");
+    parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":\"always\"}", "tool_choice",
+                "'required'");
+    parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\","
+                "\"function\":{\"name\":\"nope\"}}}",
+                "tool_choice.function.name", "not among the tools");
+    parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"code\"}}",
+                "tool_choice.type", "function");
+    parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":\"required\","
+                "\"response_format\":{\"type\":\"json_object\"}}",
+                "tool_choice", "response_format");
+    /* a forced call's parameters must be inside the schema subset; in auto mode they are only
+     * shown to the model */
+    const char *mail = TOOL("send", "{\"type\":\"object\",\"properties\":{\"to\":{\"type\":"
+                                    "\"string\",\"format\":\"email\"}}}");
+    char body[1024];
+    snprintf(body, sizeof body, "{" USER ",\"tools\":[%s],\"tool_choice\":\"required\"}", mail);
+    parse_fails(body, "tools[0].function.parameters", "at '/properties/to': unsupported keyword");
+    csd_http_req r;
+    snprintf(body, sizeof body, "{" USER ",\"tools\":[%s]}", mail);
+    parse_ok(body, &r);
+    csd_http_req_fini(&r);
+    /* bounds: 128 tools; "required" among more than 64 */
+    char *big = malloc(64 * 1024);
+    for (int n = 65; n <= 129; n += 64) {
+        strcpy(big, "{" USER ",\"tools\":[");
+        for (int i = 0; i < n; i++)
+            sprintf(big + strlen(big), "%s{\"type\":\"function\",\"function\":{\"name\":\"f%d\"}}",
+                    i ? "," : "", i);
+        strcat(big, "],\"tool_choice\":\"required\"}");
+        if (n == 65)
+            parse_fails(big, "tool_choice", "at most 64 tools");
+        else
+            parse_fails(big, "tools", "at most 128 tools");
+    }
+    free(big);
+}
+
+/* ---- the job ---- */
+
+/* A tokenizer whose tokens are single characters (ASCII 32..126 and newline), plus the two tags
+ * as single tokens, as Qwen's vocabularies have them; tags_special: added tokens marked special,
+ * as other vocabularies have them. */
+static csd_tok *char_tokenizer(bool tags_special) {
+    char vocab[4096] = "\"<unk>\": 0, \"<s>\": 1, \"\\n\": 2, \"<tool_call>\": 3, "
+                       "\"</tool_call>\": 4";
+    for (int c = 32; c < 127; c++) {
+        size_t at = strlen(vocab);
+        if (c == '"' || c == '\\')
+            sprintf(vocab + at, ", \"\\%c\": %d", c, c);
+        else
+            sprintf(vocab + at, ", \"%c\": %d", c, c);
+    }
+    char json[8192];
+    const char *tags = tags_special ? ", {\"id\": 3, \"content\": \"<tool_call>\", \"special\": "
+                                      "true}, {\"id\": 4, \"content\": \"</tool_call>\", "
+                                      "\"special\": true}"
+                                    : "";
+    snprintf(json, sizeof json,
+             "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, "
+             "{\"id\": 1, \"content\": \"<s>\", \"special\": true}%s], \"normalizer\": null, "
+             "\"pre_tokenizer\": null, \"decoder\": {\"type\": \"Sequence\", \"decoders\": "
+             "[{\"type\": \"Fuse\"}]}, \"model\": {\"type\": \"BPE\", "
+             "\"unk_token\": \"<unk>\", \"vocab\": {%s}, \"merges\": []}}",
+             tags, vocab);
+    csd_tok *tok = NULL;
+    csd_err err = {0};
+    if (csd_tok_load_mem(&tok, json, strlen(json), NULL, 0, &err)) fail_msg("%s", err.msg);
+    return tok;
+}
+
+/* Token ids of text: a tag is one token, every other byte one. */
+static int ids_of(const char *text, int32_t *ids) {
+    int n = 0;
+    for (const char *p = text; *p;) {
+        if (!strncmp(p, "<tool_call>", 11)) {
+            ids[n++] = 3, p += 11;
+        } else if (!strncmp(p, "</tool_call>", 12)) {
+            ids[n++] = 4, p += 12;
+        } else {
+            ids[n++] = *p == '\n' ? 2 : (unsigned char)*p;
+            p++;
+        }
+    }
+    return n;
+}
+
+/* Runs one answer through a job made for body: the response object (non-stream) or the stream's
+ * events as an array (each "data:" JSON; "[DONE]" as the string). */
+static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int end) {
+    csd_http_req req;
+    parse_ok(body, &req);
+    csd_http_job *j = NULL;
+    assert_int_equal(csd_http_job_create(&j, &req, tok, "m", NULL, 5), 0);
+    assert_int_equal(csd_http_job_begin(j, "", 0), 0);
+    j->n_submitted = 1;
+    j->refs++; /* the engine's */
+    int32_t ids[2048];
+    int n = ids_of(answer, ids);
+    for (int i = 0; i < n; i++) {
+        csd_token_event ev = {.id = ids[i]};
+        assert_false(csd_http_job_on_token(&j->choices[0], &ev));
+    }
+    csd_req_result res = {.end = end, .prompt_tokens = 5, .completion_tokens = n};
+    csd_http_job_on_done(&j->choices[0], &res);
+    json_t *out;
+    if (req.stream) {
+        out = json_array();
+        char *s = j->out.data;
+        for (char *ev = strstr(s, "data: "); ev; ev = strstr(ev, "data: ")) {
+            ev += 6;
+            char *e = strstr(ev, "\n\n");
+            assert_non_null(e);
+            json_t *v = !strncmp(ev, "[DONE]", 6) ? json_string("[DONE]")
+                                                   : json_loadb(ev, (size_t)(e - ev), 0, NULL);
+            assert_non_null(v);
+            json_array_append_new(out, v);
+            ev = e;
+        }
+    } else {
+        int status = 0;
+        char *s = csd_http_job_response(j, &status);
+        assert_int_equal(status, 200);
+        out = json_loads(s, 0, NULL);
+        free(s);
+    }
+    csd_http_job_release(j);
+    csd_http_req_fini(&req);
+    return out;
+}
+
+static void assert_call(const json_t *call, const char *name, const char *args) {
+    assert_string_equal(json_string_value(json_object_get(call, "type")), "function");
+    const char *id = json_string_value(json_object_get(call, "id"));
+    assert_non_null(id);
+    assert_int_equal(strncmp(id, "call_", 5), 0);
+    assert_int_equal(strlen(id), 5 + 24);
+    const json_t *fn = json_object_get(call, "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), name);
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), args);
+}
+
+#define AUTO_BODY "{" USER ",\"tools\":[" WEATHER "]"
+#define ANSWER "I will look.\n" CALL("get_weather", "{\"city\": \"Paris\"}") "\n"
+
+static void test_job_auto(void **state) {
+    csd_tok *tok = *state;
+    json_t *r = run_job(tok, AUTO_BODY "}", ANSWER, CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "I will look.");
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
+                "{\"city\": \"Paris\"}");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    /* only the call: content is null */
+    r = run_job(tok, AUTO_BODY "}", CALL("get_weather", "{\"city\": \"Oslo\"}"), CSD_REQ_END_STOP);
+    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    json_decref(r);
+    /* without tools the tags are text */
+    r = run_job(tok, "{" USER "}", ANSWER, CSD_REQ_END_STOP);
+    choice = json_array_get(json_object_get(r, "choices"), 0);
+    msg = json_object_get(choice, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), ANSWER);
+    assert_null(json_object_get(msg, "tool_calls"));
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
+    json_decref(r);
+}
+
+static void test_job_auto_stream(void **state) {
+    csd_tok *tok = *state;
+    json_t *evs = run_job(tok, AUTO_BODY ",\"stream\":true}", ANSWER, CSD_REQ_END_STOP);
+    char content[256] = "";
+    int n_calls = 0;
+    const char *finish = NULL;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        if (json_is_string(ev)) {
+            assert_int_equal(i, json_array_size(evs) - 1); /* [DONE] last */
+            continue;
+        }
+        json_t *choice = json_array_get(json_object_get(ev, "choices"), 0);
+        json_t *delta = json_object_get(choice, "delta");
+        const char *c = json_string_value(json_object_get(delta, "content"));
+        if (c) strcat(content, c);
+        json_t *calls = json_object_get(delta, "tool_calls");
+        if (calls) {
+            json_t *call = json_array_get(calls, 0);
+            assert_int_equal(json_integer_value(json_object_get(call, "index")), n_calls++);
+            assert_call(call, "get_weather", "{\"city\": \"Paris\"}");
+        }
+        if (json_is_string(json_object_get(choice, "finish_reason")))
+            finish = json_string_value(json_object_get(choice, "finish_reason"));
+    }
+    assert_string_equal(content, "I will look.");
+    assert_int_equal(n_calls, 1);
+    assert_string_equal(finish, "tool_calls");
+    json_decref(evs);
+}
+
+/* Tags that the vocabulary marks special are still seen (the detokenizer skips other specials). */
+static void test_job_auto_special_tags(void **state) {
+    csd_tok *tok = *state;
+    int32_t id = 3;
+    char *text = NULL;
+    assert_int_equal(csd_tok_decode(tok, &id, 1, true, &text, NULL), 0);
+    assert_string_equal(text, ""); /* special: skipped by a plain decode */
+    csd_free(text);
+    json_t *r = run_job(tok, AUTO_BODY "}", ANSWER, CSD_REQ_END_STOP);
+    json_t *msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "I will look.");
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
+                "{\"city\": \"Paris\"}");
+    json_decref(r);
+}
+
+/* "required" among several tools: the answer is {"name", "arguments"}, one call, also streamed. */
+static void test_job_pick(void **state) {
+    csd_tok *tok = *state;
+    const char *answer = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}";
+    const char *body = "{" USER ",\"tools\":[" TOOL("x", "{}") "," WEATHER "],"
+                       "\"tool_choice\":\"required\"";
+    char full[1024];
+    snprintf(full, sizeof full, "%s}", body);
+    json_t *r = run_job(tok, full, answer, CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
+                "{\"city\": \"Oslo\"}");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    snprintf(full, sizeof full, "%s,\"stream\":true}", body);
+    json_t *evs = run_job(tok, full, answer, CSD_REQ_END_STOP);
+    int n_calls = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        json_t *delta = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
+        const char *c = json_string_value(json_object_get(delta, "content"));
+        assert_true(!c || !*c); /* no text: the answer is the call */
+        json_t *call = json_array_get(json_object_get(delta, "tool_calls"), 0);
+        if (call) {
+            n_calls++;
+            assert_call(call, "get_weather", "{\"city\": \"Oslo\"}");
+        }
+    }
+    assert_int_equal(n_calls, 1);
+    json_decref(evs);
+}
+
+/* A history's tool call arguments reach the template as the object their string holds. */
+static void test_request_history_arguments(void **state) {
+    (void)state;
+    csd_http_req r;
+    parse_ok("{\"messages\":[{\"role\":\"user\",\"content\":\"w?\"},{\"role\":\"assistant\","
+             "\"content\":null,\"tool_calls\":[{\"id\":\"c1\",\"type\":\"function\",\"function\":"
+             "{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": [1, 2]}\"}},{\"id\":\"c2\",\"type\":"
+             "\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"not json\"}}]}]}",
+             &r);
+    json_t *calls = json_object_get(json_array_get(r.messages, 1), "tool_calls");
+    json_t *f0 = json_object_get(json_array_get(calls, 0), "function");
+    json_t *f1 = json_object_get(json_array_get(calls, 1), "function");
+    json_t *a0 = json_object_get(f0, "arguments"), *a1 = json_object_get(f1, "arguments");
+    assert_true(json_is_object(a0));
+    assert_int_equal(json_array_size(json_object_get(a0, "a")), 2);
+    assert_string_equal(json_string_value(a1), "not json"); /* not an object: kept */
+    csd_http_req_fini(&r);
+}
+
+#define NAMED_BODY                                                                               \
+    "{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":" \
+    "{\"name\":\"get_weather\"}}"
+
+static void test_job_named(void **state) {
+    csd_tok *tok = *state;
+    const char *args = "{\"city\":\"Rome\"}";
+    json_t *r = run_job(tok, NAMED_BODY "}", args, CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather", args);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    /* streamed: the id and name first, then the arguments piece by piece */
+    json_t *evs = run_job(tok, NAMED_BODY ",\"stream\":true}", args, CSD_REQ_END_LENGTH);
+    char joined[256] = "";
+    int with_id = 0;
+    size_t i;
+    json_t *ev;
+    const char *finish = NULL;
+    json_array_foreach(evs, i, ev) {
+        json_t *ch = json_array_get(json_object_get(ev, "choices"), 0);
+        json_t *delta = json_object_get(ch, "delta");
+        if (i > 0) assert_null(json_object_get(delta, "content")); /* the role chunk has "" */
+        json_t *call = json_array_get(json_object_get(delta, "tool_calls"), 0);
+        if (call) {
+            assert_int_equal(json_integer_value(json_object_get(call, "index")), 0);
+            if (json_object_get(call, "id")) {
+                assert_int_equal(with_id++, 0);
+                assert_string_equal(joined, ""); /* before any arguments */
+                assert_string_equal(json_string_value(json_object_get(
+                                        json_object_get(call, "function"), "name")),
+                                    "get_weather");
+            }
+            strcat(joined, json_string_value(
+                               json_object_get(json_object_get(call, "function"), "arguments")));
+        }
+        if (json_is_string(json_object_get(ch, "finish_reason")))
+            finish = json_string_value(json_object_get(ch, "finish_reason"));
+    }
+    assert_int_equal(with_id, 1);
+    assert_string_equal(joined, args);
+    assert_string_equal(finish, "length");
+    json_decref(evs);
+}
+
+static int setup_tok(void **state) {
+    *state = char_tokenizer(false);
+    return 0;
+}
+
+static int setup_tok_special(void **state) {
+    *state = char_tokenizer(true);
+    return 0;
+}
+
+static int teardown_tok(void **state) {
+    csd_tok_destroy(*state);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split_plain_text),
+        cmocka_unit_test(test_split_one_call),
+        cmocka_unit_test(test_split_calls_and_whitespace),
+        cmocka_unit_test(test_split_bad_call_is_content),
+        cmocka_unit_test(test_split_call_forms),
+        cmocka_unit_test(test_split_whole_mode),
+        cmocka_unit_test(test_split_bounds),
+        cmocka_unit_test(test_split_random),
+        cmocka_unit_test(test_split_numbers_kept),
+        cmocka_unit_test(test_split_cut_close_tag),
+        cmocka_unit_test(test_split_long_space),
+        cmocka_unit_test(test_request_modes),
+        cmocka_unit_test(test_request_refusals),
+        cmocka_unit_test(test_request_history_arguments),
+        cmocka_unit_test_setup_teardown(test_job_auto, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_auto_stream, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_named, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_pick, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_auto_special_tags, setup_tok_special,
+                                        teardown_tok),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
