@@ -248,7 +248,38 @@ chat, comp, ids = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(s
 assert chat["usage"]["prompt_tokens"] == len(ids), (chat["usage"], len(ids))
 assert chat["choices"][0]["message"]["content"] == comp["choices"][0]["text"], (chat, comp)
 PY
+    # chat_template_kwargs reach the template (Qwen3's enable_thinking), and a history's
+    # reasoning_content is the template's to place, as the reference sees them
+    RMSGS='[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":"","reasoning_content":"Need the tool.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},{"role":"tool","tool_call_id":"call_1","content":"18 C"}]'
+    KW='{"enable_thinking":false}'
+    (cd "$REF" && node chat_prompt_ref.mjs "$WORK/qwen3tiny" "$RMSGS" null "$KW") >"$WORK/ref_kw.json" || fail "chat_prompt_ref.mjs kwargs"
+    /usr/bin/python3 - "$QB" "$RMSGS" "$KW" "$WORK/ref_kw.json" <<'PY' || fail "chat_template_kwargs or reasoning_content"
+import json, sys, urllib.request
+qb, msgs, kw, ref = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3]), json.load(open(sys.argv[4]))
+def post(body):
+    req = urllib.request.Request(qb + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": "Bearer secret"})
+    with urllib.request.urlopen(req) as r:
+        return r.read().decode()
+base = {"model": "qwen3tiny", "messages": msgs, "max_tokens": 2, "temperature": 0}
+r = json.loads(post(dict(base, chat_template_kwargs=kw)))
+assert r["usage"]["prompt_tokens"] == len(ref["ids"]), (r["usage"], len(ref["ids"]))
+assert ref["text"].endswith("<think>\n\n</think>\n\n"), ref["text"][-80:]
+assert "<think>\nNeed the tool.\n</think>" in ref["text"], ref["text"]
+# the answer's thinking: <think> forced twice is an opened, unclosed thought (reasoning_content
+# "<think>", no content); streamed, the reasoning_content deltas carry the same
+think = 151667
+body = dict(base, logit_bias={str(think): 100})
+r = json.loads(post(body))
+m = r["choices"][0]["message"]
+assert m.get("reasoning_content") == "<think>" and m["content"] == "", m
+events = [json.loads(l[6:]) for l in post(dict(body, stream=True)).splitlines() if l.startswith("data: {")]
+deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+assert "".join(d.get("reasoning_content", "") for d in deltas) == "<think>", deltas
+assert "".join(d.get("content") or "" for d in deltas) == "", deltas
+PY
     echo "ok   qwen3 chat template (plain and with tools)"
+    echo "ok   chat_template_kwargs (enable_thinking) and a history's reasoning_content match the reference; <think> is split into reasoning_content"
 else
     echo "note: $CSD_SHARED_DIR/tokenizers/qwen3 absent, real chat template not exercised"
 fi

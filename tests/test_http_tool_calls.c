@@ -133,6 +133,8 @@ static void test_split_bad_call_is_content(void **state) {
         "<tool_call>[\"f\"]</tool_call>",                            /* not an object */
         "<tool_call>{\"name\": \"f\", \"name\": \"g\"}</tool_call>",     /* duplicate key */
         "<tool_call>{\"name\": \"a\\u0000b\"}</tool_call>",           /* NUL in the name */
+        "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\u0000}\"}</tool_call>", /* NUL */
+        "<tool_call>{\"name\": \"f\", \"n\\u0061me\": \"g\"}</tool_call>", /* name twice */
         "<tool_call>{\"name\": ",                                    /* cut short */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -160,6 +162,11 @@ static void test_split_call_forms(void **state) {
     assert_string_equal(r.args[1], "{\"b\": null}");
     assert_string_equal(r.args[2], "{}");
     assert_string_equal(r.content, "");
+    /* an escaped key is the key it decodes to */
+    split_every_way("<tool_call>{\"n\\u0061me\": \"f\", \"argument\\u0073\": {}}</tool_call>",
+                    false, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "f");
 }
 
 static void test_split_whole_mode(void **state) {
@@ -181,8 +188,10 @@ static void test_split_numbers_kept(void **state) {
     (void)state;
     split_result r;
     const char *args[] = {"{\"id\": 12345678901234567890123}", "{\"s\": \"a\\u0000b\"}",
-                          "{\"x\": 1e999, \"y\": 0.1, \"z\": 1E+2}"};
-    for (int i = 0; i < 3; i++) {
+                          "{\"x\": 1e999, \"y\": 0.1, \"z\": 1E+2}",
+                          /* two spaces: outside the decoder's grammar, jansson's to accept */
+                          "{\"id\":  12345678901234567890123, \"s\":  \"\\u0000\"}"};
+    for (int i = 0; i < 4; i++) {
         char text[256];
         snprintf(text, sizeof text, "{\"name\": \"f\", \"arguments\": %s}", args[i]);
         split_every_way(text, true, &r);
@@ -271,6 +280,40 @@ static void test_split_bounds(void **state) {
         assert_int_equal(s.n_calls, 0);
         free(filler);
         csd_tool_split_fini(&s);
+    }
+}
+
+/* A body of exactly CSD_TOOL_CALL_MAX_BYTES is a call and one byte more is content, whole or in
+ * small pieces (a close tag still arriving does not count against the body). */
+static void test_split_bound_exact(void **state) {
+    (void)state;
+    for (size_t extra = 0; extra < 2; extra++) {
+        size_t body = CSD_TOOL_CALL_MAX_BYTES + extra;
+        char *text = malloc(body + 64);
+        const char *head = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": \"";
+        strcpy(text, head);
+        size_t fill = body - (strlen(head) - 11) - 3; /* the body ends with "\"}}" */
+        memset(text + strlen(head), 'x', fill);
+        strcpy(text + strlen(head) + fill, "\"}}</tool_call>");
+        static const size_t sizes[][1] = {{4}, {1 << 16}, {(size_t)1 << 30}};
+        for (int k = 0; k < 3; k++) {
+            csd_tool_split s;
+            csd_tool_split_init(&s, false);
+            size_t len = strlen(text), got = 0;
+            const char *out;
+            size_t n;
+            for (size_t at = 0; at < len; at += sizes[k][0]) {
+                size_t step = len - at < sizes[k][0] ? len - at : sizes[k][0];
+                assert_int_equal(csd_tool_split_push(&s, text + at, step, &out, &n), 0);
+                got += n;
+            }
+            assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
+            got += n;
+            assert_int_equal(s.n_calls, extra ? 0 : 1);
+            assert_int_equal(got, extra ? len : 0);
+            csd_tool_split_fini(&s);
+        }
+        free(text);
     }
 }
 
@@ -462,11 +505,15 @@ static int ids_of(const char *text, int32_t *ids) {
     return n;
 }
 
+/* The thinking split the server would set for the next run_job (it depends on the prompt). */
+static int job_think = CSD_HTTP_THINK_OFF;
+
 /* Runs one answer through a job made for body: the response object (non-stream) or the stream's
  * events as an array (each "data:" JSON; "[DONE]" as the string). */
 static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int end) {
     csd_http_req req;
     parse_ok(body, &req);
+    req.think = job_think;
     csd_http_job *j = NULL;
     assert_int_equal(csd_http_job_create(&j, &req, tok, "m", NULL, 5), 0);
     assert_int_equal(csd_http_job_begin(j, "", 0), 0);
@@ -476,7 +523,7 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
     int n = ids_of(answer, ids);
     for (int i = 0; i < n; i++) {
         csd_token_event ev = {.id = ids[i]};
-        assert_false(csd_http_job_on_token(&j->choices[0], &ev));
+        if (csd_http_job_on_token(&j->choices[0], &ev)) break; /* a stop string */
     }
     csd_req_result res = {.end = end, .prompt_tokens = 5, .completion_tokens = n};
     csd_http_job_on_done(&j->choices[0], &res);
@@ -650,6 +697,44 @@ static void test_request_history_arguments(void **state) {
     csd_http_req_fini(&r);
 }
 
+/* Thinking first, then a call: reasoning_content, no content, the call; streamed the same. */
+static void test_job_think_then_call(void **state) {
+    csd_tok *tok = *state;
+    const char *answer = "<think>\nI should call it.\n</think>\n\n" CALL("get_weather", "{}");
+    job_think = CSD_HTTP_THINK_SPLIT;
+    json_t *r = run_job(tok, AUTO_BODY "}", answer, CSD_REQ_END_STOP);
+    json_t *msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")),
+                        "I should call it.");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather", "{}");
+    json_decref(r);
+    json_t *evs = run_job(tok, AUTO_BODY ",\"stream\":true}", answer, CSD_REQ_END_STOP);
+    char reasoning[128] = "", content[128] = "";
+    int n_calls = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        json_t *delta = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
+        const char *t = json_string_value(json_object_get(delta, "reasoning_content"));
+        if (t) strcat(reasoning, t);
+        t = json_string_value(json_object_get(delta, "content"));
+        if (t) strcat(content, t);
+        if (json_object_get(delta, "tool_calls")) n_calls++;
+    }
+    assert_string_equal(reasoning, "I should call it.");
+    assert_string_equal(content, "");
+    assert_int_equal(n_calls, 1);
+    json_decref(evs);
+    /* without the split (--reasoning-format none), the thinking is content */
+    job_think = CSD_HTTP_THINK_OFF;
+    r = run_job(tok, "{" USER "}", "<think>x</think>y", CSD_REQ_END_STOP);
+    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "<think>x</think>y");
+    assert_null(json_object_get(msg, "reasoning_content"));
+    json_decref(r);
+}
+
 #define NAMED_BODY                                                                               \
     "{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":" \
     "{\"name\":\"get_weather\"}}"
@@ -696,6 +781,14 @@ static void test_job_named(void **state) {
     assert_string_equal(joined, args);
     assert_string_equal(finish, "length");
     json_decref(evs);
+    /* a stop string that cuts the arguments: "stop", not a finished call */
+    r = run_job(tok, NAMED_BODY ",\"stop\":[\"Ro\"]}", args, CSD_REQ_END_STOP);
+    choice = json_array_get(json_object_get(r, "choices"), 0);
+    msg = json_object_get(choice, "message");
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
+                "{\"city\":\"");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
+    json_decref(r);
 }
 
 static int setup_tok(void **state) {
@@ -724,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_split_bounds),
         cmocka_unit_test(test_split_random),
         cmocka_unit_test(test_split_numbers_kept),
+        cmocka_unit_test(test_split_bound_exact),
         cmocka_unit_test(test_split_cut_close_tag),
         cmocka_unit_test(test_split_long_space),
         cmocka_unit_test(test_request_modes),
@@ -733,6 +827,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_job_auto_stream, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_named, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_pick, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_think_then_call, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_auto_special_tags, setup_tok_special,
                                         teardown_tok),
     };

@@ -37,6 +37,9 @@ static const char *const serve_usage =
     "  --chat-template NAME use a built-in template: chatml|llama3|llama2|mistral|gemma\n"
     "                       (a model with no template of its own and no --chat-template\n"
     "                       serves /v1/completions; chat requests get 400)\n"
+    "  --reasoning-format none|deepseek\n"
+    "                       deepseek (default): a chat answer's <think>...</think> becomes\n"
+    "                       reasoning_content; none: it stays in the content\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
     "  --max-connections N  HTTP connections held at once, a thread each (default 256;\n"
@@ -65,6 +68,7 @@ typedef struct serve_args {
     const char *api_key;
     const char *chat_template;
     const char *model_name;
+    bool reasoning_none; /* --reasoning-format none */
     size_t max_body;
     int max_connections;
     int max_per_ip;
@@ -129,6 +133,13 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
             return 2;
         }
         a->chat_template = value;
+    } else if (!strcmp(f, "--reasoning-format")) {
+        if (strcmp(value, "none") && strcmp(value, "deepseek")) {
+            fprintf(stderr, "cascadia serve: --reasoning-format: '%s' is not none or deepseek\n",
+                    value);
+            return 2;
+        }
+        a->reasoning_none = !strcmp(value, "none");
     } else if (!strcmp(f, "--model-name")) {
         if (!value[0]) {
             fprintf(stderr, "cascadia serve: --model-name must not be empty\n");
@@ -337,6 +348,7 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
     o.max_per_ip = a->max_per_ip;
     o.idle_timeout_s = a->idle_timeout_s;
     o.json_vocab = json_vocab;
+    o.reasoning_none = a->reasoning_none;
     int rc = csd_http_server_create(srv, &o, tok, tmpl, err);
     if (!rc)
         fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s build=%s\n",

@@ -15,19 +15,14 @@
 #include "coord/engine.h"
 #include "openai_request.h"
 #include "stop_text.h"
+#include "text_buf.h"
+#include "think_split.h"
 #include "tok/tokenizer.h"
 #include "tool_calls.h"
 
 /* Bytes the detokenizer may produce for one token (a piece plus held-back UTF-8 bytes). */
 #define CSD_HTTP_PIECE_MAX 4096
 
-typedef struct csd_http_buf {
-    char *data;
-    size_t len, cap;
-} csd_http_buf;
-
-int csd_http_buf_append(csd_http_buf *b, const char *s, size_t n);
-void csd_http_buf_fini(csd_http_buf *b);
 
 typedef struct csd_http_job csd_http_job;
 
@@ -41,11 +36,13 @@ typedef struct csd_http_choice {
     csd_http_stop stop;
     char piece[CSD_HTTP_PIECE_MAX];
     int64_t text_offset; /* completions logprobs: bytes of text so far */
+    csd_think_split think; /* chat: the thinking split from the answer (job->think) */
     csd_tool_split tools; /* chat with tools (auto, or "required" among several): the calls */
     int n_streamed;       /* of those, how many the stream has sent */
     /* results, under the job's mu */
     csd_http_buf text; /* non-stream: the generated text (the content, or a named call's
                         * arguments) */
+    csd_http_buf reasoning; /* non-stream: the thinking (reasoning_content) */
     json_t *lp;        /* non-stream logprobs: chat array / completions object */
     csd_req_result res; /* once it has ended */
 } csd_http_choice;
@@ -59,6 +56,7 @@ struct csd_http_job {
     bool stream, include_usage, logprobs;
     int top_logprobs;
     int tool_mode;    /* enum csd_http_tool_mode */
+    int think;        /* enum csd_http_think */
     char *tool_name;  /* CSD_HTTP_TOOLS_NAMED: the function (owned) */
     char id[48];       /* "chatcmpl-..." / "cmpl-..." */
     long long created; /* unix seconds */

@@ -17,31 +17,6 @@
 /* How often a waiting connection thread checks its socket and the stop flag (ms). */
 #define WAIT_POLL_MS 50
 
-/* ---- byte buffer ---- */
-
-int csd_http_buf_append(csd_http_buf *b, const char *s, size_t n) {
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *nd = csd_alloc(cap);
-        if (!nd) return CSD_ENOMEM;
-        if (b->len) memcpy(nd, b->data, b->len);
-        csd_free(b->data);
-        b->data = nd;
-        b->cap = cap;
-    }
-    if (n) memcpy(b->data + b->len, s, n);
-    b->len += n;
-    b->data[b->len] = 0;
-    return 0;
-}
-
-void csd_http_buf_fini(csd_http_buf *b) {
-    csd_free(b->data);
-    memset(b, 0, sizeof *b);
-}
-
 /* ---- lifecycle ---- */
 
 /* An id's random part: 24 hex digits (96 bits) from libsodium's system generator (the server
@@ -63,6 +38,7 @@ static int choice_init(csd_http_job *j, int i) {
     if (j->kind != CSD_HTTP_KIND_CHAT) ch->detok.at_start = false;
     csd_http_stop_init(&ch->stop, j->stops, j->n_stop);
     csd_tool_split_init(&ch->tools, j->tool_mode == CSD_HTTP_TOOLS_PICK);
+    csd_think_split_init(&ch->think, j->think == CSD_HTTP_THINK_OPEN);
     if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) { /* the tags are text even where they are special */
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<tool_call>"));
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</tool_call>"));
@@ -92,6 +68,7 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->top_logprobs = req->top_logprobs;
     bool chat = req->kind == CSD_HTTP_KIND_CHAT;
     j->tool_mode = chat ? req->tool_mode : CSD_HTTP_TOOLS_OFF;
+    j->think = chat ? req->think : CSD_HTTP_THINK_OFF;
     char hex[2 * JOB_ID_RANDOM_BYTES + 1];
     random_hex(hex);
     snprintf(j->id, sizeof j->id, "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
@@ -137,6 +114,8 @@ void csd_http_job_release(csd_http_job *j) {
     for (int i = 0; i < j->n_choices; i++) {
         csd_http_stop_fini(&j->choices[i].stop);
         csd_tool_split_fini(&j->choices[i].tools);
+        csd_think_split_fini(&j->choices[i].think);
+        csd_http_buf_fini(&j->choices[i].reasoning);
         csd_http_buf_fini(&j->choices[i].text);
         json_decref(j->choices[i].lp);
     }
@@ -231,12 +210,13 @@ static json_t *call_json(int index, const char *name, const char *args, size_t a
     return call;
 }
 
-/* A chat chunk of choice index whose delta is one tool call's part (stolen). mu held. */
-static int emit_tool_delta(csd_http_job *j, int index, json_t *call) {
+/* A chat chunk of choice index with the given delta (stolen; NULL: out of memory), no logprobs and
+ * no finish reason. mu held. */
+static int emit_delta(csd_http_job *j, int index, json_t *delta) {
     json_t *c = chunk_base(j);
-    json_t *choice = call ? json_pack("{s:i, s:{s:[o]}, s:n, s:n}", "index", index, "delta",
-                                      "tool_calls", call, "logprobs", "finish_reason")
-                          : NULL;
+    json_t *choice = delta ? json_pack("{s:i, s:o, s:n, s:n}", "index", index, "delta", delta,
+                                       "logprobs", "finish_reason")
+                           : NULL;
     if (!c || !choice) {
         json_decref(c);
         json_decref(choice);
@@ -246,15 +226,21 @@ static int emit_tool_delta(csd_http_job *j, int index, json_t *call) {
     return emit_event(j, c);
 }
 
+/* A chat chunk of choice index whose delta is one tool call's part (stolen). mu held. */
+static int emit_tool_delta(csd_http_job *j, int index, json_t *call) {
+    return emit_delta(j, index, call ? json_pack("{s:[o]}", "tool_calls", call) : NULL);
+}
+
 /* Streams the calls the splitter has completed and the stream has not had yet. mu held. */
 static int emit_new_calls(csd_http_choice *ch) {
-    int rc = 0;
-    for (; ch->n_streamed < ch->tools.n_calls && !rc && ch->job->stream; ch->n_streamed++) {
+    while (ch->job->stream && ch->n_streamed < ch->tools.n_calls) {
         const csd_tool_call *c = &ch->tools.calls[ch->n_streamed];
-        rc = emit_tool_delta(ch->job, ch->index, call_json(ch->n_streamed, c->name, c->arguments,
-                                                           strlen(c->arguments)));
+        int rc = emit_tool_delta(ch->job, ch->index, call_json(ch->n_streamed, c->name,
+                                                               c->arguments, strlen(c->arguments)));
+        if (rc) return rc; /* not counted: the next call tries it again */
+        ch->n_streamed++;
     }
-    return rc;
+    return 0;
 }
 
 /* The message's tool_calls (NULL when it has none): a named call's arguments are the answer's
@@ -394,7 +380,8 @@ static int route_text(csd_http_choice *ch, const char *text, size_t len,
     size_t n = 0;
     int rc = csd_tool_split_push(&ch->tools, text, len, &content, &n);
     if (!rc) rc = add_text(ch, content, n, ev);
-    return rc ? rc : emit_new_calls(ch);
+    int calls_rc = emit_new_calls(ch); /* the calls it completed, whatever became of the text */
+    return rc ? rc : calls_rc;
 }
 
 /* The end of a choice's text: the splitter's held-back text and a call still open. mu held. */
@@ -405,7 +392,38 @@ static int route_end(csd_http_choice *ch) {
     size_t n = 0;
     int rc = csd_tool_split_finish(&ch->tools, &content, &n);
     if (!rc) rc = add_text(ch, content, n, NULL);
-    return rc ? rc : emit_new_calls(ch);
+    int calls_rc = emit_new_calls(ch);
+    return rc ? rc : calls_rc;
+}
+
+/* Queues a choice's thinking: a reasoning_content delta, or the non-streamed text. mu held. */
+static int add_reasoning(csd_http_choice *ch, const char *text, size_t len) {
+    csd_http_job *j = ch->job;
+    if (!len) return 0;
+    if (!j->stream) return csd_http_buf_append(&ch->reasoning, text, len);
+    return emit_delta(j, ch->index, json_pack("{s:s%}", "reasoning_content", text, len));
+}
+
+/* Hands answer text on (mu held): the thinking split off first when the job splits it, the rest
+ * to route_text. */
+static int think_text(csd_http_choice *ch, const char *text, size_t len,
+                      const csd_token_event *ev) {
+    if (ch->job->think == CSD_HTTP_THINK_OFF) return route_text(ch, text, len, ev);
+    const char *r = "", *c = "";
+    size_t rn = 0, cn = 0;
+    int rc = csd_think_split_push(&ch->think, text, len, &r, &rn, &c, &cn);
+    if (!rc) rc = add_reasoning(ch, r, rn);
+    return rc ? rc : route_text(ch, c, cn, ev);
+}
+
+/* The end of the answer's thinking split: what it held back. mu held. */
+static int think_end(csd_http_choice *ch) {
+    if (ch->job->think == CSD_HTTP_THINK_OFF) return 0;
+    const char *r = "", *c = "";
+    size_t rn = 0, cn = 0;
+    int rc = csd_think_split_finish(&ch->think, &r, &rn, &c, &cn);
+    if (!rc) rc = add_reasoning(ch, r, rn);
+    return rc ? rc : route_text(ch, c, cn, NULL);
 }
 
 bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
@@ -419,15 +437,18 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     stopped = csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len);
     if (stopped < 0) return true; /* out of memory: end the request rather than lose text */
     pthread_mutex_lock(&j->mu);
-    int rc = route_text(ch, emit, emit_len, ev);
+    int rc = think_text(ch, emit, emit_len, ev);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
     return stopped == 1 || rc != 0;
 }
 
-/* "length" when max_tokens cut the answer, else "tool_calls" when it is a call, else "stop". */
+/* "length" when max_tokens cut the answer; "stop" when a stop string cut it (it may have cut a
+ * call: a forced call's arguments are then incomplete); else "tool_calls" when it is a call, and
+ * "stop" when it is not. */
 static const char *finish_reason(const csd_http_job *j, const csd_http_choice *ch) {
     if (ch->res.end == CSD_REQ_END_LENGTH) return "length";
+    if (ch->stop.stopped) return "stop";
     bool called = j->tool_mode == CSD_HTTP_TOOLS_NAMED || ch->tools.n_calls > 0;
     return called ? "tool_calls" : "stop";
 }
@@ -478,9 +499,10 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
     if (csd_detok_flush(&ch->detok, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
     if (csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len) < 0) emit_len = 0;
     pthread_mutex_lock(&j->mu);
-    route_text(ch, emit, emit_len, NULL);
+    think_text(ch, emit, emit_len, NULL);
     csd_http_stop_flush(&ch->stop, &rest, &rest_len);
-    route_text(ch, rest, rest_len, NULL);
+    think_text(ch, rest, rest_len, NULL);
+    think_end(ch);
     route_end(ch);
     ch->res = *res;
     j->n_done++;
@@ -593,6 +615,9 @@ static json_t *choice_json(const csd_http_job *j, const csd_http_choice *ch) {
         }
         json_t *message = json_pack("{s:s, s:o}", "role", "assistant", "content", text);
         if (calls) json_object_set_new(message, "tool_calls", calls);
+        if (ch->reasoning.len)
+            json_object_set_new(message, "reasoning_content",
+                                json_stringn(ch->reasoning.data, ch->reasoning.len));
         return json_pack("{s:i, s:o, s:o, s:s}", "index", ch->index, "message", message,
                          "logprobs", ch->lp ? json_pack("{s:O}", "content", ch->lp) : json_null(),
                          "finish_reason", finish);

@@ -442,14 +442,33 @@ static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_
         if (!calls) return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
         json_object_set_new(nm, "tool_calls", calls);
     }
-    static const char *const strs[] = {"name", "tool_call_id"};
-    for (size_t i = 0; i < 2; i++) {
+    static const char *const strs[] = {"name", "tool_call_id", "reasoning_content"};
+    for (size_t i = 0; i < 3; i++) {
         json_t *v = csd_http_member(m, strs[i]);
         if (!v) continue;
         snprintf(field, sizeof field, "messages[%zu].%s", idx, strs[i]);
         if (!json_is_string(v)) return csd_http_bad_type(e, field, "a string");
         json_object_set(nm, strs[i], v);
     }
+    return 0;
+}
+
+/* chat_template_kwargs (vLLM's and llama-server's): more variables for the chat template, such as
+ * Qwen3's enable_thinking. They may not replace messages or tools, which have fields of their
+ * own. */
+static int parse_template_kwargs(const json_t *root, csd_http_req *r, csd_http_error *e) {
+    json_t *kw = csd_http_member(root, "chat_template_kwargs");
+    if (!kw) return 0;
+    if (!json_is_object(kw)) return csd_http_bad_type(e, "chat_template_kwargs", "an object");
+    if (json_object_size(kw) > CSD_HTTP_MAX_TEMPLATE_KWARGS)
+        return csd_http_bad_value(e, "chat_template_kwargs", "at most 64 variables");
+    if (csd_http_json_depth(kw, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
+        return csd_http_bad_value(e, "chat_template_kwargs", "nested less deeply");
+    if (json_object_get(kw, "messages") || json_object_get(kw, "tools"))
+        return csd_http_error_set(e, 400, NULL, "chat_template_kwargs", "invalid_value",
+                                  "chat_template_kwargs may not set 'messages' or 'tools' (send "
+                                  "them as the request's own fields)");
+    r->template_kwargs = json_incref(kw);
     return 0;
 }
 
@@ -485,6 +504,7 @@ static int parse_chat(const json_t *root, csd_http_req *r, csd_http_error *e) {
         r->top_logprobs = (int)v;
     }
     if ((rc = csd_http_parse_tools(root, r, e))) return rc;
+    if ((rc = parse_template_kwargs(root, r, e))) return rc;
     return 0;
 }
 
@@ -639,6 +659,7 @@ void csd_http_req_fini(csd_http_req *req) {
     json_decref(req->tools);
     json_decref(req->tool_choice);
     csd_free(req->tool_name);
+    json_decref(req->template_kwargs);
     csd_free(req->prompt);
     csd_free(req->prompt_ids);
     csd_json_schema_destroy(req->json_schema);

@@ -25,6 +25,8 @@
 /* Messages per chat request and prompt ids per completion: bounds the work before tokenizing. */
 #define CSD_HTTP_MAX_MESSAGES 4096
 #define CSD_HTTP_MAX_PROMPT_IDS (1 << 20)
+/* Variables in chat_template_kwargs. */
+#define CSD_HTTP_MAX_TEMPLATE_KWARGS 64
 /* JSON nesting accepted in a body (jansson recurses; deep nesting is only an attack). */
 #define CSD_HTTP_MAX_JSON_DEPTH 64
 
@@ -73,6 +75,13 @@ enum csd_http_tool_mode {
     CSD_HTTP_TOOLS_PICK,    /* the answer is {"name", "arguments"} for one tool (constrained) */
 };
 
+/* How a chat answer's thinking is split from it (http/think_split.h). */
+enum csd_http_think {
+    CSD_HTTP_THINK_OFF = 0, /* no split: --reasoning-format none, completions, JSON answers */
+    CSD_HTTP_THINK_SPLIT,   /* <think>...</think> at the answer's start is reasoning_content */
+    CSD_HTTP_THINK_OPEN,    /* the prompt opened <think>: the answer starts thinking */
+};
+
 /* A parsed request. Strings and JSON are owned by the struct; release with csd_http_req_fini. */
 typedef struct csd_http_req {
     int kind;    /* enum csd_http_kind */
@@ -99,6 +108,8 @@ typedef struct csd_http_req {
     json_t *tool_choice; /* owned reference, or NULL */
     int tool_mode;       /* enum csd_http_tool_mode */
     char *tool_name;     /* CSD_HTTP_TOOLS_NAMED: the function's name (owned) */
+    json_t *template_kwargs; /* chat_template_kwargs: more template variables (owned), or NULL */
+    int think;           /* enum csd_http_think: set by the server once the prompt is rendered */
     /* completions: exactly one of prompt / prompt_ids */
     char *prompt; /* NUL-terminated */
     size_t prompt_len;

@@ -54,6 +54,7 @@ struct csd_http_server {
     _Atomic(csd_engine *) engine;
     const csd_tok *tok;
     const csd_vocab_bytes *json_vocab; /* borrowed; NULL: response_format json_object refused */
+    bool reasoning_none;               /* --reasoning-format none */
     const csd_chat_template *tmpl;
     char *api_key;
     char *model_name;
@@ -323,9 +324,34 @@ static bool starts_with(const char *s, const char *prefix) {
     return prefix[0] && strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
+/* True when the prompt ends inside an open <think> (after trailing whitespace): a template that
+ * starts the answer's thinking itself, as DeepSeek-R1's does. */
+static bool opens_thinking(const char *prompt) {
+    size_t n = strlen(prompt);
+    while (n && (prompt[n - 1] == '\n' || prompt[n - 1] == ' ' || prompt[n - 1] == '\r')) n--;
+    return n >= 7 && !memcmp(prompt + n - 7, "<think>", 7);
+}
+
+/* How the answer's thinking is split from it (http/think_split.h): only chat answers that are not
+ * constrained to JSON, unless --reasoning-format none. */
+static int think_mode(const csd_http_server *s, const csd_http_req *req, const char *prompt) {
+    if (s->reasoning_none || req->json_object) return CSD_HTTP_THINK_OFF;
+    return opens_thinking(prompt) ? CSD_HTTP_THINK_OPEN : CSD_HTTP_THINK_SPLIT;
+}
+
+/* The template's variables besides messages and tools: tool_choice, then chat_template_kwargs.
+ * NULL when there are none (or out of memory: rendering then goes without them). */
+static json_t *template_extra(const csd_http_req *req) {
+    if (!req->tool_choice && !req->template_kwargs) return NULL;
+    json_t *extra = req->template_kwargs ? json_deep_copy(req->template_kwargs) : json_object();
+    if (extra && req->tool_choice) json_object_set(extra, "tool_choice", req->tool_choice);
+    return extra;
+}
+
 /* Renders the chat template and tokenizes. The template normally writes BOS itself; only when it
- * does not (its text does not start with the BOS string) do the tokenizer's rules add one. */
-static int chat_prompt(const csd_http_server *s, const csd_http_req *req, int32_t **ids, size_t *n,
+ * does not (its text does not start with the BOS string) do the tokenizer's rules add one. Sets
+ * req->think from the rendered prompt. */
+static int chat_prompt(const csd_http_server *s, csd_http_req *req, int32_t **ids, size_t *n,
                        csd_http_error *e) {
     if (!s->tmpl)
         return csd_http_error_set(e, 400, NULL, "messages", "unsupported_value",
@@ -338,12 +364,8 @@ static int chat_prompt(const csd_http_server *s, const csd_http_req *req, int32_
     ap.add_generation_prompt = true;
     ap.bos_token = csd_tok_bos_text(s->tok);
     ap.eos_token = csd_tok_eos_text(s->tok);
-    json_t *extra = NULL;
-    if (req->tool_choice) {
-        extra = json_object();
-        json_object_set(extra, "tool_choice", req->tool_choice);
-        ap.extra = extra;
-    }
+    json_t *extra = template_extra(req);
+    ap.extra = extra;
     char *text = NULL;
     csd_err err = {0};
     int rc = csd_chat_template_apply(s->tmpl, &ap, &text, &err);
@@ -351,6 +373,7 @@ static int chat_prompt(const csd_http_server *s, const csd_http_req *req, int32_
     if (rc)
         return csd_http_error_set(e, 400, NULL, "messages", "invalid_value",
                                   "the chat template failed on these messages: %s", err.msg);
+    req->think = think_mode(s, req, text);
     bool add_special = !starts_with(text, csd_tok_bos_text(s->tok));
     rc = csd_tok_encode(s->tok, text, strlen(text), add_special, true, ids, n, &err);
     csd_free(text);
@@ -817,6 +840,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     csd_tok_gate_init(&s->tok_gate, CSD_TOK_GATE_BUDGET);
     s->tok = tok;
     s->json_vocab = o.json_vocab;
+    s->reasoning_none = o.reasoning_none;
     s->tmpl = tmpl;
     s->max_body = o.max_body;
     s->idle_timeout_s = (unsigned)o.idle_timeout_s;

@@ -8,6 +8,7 @@
 #ifndef CSD_HTTP_SERVER_H
 #define CSD_HTTP_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,6 +40,7 @@ typedef struct csd_http_opts {
     /* the tokens' bytes for response_format json_object (borrowed: it must outlive the engine's
      * requests); NULL: such requests are refused */
     const csd_vocab_bytes *json_vocab;
+    bool reasoning_none; /* --reasoning-format none: thinking stays in the content */
 } csd_http_opts;
 
 void csd_http_opts_default(csd_http_opts *o);

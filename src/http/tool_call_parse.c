@@ -60,37 +60,6 @@ static size_t skip_value(const char *p, size_t i, size_t n) {
     return i;
 }
 
-typedef struct span {
-    size_t at, len; /* len 0: absent */
-} span;
-
-/* The spans of the members "name", "arguments" and "parameters" of the object p[0, n); false
- * when one of them appears twice. */
-static bool find_members(const char *p, size_t n, span *name, span *args, span *params) {
-    static const char *const keys[] = {"name", "arguments", "parameters"};
-    span *slots[] = {name, args, params};
-    size_t i = skip_space(p, 0, n) + 1; /* past '{' */
-    for (;;) {
-        i = skip_space(p, i, n);
-        if (i >= n || p[i] == '}') return true;
-        size_t key = i + 1, key_end = skip_string(p, i, n) - 1;
-        i = skip_space(p, key_end + 1, n) + 1; /* past ':' */
-        i = skip_space(p, i, n);
-        size_t value = i;
-        i = skip_value(p, i, n);
-        for (int k = 0; k < 3; k++) {
-            if (key_end - key != strlen(keys[k]) || memcmp(p + key, keys[k], key_end - key))
-                continue;
-            if (slots[k]->len) return false;
-            *slots[k] = (span){value, i - value};
-        }
-        i = skip_space(p, i, n);
-        if (i < n && p[i] == ',') i++;
-    }
-}
-
-/* ---- the call ---- */
-
 /* Decodes the JSON string at p[0, n) into *out (csd_alloc'd; *len its bytes). Returns 0, 1 when
  * it is not a string, or CSD_ENOMEM. */
 static int decode_string(const char *p, size_t n, char **out, size_t *len) {
@@ -107,6 +76,48 @@ static int decode_string(const char *p, size_t n, char **out, size_t *len) {
     return rc;
 }
 
+typedef struct span {
+    size_t at, len; /* len 0: absent */
+} span;
+
+/* Is the key string p[at, end) (quotes included) the name want? A key with escapes is decoded
+ * first ("n\u0061me" is "name", as jansson reads it). */
+static bool key_is(const char *p, size_t at, size_t end, const char *want) {
+    size_t n = end - at - 2, len = 0;
+    if (!memchr(p + at + 1, '\\', n)) return n == strlen(want) && !memcmp(p + at + 1, want, n);
+    char *key = NULL;
+    bool same = !decode_string(p + at, end - at, &key, &len) && len == strlen(want) &&
+                !memcmp(key, want, len);
+    csd_free(key);
+    return same;
+}
+
+/* The spans of the members "name", "arguments" and "parameters" of the object p[0, n); false
+ * when one of them appears twice. */
+static bool find_members(const char *p, size_t n, span *name, span *args, span *params) {
+    static const char *const keys[] = {"name", "arguments", "parameters"};
+    span *slots[] = {name, args, params};
+    size_t i = skip_space(p, 0, n) + 1; /* past '{' */
+    for (;;) {
+        i = skip_space(p, i, n);
+        if (i >= n || p[i] == '}') return true;
+        size_t key = i, key_end = skip_string(p, i, n); /* quotes included */
+        i = skip_space(p, key_end, n) + 1; /* past ':' */
+        i = skip_space(p, i, n);
+        size_t value = i;
+        i = skip_value(p, i, n);
+        for (int k = 0; k < 3; k++) {
+            if (!key_is(p, key, key_end, keys[k])) continue;
+            if (slots[k]->len) return false;
+            *slots[k] = (span){value, i - value};
+        }
+        i = skip_space(p, i, n);
+        if (i < n && p[i] == ',') i++;
+    }
+}
+
+/* ---- the call ---- */
+
 static char *copy_n(const char *s, size_t n) {
     char *c = csd_alloc(n + 1);
     if (c && n) memcpy(c, s, n);
@@ -117,7 +128,15 @@ static char *copy_n(const char *s, size_t n) {
  * null. Returns 0, 1 when they are none of these, or CSD_ENOMEM. */
 static int arguments_text(const char *p, span args, char **out) {
     size_t len = 0;
-    if (args.len && p[args.at] == '"') return decode_string(p + args.at, args.len, out, &len);
+    if (args.len && p[args.at] == '"') { /* arguments written as a string: its contents */
+        int rc = decode_string(p + args.at, args.len, out, &len);
+        if (!rc && strlen(*out) != len) { /* a NUL would cut them */
+            csd_free(*out);
+            *out = NULL;
+            rc = 1;
+        }
+        return rc;
+    }
     if (!args.len || (args.len == 4 && !memcmp(p + args.at, "null", 4)))
         *out = copy_n("{}", 2);
     else if (p[args.at] == '{')

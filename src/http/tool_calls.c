@@ -24,25 +24,9 @@ void csd_tool_split_init(csd_tool_split *s, bool whole) {
 void csd_tool_split_fini(csd_tool_split *s) {
     if (!s) return;
     for (int i = 0; i < s->n_calls; i++) csd_tool_call_fini(&s->calls[i]);
-    csd_free(s->pending);
-    csd_free(s->out);
+    csd_http_buf_fini(&s->pending);
+    csd_http_buf_fini(&s->out);
     memset(s, 0, sizeof *s);
-}
-
-/* ---- buffers ---- */
-
-/* Makes room for need bytes in buf[0, *cap), keeping its first len. */
-static int grow(char **buf, size_t *cap, size_t len, size_t need) {
-    if (need <= *cap) return 0;
-    size_t cap2 = *cap ? *cap : 64;
-    while (cap2 < need) cap2 *= 2;
-    char *nb = csd_alloc(cap2);
-    if (!nb) return CSD_ENOMEM;
-    if (len) memcpy(nb, *buf, len);
-    csd_free(*buf);
-    *buf = nb;
-    *cap = cap2;
-    return 0;
 }
 
 static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
@@ -52,19 +36,12 @@ static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c ==
 /* Hands out pending[0, n) as content and drops it from pending. */
 static int give(csd_tool_split *s, size_t n) {
     if (!n) return 0;
-    if (grow(&s->out, &s->out_cap, s->out_len, s->out_len + n + 1)) return CSD_ENOMEM;
-    memcpy(s->out + s->out_len, s->pending, n);
-    s->out_len += n;
-    s->out[s->out_len] = 0;
-    memmove(s->pending, s->pending + n, s->len - n);
-    s->len -= n;
+    if (csd_http_buf_append(&s->out, s->pending.data, n)) return CSD_ENOMEM;
+    csd_http_buf_drop(&s->pending, n);
     return 0;
 }
 
-static void drop(csd_tool_split *s, size_t n) {
-    memmove(s->pending, s->pending + n, s->len - n);
-    s->len -= n;
-}
+static void drop(csd_tool_split *s, size_t n) { csd_http_buf_drop(&s->pending, n); }
 
 /* ---- the scan ---- */
 
@@ -88,7 +65,7 @@ static size_t space_before(const char *buf, size_t n) {
  * body ends in pending, used is how much of pending the call takes (its close tag included). */
 static int close_call(csd_tool_split *s, size_t body_start, size_t body_end, size_t used) {
     csd_tool_call c;
-    int rc = csd_tool_call_parse(s->pending + body_start, body_end - body_start, &c);
+    int rc = csd_tool_call_parse(s->pending.data + body_start, body_end - body_start, &c);
     if (rc < 0) return rc;
     s->in_call = false;
     s->whole = false;
@@ -101,58 +78,62 @@ static int close_call(csd_tool_split *s, size_t body_start, size_t body_end, siz
 /* Outside a call: hands out what can no longer be part of a tag or of dropped whitespace; enters a
  * call at an open tag. */
 static int scan_text(csd_tool_split *s) {
-    if (s->n_calls == CSD_TOOL_CALLS_MAX) return give(s, s->len);
-    const char *hit = memmem(s->pending, s->len, OPEN_TAG, OPEN_LEN);
+    const char *p = s->pending.data;
+    size_t n = s->pending.len;
+    if (s->n_calls == CSD_TOOL_CALLS_MAX) return give(s, n);
+    const char *hit = memmem(p, n, OPEN_TAG, OPEN_LEN);
     if (hit) {
-        size_t at = (size_t)(hit - s->pending);
-        size_t lead = space_before(s->pending, at);
+        size_t at = (size_t)(hit - p);
+        size_t lead = space_before(p, at);
         int rc = give(s, at - lead);
         s->lead = lead;
         s->searched = lead + OPEN_LEN;
         s->in_call = true;
         return rc;
     }
-    size_t keep = partial(s->pending, s->len, OPEN_TAG, OPEN_LEN);
-    keep += space_before(s->pending, s->len - keep);
-    return give(s, s->len - keep);
+    size_t keep = partial(p, n, OPEN_TAG, OPEN_LEN);
+    keep += space_before(p, n - keep);
+    return give(s, n - keep);
 }
 
 /* Inside a call: closes it at its close tag, or gives it up as content when it grows too long.
  * The search starts where the last one left off, so a long body is scanned once, not per piece. */
 static int scan_call(csd_tool_split *s) {
-    size_t body = s->lead + OPEN_LEN;
-    const char *hit = memmem(s->pending + s->searched, s->len - s->searched, CLOSE_TAG, CLOSE_LEN);
+    const char *p = s->pending.data;
+    size_t n = s->pending.len, body = s->lead + OPEN_LEN;
+    const char *hit = memmem(p + s->searched, n - s->searched, CLOSE_TAG, CLOSE_LEN);
     if (hit) {
-        size_t end = (size_t)(hit - s->pending);
-        return close_call(s, body, end, end + CLOSE_LEN);
+        size_t end = (size_t)(hit - p);
+        if (end - body <= CSD_TOOL_CALL_MAX_BYTES) return close_call(s, body, end, end + CLOSE_LEN);
+        s->in_call = false; /* too long to be a call, however it arrived */
+        return give(s, end + CLOSE_LEN);
     }
-    if (s->len - body >= CLOSE_LEN) s->searched = s->len - (CLOSE_LEN - 1);
-    if (s->len - body > CSD_TOOL_CALL_MAX_BYTES) {
+    if (n - body >= CLOSE_LEN) s->searched = n - (CLOSE_LEN - 1);
+    /* given up only once the body alone (not a close tag still arriving) is over the limit */
+    if (n - partial(p, n, CLOSE_TAG, CLOSE_LEN) - body > CSD_TOOL_CALL_MAX_BYTES) {
         s->in_call = false;
-        return give(s, s->len);
+        return give(s, n);
     }
     return 0;
 }
 
 static void hand_out(const csd_tool_split *s, const char **content, size_t *content_len) {
-    *content = s->out ? s->out : "";
-    *content_len = s->out_len;
+    *content = s->out.data ? s->out.data : "";
+    *content_len = s->out.len;
 }
 
 int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const char **content,
                         size_t *content_len) {
-    s->out_len = 0;
+    s->out.len = 0;
     hand_out(s, content, content_len);
-    if (grow(&s->pending, &s->cap, s->len, s->len + len + 1)) return CSD_ENOMEM;
-    if (len) memcpy(s->pending + s->len, text, len);
-    s->len += len;
+    if (csd_http_buf_append(&s->pending, text, len)) return CSD_ENOMEM;
     int rc = 0;
     if (s->plain) {
-        rc = give(s, s->len);
+        rc = give(s, s->pending.len);
     } else if (s->whole) {
-        if (s->len > CSD_TOOL_CALL_MAX_BYTES) { /* not a call: all of it is content */
+        if (s->pending.len > CSD_TOOL_CALL_MAX_BYTES) { /* not a call: all of it is content */
             s->plain = true;
-            rc = give(s, s->len);
+            rc = give(s, s->pending.len);
         }
     } else {
         /* each turn enters a call or ends one (consuming its tags), or finds nothing more */
@@ -166,21 +147,23 @@ int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const c
 }
 
 int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *content_len) {
-    s->out_len = 0;
+    s->out.len = 0;
+    const char *p = s->pending.data;
+    size_t n = s->pending.len;
     int rc = 0;
     if (s->plain) /* everything was handed out as it came */
         rc = 0;
-    else if (s->whole && s->len)
-        rc = close_call(s, 0, s->len, s->len);
+    else if (s->whole && n)
+        rc = close_call(s, 0, n, n);
     else if (s->in_call) /* a call cut inside its close tag is parsed without the cut tag */
-        rc = close_call(s, s->lead + OPEN_LEN,
-                        s->len - partial(s->pending, s->len, CLOSE_TAG, CLOSE_LEN), s->len);
-    if (!rc && s->len) {
+        rc = close_call(s, s->lead + OPEN_LEN, n - partial(p, n, CLOSE_TAG, CLOSE_LEN), n);
+    n = s->pending.len;
+    if (!rc && n) {
         /* what is left was held back: whitespace after the last call is dropped */
-        if (s->n_calls && space_before(s->pending, s->len) == s->len)
-            drop(s, s->len);
+        if (s->n_calls && space_before(s->pending.data, n) == n)
+            drop(s, n);
         else
-            rc = give(s, s->len);
+            rc = give(s, n);
     }
     s->plain = true; /* anything pushed after the end is content */
     hand_out(s, content, content_len);

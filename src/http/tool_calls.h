@@ -27,6 +27,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "text_buf.h"
+
 #define CSD_TOOL_CALLS_MAX 64
 #define CSD_TOOL_CALL_MAX_BYTES (1u << 20)
 /* Whitespace dropped before a call or at the end: the last this many bytes of a run (the rest
@@ -44,10 +46,8 @@ typedef struct csd_tool_split {
     bool plain;   /* every byte from now on is content (a whole answer too long to be a call) */
     size_t lead;  /* in a call: the whitespace bytes before its open tag in pending */
     size_t searched; /* in a call: no close tag starts in pending before this */
-    char *pending; /* text not yet handed out */
-    size_t len, cap;
-    char *out; /* the content handed out by the last call (borrowed by the caller until the next) */
-    size_t out_len, out_cap;
+    csd_http_buf pending; /* text not yet handed out */
+    csd_http_buf out;     /* the content handed out by the last call (the caller borrows it) */
     int n_calls;
     csd_tool_call calls[CSD_TOOL_CALLS_MAX];
 } csd_tool_split;

@@ -60,7 +60,8 @@ const char *csd_tok_eos_text(const csd_tok *tok);
 
 /* Incremental detokenizer for streaming: push ids one at a time, get text that is always whole
  * UTF-8 (bytes of an unfinished character are held back until complete). Produces exactly the same
- * concatenated text as csd_tok_decode over the same ids. Caller-provided storage. */
+ * concatenated text as csd_tok_decode over the same ids (unless csd_detok_keep shows a special id
+ * that the decode would skip). Caller-provided storage. */
 #define CSD_DETOK_MAX_PENDING 64
 #define CSD_DETOK_MAX_KEEP 2
 
