@@ -153,11 +153,22 @@ static void test_random(void **state) {
     }
 }
 
+/* A prompt that ends inside <think> opens the answer's thinking. */
+static void test_prompt_opens(void **state) {
+    (void)state;
+    assert_true(csd_think_prompt_opens("<|Assistant|><think>\n"));
+    assert_true(csd_think_prompt_opens("<think>"));
+    assert_false(csd_think_prompt_opens("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+    assert_false(csd_think_prompt_opens("<|im_start|>assistant\n"));
+    assert_false(csd_think_prompt_opens("think>"));
+    assert_false(csd_think_prompt_opens(""));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_thinking_then_answer), cmocka_unit_test(test_no_thinking_is_content),
         cmocka_unit_test(test_open_and_cut),         cmocka_unit_test(test_long_space),
-        cmocka_unit_test(test_random),
+        cmocka_unit_test(test_random),           cmocka_unit_test(test_prompt_opens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -317,6 +317,39 @@ static void test_split_bound_exact(void **state) {
     }
 }
 
+/* A call too long to be one is content through its close tag however it arrives: a tag inside
+ * it never starts a call. */
+static void test_split_long_call_skipped(void **state) {
+    (void)state;
+    size_t fill = CSD_TOOL_CALL_MAX_BYTES + 10;
+    const char *inner = "<tool_call>{\"name\": \"g\"}</tool_call>";
+    char *text = malloc(fill + 128);
+    strcpy(text, "<tool_call>");
+    memset(text + 11, 'x', fill);
+    strcpy(text + 11 + fill, inner);
+    strcat(text, CALL("h", "{}"));
+    static const size_t sizes[] = {1 << 16, 4, (size_t)1 << 30};
+    for (int k = 0; k < 3; k++) {
+        csd_tool_split s;
+        csd_tool_split_init(&s, false);
+        size_t len = strlen(text), got = 0;
+        const char *out;
+        size_t n;
+        for (size_t at = 0; at < len; at += sizes[k]) {
+            size_t step = len - at < sizes[k] ? len - at : sizes[k];
+            assert_int_equal(csd_tool_split_push(&s, text + at, step, &out, &n), 0);
+            got += n;
+        }
+        assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
+        got += n;
+        assert_int_equal(s.n_calls, 1); /* h, after the long one; never g inside it */
+        assert_string_equal(s.calls[0].name, "h");
+        assert_int_equal(got, 11 + fill + strlen(inner));
+        csd_tool_split_fini(&s);
+    }
+    free(text);
+}
+
 /* Random answers from fragments that make and break tags: every chunking gives the same result,
  * and an answer with no call comes out whole. */
 static void test_split_random(void **state) {
@@ -419,6 +452,11 @@ static void test_request_refusals(void **state) {
     parse_fails("{" USER ",\"tools\":[" WEATHER "," WEATHER "]}", "tools[1].function.name",
                 "both named");
     parse_fails("{" USER ",\"tool_choice\":\"required\"}", "tool_choice", "needs tools");
+    parse_fails("{" USER ",\"chat_template_kwargs\":5}", "chat_template_kwargs", "object");
+    parse_fails("{" USER ",\"chat_template_kwargs\":{\"add_generation_prompt\":false}}",
+                "chat_template_kwargs", "add_generation_prompt");
+    parse_fails("{" USER ",\"chat_template_kwargs\":{\"range\":1}}", "chat_template_kwargs",
+                "range");
     parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":\"always\"}", "tool_choice",
                 "'required'");
     parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\","
@@ -463,7 +501,7 @@ static void test_request_refusals(void **state) {
  * as other vocabularies have them. */
 static csd_tok *char_tokenizer(bool tags_special) {
     char vocab[4096] = "\"<unk>\": 0, \"<s>\": 1, \"\\n\": 2, \"<tool_call>\": 3, "
-                       "\"</tool_call>\": 4";
+                       "\"</tool_call>\": 4, \"<think>\": 5, \"</think>\": 6";
     for (int c = 32; c < 127; c++) {
         size_t at = strlen(vocab);
         if (c == '"' || c == '\\')
@@ -472,10 +510,12 @@ static csd_tok *char_tokenizer(bool tags_special) {
             sprintf(vocab + at, ", \"%c\": %d", c, c);
     }
     char json[8192];
-    const char *tags = tags_special ? ", {\"id\": 3, \"content\": \"<tool_call>\", \"special\": "
-                                      "true}, {\"id\": 4, \"content\": \"</tool_call>\", "
-                                      "\"special\": true}"
-                                    : "";
+    const char *tags = tags_special
+                           ? ", {\"id\": 3, \"content\": \"<tool_call>\", \"special\": true}, "
+                             "{\"id\": 4, \"content\": \"</tool_call>\", \"special\": true}, "
+                             "{\"id\": 5, \"content\": \"<think>\", \"special\": true}, "
+                             "{\"id\": 6, \"content\": \"</think>\", \"special\": true}"
+                           : "";
     snprintf(json, sizeof json,
              "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, "
              "{\"id\": 1, \"content\": \"<s>\", \"special\": true}%s], \"normalizer\": null, "
@@ -491,12 +531,15 @@ static csd_tok *char_tokenizer(bool tags_special) {
 
 /* Token ids of text: a tag is one token, every other byte one. */
 static int ids_of(const char *text, int32_t *ids) {
+    static const char *const tags[] = {"<tool_call>", "</tool_call>", "<think>", "</think>"};
     int n = 0;
     for (const char *p = text; *p;) {
-        if (!strncmp(p, "<tool_call>", 11)) {
-            ids[n++] = 3, p += 11;
-        } else if (!strncmp(p, "</tool_call>", 12)) {
-            ids[n++] = 4, p += 12;
+        int tag = -1;
+        for (int t = 0; t < 4 && tag < 0; t++)
+            if (!strncmp(p, tags[t], strlen(tags[t]))) tag = t;
+        if (tag >= 0) {
+            ids[n++] = 3 + tag;
+            p += strlen(tags[tag]);
         } else {
             ids[n++] = *p == '\n' ? 2 : (unsigned char)*p;
             p++;
@@ -523,7 +566,10 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
     int n = ids_of(answer, ids);
     for (int i = 0; i < n; i++) {
         csd_token_event ev = {.id = ids[i]};
-        if (csd_http_job_on_token(&j->choices[0], &ev)) break; /* a stop string */
+        if (csd_http_job_on_token(&j->choices[0], &ev)) { /* only at a stop string */
+            assert_true(req.n_stop > 0);
+            break;
+        }
     }
     csd_req_result res = {.end = end, .prompt_tokens = 5, .completion_tokens = n};
     csd_http_job_on_done(&j->choices[0], &res);
@@ -576,6 +622,15 @@ static void test_job_auto(void **state) {
     assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
     assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
                 "{\"city\": \"Paris\"}");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    /* a stop string after a whole call: the call stands, and so does "tool_calls" */
+    r = run_job(tok, AUTO_BODY ",\"stop\":[\"\\nDone\"]}", ANSWER "\nDone.", CSD_REQ_END_STOP);
+    choice = json_array_get(json_object_get(r, "choices"), 0);
+    assert_int_equal(json_array_size(json_object_get(json_object_get(choice, "message"),
+                                                     "tool_calls")),
+                     1);
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
                         "tool_calls");
     json_decref(r);
@@ -634,8 +689,11 @@ static void test_job_auto_special_tags(void **state) {
     assert_int_equal(csd_tok_decode(tok, &id, 1, true, &text, NULL), 0);
     assert_string_equal(text, ""); /* special: skipped by a plain decode */
     csd_free(text);
-    json_t *r = run_job(tok, AUTO_BODY "}", ANSWER, CSD_REQ_END_STOP);
+    job_think = CSD_HTTP_THINK_SPLIT; /* the thinking tags too */
+    json_t *r = run_job(tok, AUTO_BODY "}", "<think>x</think>" ANSWER, CSD_REQ_END_STOP);
+    job_think = CSD_HTTP_THINK_OFF;
     json_t *msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")), "x");
     assert_string_equal(json_string_value(json_object_get(msg, "content")), "I will look.");
     assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
                 "{\"city\": \"Paris\"}");
@@ -735,6 +793,37 @@ static void test_job_think_then_call(void **state) {
     json_decref(r);
 }
 
+/* Each token's logprobs come exactly once, with its thinking or its content, streamed or not. */
+static void test_job_think_logprobs(void **state) {
+    csd_tok *tok = *state;
+    const char *answer = "<think>ab</think>cd";
+    int32_t ids[64];
+    size_t n_tokens = (size_t)ids_of(answer, ids);
+    job_think = CSD_HTTP_THINK_SPLIT;
+    json_t *r = run_job(tok, "{" USER ",\"logprobs\":true}", answer, CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    assert_int_equal(json_array_size(json_object_get(json_object_get(choice, "logprobs"),
+                                                     "content")),
+                     n_tokens);
+    json_decref(r);
+    json_t *evs = run_job(tok, "{" USER ",\"logprobs\":true,\"stream\":true}", answer,
+                          CSD_REQ_END_STOP);
+    job_think = CSD_HTTP_THINK_OFF;
+    size_t counted = 0, on_thinking = 0, i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        json_t *ch = json_array_get(json_object_get(ev, "choices"), 0);
+        json_t *lp = json_object_get(json_object_get(ch, "logprobs"), "content");
+        if (!lp) continue;
+        counted += json_array_size(lp);
+        json_t *delta = json_object_get(ch, "delta");
+        if (json_object_get(delta, "reasoning_content")) on_thinking++;
+    }
+    assert_int_equal(counted, n_tokens);
+    assert_int_equal(on_thinking, 2); /* "a" and "b" carry theirs on their thinking chunks */
+    json_decref(evs);
+}
+
 #define NAMED_BODY                                                                               \
     "{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\",\"function\":" \
     "{\"name\":\"get_weather\"}}"
@@ -818,6 +907,7 @@ int main(void) {
         cmocka_unit_test(test_split_random),
         cmocka_unit_test(test_split_numbers_kept),
         cmocka_unit_test(test_split_bound_exact),
+        cmocka_unit_test(test_split_long_call_skipped),
         cmocka_unit_test(test_split_cut_close_tag),
         cmocka_unit_test(test_split_long_space),
         cmocka_unit_test(test_request_modes),
@@ -828,6 +918,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_job_named, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_pick, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_then_call, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_think_logprobs, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_auto_special_tags, setup_tok_special,
                                         teardown_tok),
     };

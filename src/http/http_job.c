@@ -39,9 +39,14 @@ static int choice_init(csd_http_job *j, int i) {
     csd_http_stop_init(&ch->stop, j->stops, j->n_stop);
     csd_tool_split_init(&ch->tools, j->tool_mode == CSD_HTTP_TOOLS_PICK);
     csd_think_split_init(&ch->think, j->think == CSD_HTTP_THINK_OPEN);
-    if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) { /* the tags are text even where they are special */
+    /* the tags are text even where a vocabulary marks them special */
+    if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) {
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<tool_call>"));
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</tool_call>"));
+    }
+    if (j->think != CSD_HTTP_THINK_OFF) {
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<think>"));
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</think>"));
     }
     if (j->logprobs && !j->stream) {
         ch->lp = j->kind == CSD_HTTP_KIND_CHAT
@@ -210,13 +215,14 @@ static json_t *call_json(int index, const char *name, const char *args, size_t a
     return call;
 }
 
-/* A chat chunk of choice index with the given delta (stolen; NULL: out of memory), no logprobs and
- * no finish reason. mu held. */
-static int emit_delta(csd_http_job *j, int index, json_t *delta) {
+/* A chat chunk of choice index with the given delta (stolen; NULL: out of memory) and logprobs
+ * (stolen; NULL: none), no finish reason. mu held. */
+static int emit_delta(csd_http_job *j, int index, json_t *delta, json_t *lp) {
     json_t *c = chunk_base(j);
-    json_t *choice = delta ? json_pack("{s:i, s:o, s:n, s:n}", "index", index, "delta", delta,
-                                       "logprobs", "finish_reason")
+    json_t *choice = delta ? json_pack("{s:i, s:o, s:o, s:n}", "index", index, "delta", delta,
+                                       "logprobs", lp ? lp : json_null(), "finish_reason")
                            : NULL;
+    if (!delta) json_decref(lp);
     if (!c || !choice) {
         json_decref(c);
         json_decref(choice);
@@ -228,7 +234,7 @@ static int emit_delta(csd_http_job *j, int index, json_t *delta) {
 
 /* A chat chunk of choice index whose delta is one tool call's part (stolen). mu held. */
 static int emit_tool_delta(csd_http_job *j, int index, json_t *call) {
-    return emit_delta(j, index, call ? json_pack("{s:[o]}", "tool_calls", call) : NULL);
+    return emit_delta(j, index, call ? json_pack("{s:[o]}", "tool_calls", call) : NULL, NULL);
 }
 
 /* Streams the calls the splitter has completed and the stream has not had yet. mu held. */
@@ -397,11 +403,16 @@ static int route_end(csd_http_choice *ch) {
 }
 
 /* Queues a choice's thinking: a reasoning_content delta, or the non-streamed text. mu held. */
-static int add_reasoning(csd_http_choice *ch, const char *text, size_t len) {
+static int add_reasoning(csd_http_choice *ch, const char *text, size_t len,
+                         const csd_token_event *ev) {
     csd_http_job *j = ch->job;
     if (!len) return 0;
-    if (!j->stream) return csd_http_buf_append(&ch->reasoning, text, len);
-    return emit_delta(j, ch->index, json_pack("{s:s%}", "reasoning_content", text, len));
+    if (!j->stream) {
+        if (ev && ch->lp) json_array_append_new(ch->lp, chat_lp_entry(j, ev));
+        return csd_http_buf_append(&ch->reasoning, text, len);
+    }
+    json_t *lp = ev && j->logprobs ? json_pack("{s:[o]}", "content", chat_lp_entry(j, ev)) : NULL;
+    return emit_delta(j, ch->index, json_pack("{s:s%}", "reasoning_content", text, len), lp);
 }
 
 /* Hands answer text on (mu held): the thinking split off first when the job splits it, the rest
@@ -412,8 +423,10 @@ static int think_text(csd_http_choice *ch, const char *text, size_t len,
     const char *r = "", *c = "";
     size_t rn = 0, cn = 0;
     int rc = csd_think_split_push(&ch->think, text, len, &r, &rn, &c, &cn);
-    if (!rc) rc = add_reasoning(ch, r, rn);
-    return rc ? rc : route_text(ch, c, cn, ev);
+    /* the token's logprobs go with its thinking when it gave no content, else with the content */
+    const csd_token_event *r_ev = rn && !cn ? ev : NULL;
+    if (!rc) rc = add_reasoning(ch, r, rn, r_ev);
+    return rc ? rc : route_text(ch, c, cn, r_ev ? NULL : ev);
 }
 
 /* The end of the answer's thinking split: what it held back. mu held. */
@@ -422,7 +435,7 @@ static int think_end(csd_http_choice *ch) {
     const char *r = "", *c = "";
     size_t rn = 0, cn = 0;
     int rc = csd_think_split_finish(&ch->think, &r, &rn, &c, &cn);
-    if (!rc) rc = add_reasoning(ch, r, rn);
+    if (!rc) rc = add_reasoning(ch, r, rn, NULL);
     return rc ? rc : route_text(ch, c, cn, NULL);
 }
 
@@ -443,12 +456,12 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     return stopped == 1 || rc != 0;
 }
 
-/* "length" when max_tokens cut the answer; "stop" when a stop string cut it (it may have cut a
- * call: a forced call's arguments are then incomplete); else "tool_calls" when it is a call, and
- * "stop" when it is not. */
+/* "length" when max_tokens cut the answer; "stop" when a stop string cut a named call (its
+ * arguments are then incomplete); else "tool_calls" when the answer is or holds a call (the calls
+ * split out of it are whole), and "stop" when it is not. */
 static const char *finish_reason(const csd_http_job *j, const csd_http_choice *ch) {
     if (ch->res.end == CSD_REQ_END_LENGTH) return "length";
-    if (ch->stop.stopped) return "stop";
+    if (ch->stop.stopped && j->tool_mode == CSD_HTTP_TOOLS_NAMED) return "stop";
     bool called = j->tool_mode == CSD_HTTP_TOOLS_NAMED || ch->tools.n_calls > 0;
     return called ? "tool_calls" : "stop";
 }

@@ -453,9 +453,22 @@ static int parse_message(const json_t *m, size_t idx, json_t *out_arr, csd_http_
     return 0;
 }
 
+/* Names chat_template_kwargs may not set: what the server sets itself (the request has fields for
+ * messages, tools and tool_choice; the generation prompt and BOS/EOS belong to the model) and the
+ * template language's own globals. */
+static bool reserved_template_name(const char *k) {
+    static const char *const names[] = {
+        "messages", "tools",     "tool_choice",     "add_generation_prompt", "bos_token",
+        "eos_token", "namespace", "raise_exception", "range",                 "strftime_now",
+        "true",      "false",     "none",            "True",                  "False",
+        "None",      "loop"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(k, names[i])) return true;
+    return false;
+}
+
 /* chat_template_kwargs (vLLM's and llama-server's): more variables for the chat template, such as
- * Qwen3's enable_thinking. They may not replace messages or tools, which have fields of their
- * own. */
+ * Qwen3's enable_thinking. */
 static int parse_template_kwargs(const json_t *root, csd_http_req *r, csd_http_error *e) {
     json_t *kw = csd_http_member(root, "chat_template_kwargs");
     if (!kw) return 0;
@@ -464,10 +477,14 @@ static int parse_template_kwargs(const json_t *root, csd_http_req *r, csd_http_e
         return csd_http_bad_value(e, "chat_template_kwargs", "at most 64 variables");
     if (csd_http_json_depth(kw, CSD_HTTP_MAX_JSON_DEPTH) > CSD_HTTP_MAX_JSON_DEPTH)
         return csd_http_bad_value(e, "chat_template_kwargs", "nested less deeply");
-    if (json_object_get(kw, "messages") || json_object_get(kw, "tools"))
-        return csd_http_error_set(e, 400, NULL, "chat_template_kwargs", "invalid_value",
-                                  "chat_template_kwargs may not set 'messages' or 'tools' (send "
-                                  "them as the request's own fields)");
+    const char *k;
+    json_t *v;
+    json_object_foreach(kw, k, v) {
+        if (reserved_template_name(k))
+            return csd_http_error_set(e, 400, NULL, "chat_template_kwargs", "invalid_value",
+                                      "chat_template_kwargs may not set '%.64s' (the server sets "
+                                      "it, or the template language defines it)", k);
+    }
     r->template_kwargs = json_incref(kw);
     return 0;
 }

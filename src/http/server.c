@@ -324,19 +324,11 @@ static bool starts_with(const char *s, const char *prefix) {
     return prefix[0] && strncmp(s, prefix, strlen(prefix)) == 0;
 }
 
-/* True when the prompt ends inside an open <think> (after trailing whitespace): a template that
- * starts the answer's thinking itself, as DeepSeek-R1's does. */
-static bool opens_thinking(const char *prompt) {
-    size_t n = strlen(prompt);
-    while (n && (prompt[n - 1] == '\n' || prompt[n - 1] == ' ' || prompt[n - 1] == '\r')) n--;
-    return n >= 7 && !memcmp(prompt + n - 7, "<think>", 7);
-}
-
 /* How the answer's thinking is split from it (http/think_split.h): only chat answers that are not
  * constrained to JSON, unless --reasoning-format none. */
 static int think_mode(const csd_http_server *s, const csd_http_req *req, const char *prompt) {
     if (s->reasoning_none || req->json_object) return CSD_HTTP_THINK_OFF;
-    return opens_thinking(prompt) ? CSD_HTTP_THINK_OPEN : CSD_HTTP_THINK_SPLIT;
+    return csd_think_prompt_opens(prompt) ? CSD_HTTP_THINK_OPEN : CSD_HTTP_THINK_SPLIT;
 }
 
 /* The template's variables besides messages and tools: tool_choice, then chat_template_kwargs.

@@ -15,6 +15,14 @@ static const char CLOSE_TAG[] = "</think>";
 
 enum { REASONING = 0, CONTENT = 1 };
 
+static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+bool csd_think_prompt_opens(const char *prompt) {
+    size_t n = strlen(prompt);
+    while (n && is_space(prompt[n - 1])) n--;
+    return n >= OPEN_LEN && !memcmp(prompt + n - OPEN_LEN, OPEN_TAG, OPEN_LEN);
+}
+
 void csd_think_split_init(csd_think_split *s, bool open) {
     memset(s, 0, sizeof *s);
     s->state = open ? CSD_THINK_INSIDE : CSD_THINK_START;
@@ -28,8 +36,6 @@ void csd_think_split_fini(csd_think_split *s) {
     csd_http_buf_fini(&s->out[1]);
     memset(s, 0, sizeof *s);
 }
-
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 static void drop(csd_think_split *s, size_t n) { csd_http_buf_drop(&s->pending, n); }
 

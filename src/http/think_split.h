@@ -6,7 +6,8 @@
  * rest message.content. The answer thinks when it starts with <think> (after whitespace), or when
  * the prompt already opened it (templates such as DeepSeek-R1's end the prompt with "<think>\n"):
  * then everything up to </think> is thinking. Whitespace right inside the tags and right after the
- * close tag is dropped (it only lays the text out), up to CSD_THINK_SPACE_MAX bytes of each run.
+ * close tag is dropped (it only lays the text out; before </think>, the last CSD_THINK_SPACE_MAX
+ * bytes of a run, so that what is held back stays bounded).
  * An answer that does not start thinking is all content, byte for byte; thinking that never closes
  * (max_tokens) is all reasoning_content.
  *
@@ -35,6 +36,10 @@ typedef struct csd_think_split {
     csd_http_buf pending; /* held back: whitespace, a partial tag */
     csd_http_buf out[2];  /* the last call's reasoning [0] and content [1] (the caller borrows) */
 } csd_think_split;
+
+/* True when a rendered prompt ends inside an open <think> (whitespace after it allowed): a
+ * template that starts the answer's thinking itself, as DeepSeek-R1's does. */
+bool csd_think_prompt_opens(const char *prompt);
 
 /* open: the prompt ended inside <think> (the answer starts thinking without writing the tag). */
 void csd_think_split_init(csd_think_split *s, bool open);

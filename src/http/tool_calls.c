@@ -78,6 +78,16 @@ static int close_call(csd_tool_split *s, size_t body_start, size_t body_end, siz
 /* Outside a call: hands out what can no longer be part of a tag or of dropped whitespace; enters a
  * call at an open tag. */
 static int scan_text(csd_tool_split *s) {
+    if (s->skipping) { /* the rest of a call too long to be one, through its close tag */
+        const char *end = memmem(s->pending.data, s->pending.len, CLOSE_TAG, CLOSE_LEN);
+        if (!end) {
+            size_t n = s->pending.len;
+            return give(s, n - partial(s->pending.data, n, CLOSE_TAG, CLOSE_LEN));
+        }
+        int rc = give(s, (size_t)(end - s->pending.data) + CLOSE_LEN);
+        s->skipping = false;
+        if (rc) return rc;
+    }
     const char *p = s->pending.data;
     size_t n = s->pending.len;
     if (s->n_calls == CSD_TOOL_CALLS_MAX) return give(s, n);
@@ -112,7 +122,8 @@ static int scan_call(csd_tool_split *s) {
     /* given up only once the body alone (not a close tag still arriving) is over the limit */
     if (n - partial(p, n, CLOSE_TAG, CLOSE_LEN) - body > CSD_TOOL_CALL_MAX_BYTES) {
         s->in_call = false;
-        return give(s, n);
+        s->skipping = true; /* content through its close tag, as if it had come whole */
+        return give(s, n - partial(p, n, CLOSE_TAG, CLOSE_LEN));
     }
     return 0;
 }

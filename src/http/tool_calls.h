@@ -44,6 +44,7 @@ typedef struct csd_tool_split {
     bool whole;   /* the whole answer is one call's body, without tags */
     bool in_call; /* inside <tool_call>: pending holds the body so far (open tag included) */
     bool plain;   /* every byte from now on is content (a whole answer too long to be a call) */
+    bool skipping; /* a call too long to be one: content until its close tag has passed */
     size_t lead;  /* in a call: the whitespace bytes before its open tag in pending */
     size_t searched; /* in a call: no close tag starts in pending before this */
     csd_http_buf pending; /* text not yet handed out */
