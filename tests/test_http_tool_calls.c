@@ -453,6 +453,7 @@ static void test_request_refusals(void **state) {
                 "both named");
     parse_fails("{" USER ",\"tool_choice\":\"required\"}", "tool_choice", "needs tools");
     parse_fails("{" USER ",\"chat_template_kwargs\":5}", "chat_template_kwargs", "object");
+    parse_fails("{" USER ",\"parallel_tool_calls\":1}", "parallel_tool_calls", "boolean");
     parse_fails("{" USER ",\"chat_template_kwargs\":{\"add_generation_prompt\":false}}",
                 "chat_template_kwargs", "add_generation_prompt");
     parse_fails("{" USER ",\"chat_template_kwargs\":{\"range\":1}}", "chat_template_kwargs",
@@ -566,8 +567,8 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
     int n = ids_of(answer, ids);
     for (int i = 0; i < n; i++) {
         csd_token_event ev = {.id = ids[i]};
-        if (csd_http_job_on_token(&j->choices[0], &ev)) { /* only at a stop string */
-            assert_true(req.n_stop > 0);
+        if (csd_http_job_on_token(&j->choices[0], &ev)) { /* a stop string, or the one call */
+            assert_true(req.n_stop > 0 || req.one_tool_call);
             break;
         }
     }
@@ -631,6 +632,17 @@ static void test_job_auto(void **state) {
     assert_int_equal(json_array_size(json_object_get(json_object_get(choice, "message"),
                                                      "tool_calls")),
                      1);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    /* parallel_tool_calls false: the answer ends at its first call */
+    r = run_job(tok, AUTO_BODY ",\"parallel_tool_calls\":false}",
+                CALL("get_weather", "{\"city\": \"A\"}") CALL("get_weather", "{\"city\": \"B\"}"),
+                CSD_REQ_END_STOP);
+    choice = json_array_get(json_object_get(r, "choices"), 0);
+    msg = json_object_get(choice, "message");
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    assert_true(json_is_null(json_object_get(msg, "content")));
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
                         "tool_calls");
     json_decref(r);

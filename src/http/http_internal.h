@@ -56,6 +56,7 @@ struct csd_http_job {
     bool stream, include_usage, logprobs;
     int top_logprobs;
     int tool_mode;    /* enum csd_http_tool_mode */
+    bool one_call;    /* parallel_tool_calls false: end the answer at its first call */
     int think;        /* enum csd_http_think */
     char *tool_name;  /* CSD_HTTP_TOOLS_NAMED: the function (owned) */
     char id[48];       /* "chatcmpl-..." / "cmpl-..." */

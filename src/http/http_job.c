@@ -73,6 +73,7 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->top_logprobs = req->top_logprobs;
     bool chat = req->kind == CSD_HTTP_KIND_CHAT;
     j->tool_mode = chat ? req->tool_mode : CSD_HTTP_TOOLS_OFF;
+    j->one_call = req->one_tool_call;
     j->think = chat ? req->think : CSD_HTTP_THINK_OFF;
     char hex[2 * JOB_ID_RANDOM_BYTES + 1];
     random_hex(hex);
@@ -451,9 +452,11 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     if (stopped < 0) return true; /* out of memory: end the request rather than lose text */
     pthread_mutex_lock(&j->mu);
     int rc = think_text(ch, emit, emit_len, ev);
+    /* parallel_tool_calls false: one call is the whole answer */
+    bool called = j->one_call && j->tool_mode == CSD_HTTP_TOOLS_AUTO && ch->tools.n_calls > 0;
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);
-    return stopped == 1 || rc != 0;
+    return stopped == 1 || rc != 0 || called;
 }
 
 /* "length" when max_tokens cut the answer; "stop" when a stop string cut a named call (its

@@ -108,6 +108,7 @@ typedef struct csd_http_req {
     json_t *tool_choice; /* owned reference, or NULL */
     int tool_mode;       /* enum csd_http_tool_mode */
     char *tool_name;     /* CSD_HTTP_TOOLS_NAMED: the function's name (owned) */
+    bool one_tool_call;  /* parallel_tool_calls false: the answer ends with its first call */
     json_t *template_kwargs; /* chat_template_kwargs: more template variables (owned), or NULL */
     int think;           /* enum csd_http_think: set by the server once the prompt is rendered */
     /* completions: exactly one of prompt / prompt_ids */

@@ -152,6 +152,10 @@ static int choice_object(csd_http_req *r, const json_t *tc, csd_http_error *e) {
 }
 
 int csd_http_parse_tools(const json_t *root, csd_http_req *r, csd_http_error *e) {
+    bool parallel = true;
+    int prc = csd_http_read_bool(root, "parallel_tool_calls", &parallel, e);
+    if (prc) return prc;
+    r->one_tool_call = !parallel;
     const json_t *tools = csd_http_member(root, "tools");
     if (tools) {
         if (!json_is_array(tools)) return csd_http_bad_type(e, "tools", "an array");
