@@ -270,13 +270,14 @@ int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
     pthread_mutex_lock(&j->mu);
     for (int i = 0; i < j->n_choices && !rc; i++) {
         if (j->stream) {
-            if (j->kind == CSD_HTTP_KIND_CHAT)
+            if (j->kind == CSD_HTTP_KIND_CHAT) {
                 rc = emit_choice(j, i, NULL, 0, NULL, NULL, true);
-            /* a named call streams its arguments: its id and name come first */
-            if (!rc && j->tool_mode == CSD_HTTP_TOOLS_NAMED)
-                rc = emit_tool_delta(j, i, call_json(0, j->tool_name, "", 0));
-            else if (echo_len)
+                /* a named call streams its arguments: its id and name come first */
+                if (!rc && j->tool_mode == CSD_HTTP_TOOLS_NAMED)
+                    rc = emit_tool_delta(j, i, call_json(0, j->tool_name, "", 0));
+            } else if (echo_len) {
                 rc = emit_choice(j, i, echo, echo_len, NULL, NULL, false);
+            }
         } else if (echo_len) {
             rc = csd_http_buf_append(&j->choices[i].text, echo, echo_len);
         }
