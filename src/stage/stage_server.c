@@ -146,8 +146,10 @@ static void forward_frame(csd_stage_server *s, const item *it) {
 
 static void close_req(csd_stage_server *s, stage_req *r) {
     if (!r->kv) return;
-    atomic_fetch_sub(&s->kv_open, 1);
+    /* kv_used changes before kv_open, both ways: STATS reads the count first, so the bytes it
+     * then reads already include every request that count includes (and none it has dropped) */
     atomic_fetch_sub(&s->kv_used, kv_bytes(s, r));
+    atomic_fetch_sub(&s->kv_open, 1);
     csd_kv_destroy(r->kv);
     r->kv = NULL;
 }
@@ -208,8 +210,8 @@ static void handle_open(csd_stage_server *s, item *it) {
         send_req_error(s, id, err.code, err.msg);
         return;
     }
+    atomic_fetch_add(&s->kv_used, kv_bytes(s, slot)); /* before kv_open: see close_req */
     atomic_fetch_add(&s->kv_open, 1);
-    atomic_fetch_add(&s->kv_used, kv_bytes(s, slot));
     slot->id = id;
     slot->hidden_dtype = o.hidden_dtype;
     slot->last_used = ++s->use_clock;
