@@ -283,6 +283,21 @@ static void test_split_bounds(void **state) {
     }
 }
 
+/* Pushes text through s in pieces of piece bytes, then finishes it; returns how many content bytes
+ * it handed out. */
+static size_t push_in_pieces(csd_tool_split *s, const char *text, size_t piece) {
+    size_t len = strlen(text), got = 0;
+    const char *out;
+    size_t n;
+    for (size_t at = 0; at < len; at += piece) {
+        size_t step = len - at < piece ? len - at : piece;
+        assert_int_equal(csd_tool_split_push(s, text + at, step, &out, &n), 0);
+        got += n;
+    }
+    assert_int_equal(csd_tool_split_finish(s, &out, &n), 0);
+    return got + n;
+}
+
 /* A body of exactly CSD_TOOL_CALL_MAX_BYTES is a call and one byte more is content, whole or in
  * small pieces (a close tag still arriving does not count against the body). */
 static void test_split_bound_exact(void **state) {
@@ -295,22 +310,13 @@ static void test_split_bound_exact(void **state) {
         size_t fill = body - (strlen(head) - 11) - 3; /* the body ends with "\"}}" */
         memset(text + strlen(head), 'x', fill);
         strcpy(text + strlen(head) + fill, "\"}}</tool_call>");
-        static const size_t sizes[][1] = {{4}, {1 << 16}, {(size_t)1 << 30}};
+        static const size_t sizes[] = {4, 1 << 16, (size_t)1 << 30};
         for (int k = 0; k < 3; k++) {
             csd_tool_split s;
             csd_tool_split_init(&s, false);
-            size_t len = strlen(text), got = 0;
-            const char *out;
-            size_t n;
-            for (size_t at = 0; at < len; at += sizes[k][0]) {
-                size_t step = len - at < sizes[k][0] ? len - at : sizes[k][0];
-                assert_int_equal(csd_tool_split_push(&s, text + at, step, &out, &n), 0);
-                got += n;
-            }
-            assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
-            got += n;
+            size_t got = push_in_pieces(&s, text, sizes[k]);
             assert_int_equal(s.n_calls, extra ? 0 : 1);
-            assert_int_equal(got, extra ? len : 0);
+            assert_int_equal(got, extra ? strlen(text) : 0);
             csd_tool_split_fini(&s);
         }
         free(text);
@@ -332,16 +338,7 @@ static void test_split_long_call_skipped(void **state) {
     for (int k = 0; k < 3; k++) {
         csd_tool_split s;
         csd_tool_split_init(&s, false);
-        size_t len = strlen(text), got = 0;
-        const char *out;
-        size_t n;
-        for (size_t at = 0; at < len; at += sizes[k]) {
-            size_t step = len - at < sizes[k] ? len - at : sizes[k];
-            assert_int_equal(csd_tool_split_push(&s, text + at, step, &out, &n), 0);
-            got += n;
-        }
-        assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
-        got += n;
+        size_t got = push_in_pieces(&s, text, sizes[k]);
         assert_int_equal(s.n_calls, 1); /* h, after the long one; never g inside it */
         assert_string_equal(s.calls[0].name, "h");
         assert_int_equal(got, 11 + fill + strlen(inner));

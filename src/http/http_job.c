@@ -369,6 +369,11 @@ static int add_text(csd_http_choice *ch, const char *text, size_t len,
     return rc;
 }
 
+/* The answer goes through the tool-call splitter: auto, or "required" among several tools. */
+static bool splits_calls(const csd_http_job *j) {
+    return j->tool_mode == CSD_HTTP_TOOLS_AUTO || j->tool_mode == CSD_HTTP_TOOLS_PICK;
+}
+
 /* Hands a choice's answer text on (mu held): streamed as a named call's arguments, through the
  * tool-call splitter (auto, "required" among several), or as it is. */
 static int route_text(csd_http_choice *ch, const char *text, size_t len,
@@ -382,8 +387,7 @@ static int route_text(csd_http_choice *ch, const char *text, size_t len,
         }
         return add_text(ch, "", 0, ev); /* the logprobs, if asked for */
     }
-    if (j->tool_mode != CSD_HTTP_TOOLS_AUTO && j->tool_mode != CSD_HTTP_TOOLS_PICK)
-        return add_text(ch, text, len, ev);
+    if (!splits_calls(j)) return add_text(ch, text, len, ev);
     const char *content = "";
     size_t n = 0;
     int rc = csd_tool_split_push(&ch->tools, text, len, &content, &n);
@@ -394,8 +398,7 @@ static int route_text(csd_http_choice *ch, const char *text, size_t len,
 
 /* The end of a choice's text: the splitter's held-back text and a call still open. mu held. */
 static int route_end(csd_http_choice *ch) {
-    if (ch->job->tool_mode != CSD_HTTP_TOOLS_AUTO && ch->job->tool_mode != CSD_HTTP_TOOLS_PICK)
-        return 0;
+    if (!splits_calls(ch->job)) return 0;
     const char *content = "";
     size_t n = 0;
     int rc = csd_tool_split_finish(&ch->tools, &content, &n);

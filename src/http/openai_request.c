@@ -306,6 +306,21 @@ static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) 
     return 0;
 }
 
+int csd_http_compile_schema(csd_http_req *r, const json_t *schema, const char *param,
+                            csd_http_error *e) {
+    csd_err err = {0};
+    int rc = csd_json_schema_compile(&r->json_schema, schema, &err);
+    if (rc == CSD_ENOMEM)
+        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc) {
+        /* the compiler's messages start "schema at '/pointer'": say whose schema it is */
+        const char *msg = !strncmp(err.msg, "schema", 6) ? err.msg + 6 : err.msg;
+        return csd_http_error_set(e, 400, NULL, param, "invalid_json_schema", "%s%s", param, msg);
+    }
+    r->json_object = true;
+    return 0;
+}
+
 /* response_format json_schema: {"name": ..., "schema": {...}, "strict": ...}; the schema is
  * compiled here so that one outside the supported subset is refused before any work
  * (model/json_schema.h). "strict" changes nothing: the answer always follows the schema. */
@@ -321,15 +336,7 @@ static int parse_json_schema(const json_t *v, csd_http_req *r, csd_http_error *e
     json_t *schema = json_object_get(js, "schema");
     if (!json_is_object(schema))
         return csd_http_bad_type(e, "response_format.json_schema.schema", "an object");
-    csd_err err = {0};
-    int rc = csd_json_schema_compile(&r->json_schema, schema, &err);
-    if (rc == CSD_ENOMEM)
-        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (rc)
-        return csd_http_error_set(e, 400, NULL, "response_format.json_schema.schema",
-                                  "invalid_json_schema", "response_format.json_schema.%s",
-                                  err.msg);
-    return 0;
+    return csd_http_compile_schema(r, schema, "response_format.json_schema.schema", e);
 }
 
 /* response_format: plain text, one JSON object, or one object valid against a JSON schema

@@ -331,8 +331,8 @@ static int think_mode(const csd_http_server *s, const csd_http_req *req, const c
     return csd_think_prompt_opens(prompt) ? CSD_HTTP_THINK_OPEN : CSD_HTTP_THINK_SPLIT;
 }
 
-/* The template's variables besides messages and tools: tool_choice, then chat_template_kwargs.
- * NULL when there are none (or out of memory: rendering then goes without them). */
+/* The template's variables besides messages and tools: chat_template_kwargs and tool_choice. NULL
+ * when there are none, or when out of memory. */
 static json_t *template_extra(const csd_http_req *req) {
     if (!req->tool_choice && !req->template_kwargs) return NULL;
     json_t *extra = req->template_kwargs ? json_deep_copy(req->template_kwargs) : json_object();
@@ -357,6 +357,8 @@ static int chat_prompt(const csd_http_server *s, csd_http_req *req, int32_t **id
     ap.bos_token = csd_tok_bos_text(s->tok);
     ap.eos_token = csd_tok_eos_text(s->tok);
     json_t *extra = template_extra(req);
+    if (!extra && (req->tool_choice || req->template_kwargs))
+        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
     ap.extra = extra;
     char *text = NULL;
     csd_err err = {0};

@@ -8,11 +8,13 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "text_buf.h"
+
 typedef struct csd_http_stop {
     char *const *stops; /* borrowed: n_stops non-empty strings, alive as long as this */
     int n_stops;
-    char *buf; /* pending text; [0, emitted) was handed out by the last call */
-    size_t len, cap, emitted;
+    csd_http_buf text; /* pending text; [0, emitted) was handed out by the last call */
+    size_t emitted;
     bool stopped; /* a stop string was found; everything after it is dropped */
 } csd_http_stop;
 

@@ -7,6 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/err.h"
+#include "tag_scan.h"
 
 static const char OPEN_TAG[] = "<think>";
 static const char CLOSE_TAG[] = "</think>";
@@ -15,11 +16,9 @@ static const char CLOSE_TAG[] = "</think>";
 
 enum { REASONING = 0, CONTENT = 1 };
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 bool csd_think_prompt_opens(const char *prompt) {
     size_t n = strlen(prompt);
-    while (n && is_space(prompt[n - 1])) n--;
+    n -= csd_tag_space_before(prompt, n, n);
     return n >= OPEN_LEN && !memcmp(prompt + n - OPEN_LEN, OPEN_TAG, OPEN_LEN);
 }
 
@@ -49,24 +48,12 @@ static int give(csd_think_split *s, int to, size_t n) {
 
 /* Leading whitespace of pending, counted up to limit. */
 static size_t space_after_start(const csd_think_split *s, size_t limit) {
-    size_t k = 0;
-    while (k < s->pending.len && k < limit && is_space(s->pending.data[k])) k++;
-    return k;
+    return csd_tag_space_after(s->pending.data, s->pending.len, limit);
 }
 
 /* Trailing whitespace ending at pending[n), counted up to CSD_THINK_SPACE_MAX. */
 static size_t space_before(const csd_think_split *s, size_t n) {
-    size_t k = 0;
-    while (k < n && k < CSD_THINK_SPACE_MAX && is_space(s->pending.data[n - 1 - k])) k++;
-    return k;
-}
-
-/* The longest suffix of pending that is a proper prefix of the close tag. */
-static size_t partial_close(const csd_think_split *s) {
-    size_t k = CLOSE_LEN - 1 < s->pending.len ? CLOSE_LEN - 1 : s->pending.len;
-    for (; k > 0; k--)
-        if (!memcmp(s->pending.data + s->pending.len - k, CLOSE_TAG, k)) return k;
-    return 0;
+    return csd_tag_space_before(s->pending.data, n, CSD_THINK_SPACE_MAX);
 }
 
 /* Before anything but whitespace: the open tag starts thinking; anything else is the answer.
@@ -105,7 +92,7 @@ static int step_inside(csd_think_split *s, int *rc) {
         s->state = CSD_THINK_AFTER;
         return 1;
     }
-    size_t keep = partial_close(s);
+    size_t keep = csd_tag_partial(s->pending.data, s->pending.len, CLOSE_TAG, CLOSE_LEN);
     keep += space_before(s, s->pending.len - keep);
     *rc = give(s, REASONING, s->pending.len - keep);
     return 0;

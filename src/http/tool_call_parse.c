@@ -11,9 +11,8 @@
 #include "core/alloc.h"
 #include "core/err.h"
 #include "model/json_accept.h"
+#include "tag_scan.h"
 #include "tool_calls.h"
-
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 static bool valid_object(const char *p, size_t n) {
     json_error_t jerr;
@@ -29,7 +28,7 @@ static bool valid_object(const char *p, size_t n) {
 /* ---- spans of valid JSON ---- */
 
 static size_t skip_space(const char *p, size_t i, size_t n) {
-    while (i < n && is_space(p[i])) i++;
+    while (i < n && csd_tag_is_space(p[i])) i++;
     return i;
 }
 
@@ -44,7 +43,7 @@ static size_t skip_string(const char *p, size_t i, size_t n) {
 static size_t skip_value(const char *p, size_t i, size_t n) {
     if (p[i] == '"') return skip_string(p, i, n);
     if (p[i] != '{' && p[i] != '[') { /* a number, true, false or null */
-        while (i < n && !is_space(p[i]) && p[i] != ',' && p[i] != '}' && p[i] != ']') i++;
+        while (i < n && !csd_tag_is_space(p[i]) && p[i] != ',' && p[i] != '}' && p[i] != ']') i++;
         return i;
     }
     int depth = 0;
@@ -148,8 +147,10 @@ static int arguments_text(const char *p, span args, char **out) {
 
 int csd_tool_call_parse(const char *body, size_t len, csd_tool_call *out) {
     memset(out, 0, sizeof *out);
-    while (len && is_space(*body)) body++, len--;
-    while (len && is_space(body[len - 1])) len--;
+    size_t lead = csd_tag_space_after(body, len, len);
+    body += lead;
+    len -= lead;
+    len -= csd_tag_space_before(body, len, len);
     if (!len || body[0] != '{' || !valid_object(body, len)) return 1;
     span name = {0, 0}, args = {0, 0}, params = {0, 0};
     if (!find_members(body, len, &name, &args, &params)) return 1; /* a member twice */

@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/err.h"
+#include "tag_scan.h"
 
 static const char OPEN_TAG[] = "<tool_call>";
 static const char CLOSE_TAG[] = "</tool_call>";
@@ -29,8 +30,6 @@ void csd_tool_split_fini(csd_tool_split *s) {
     memset(s, 0, sizeof *s);
 }
 
-static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
 /* ---- content ---- */
 
 /* Hands out pending[0, n) as content and drops it from pending. */
@@ -45,20 +44,10 @@ static void drop(csd_tool_split *s, size_t n) { csd_http_buf_drop(&s->pending, n
 
 /* ---- the scan ---- */
 
-/* The length of the longest suffix of buf[0, n) that is a proper prefix of tag. */
-static size_t partial(const char *buf, size_t n, const char *tag, size_t tag_len) {
-    size_t k = tag_len - 1 < n ? tag_len - 1 : n;
-    for (; k > 0; k--)
-        if (!memcmp(buf + n - k, tag, k)) return k;
-    return 0;
-}
-
-/* The length of the whitespace run that ends at buf[n), counted up to CSD_TOOL_SPACE_MAX: what
- * is held back is bounded, and so is every scan of it. */
+/* The whitespace run that ends at buf[n), counted up to CSD_TOOL_SPACE_MAX: what is held back is
+ * bounded, and so is every scan of it. */
 static size_t space_before(const char *buf, size_t n) {
-    size_t k = 0;
-    while (k < n && k < CSD_TOOL_SPACE_MAX && is_space(buf[n - 1 - k])) k++;
-    return k;
+    return csd_tag_space_before(buf, n, CSD_TOOL_SPACE_MAX);
 }
 
 /* Ends the open call: a call when its body parses, else content as written. body_end is where the
@@ -82,7 +71,7 @@ static int scan_text(csd_tool_split *s) {
         const char *end = memmem(s->pending.data, s->pending.len, CLOSE_TAG, CLOSE_LEN);
         if (!end) {
             size_t n = s->pending.len;
-            return give(s, n - partial(s->pending.data, n, CLOSE_TAG, CLOSE_LEN));
+            return give(s, n - csd_tag_partial(s->pending.data, n, CLOSE_TAG, CLOSE_LEN));
         }
         int rc = give(s, (size_t)(end - s->pending.data) + CLOSE_LEN);
         s->skipping = false;
@@ -101,7 +90,7 @@ static int scan_text(csd_tool_split *s) {
         s->in_call = true;
         return rc;
     }
-    size_t keep = partial(p, n, OPEN_TAG, OPEN_LEN);
+    size_t keep = csd_tag_partial(p, n, OPEN_TAG, OPEN_LEN);
     keep += space_before(p, n - keep);
     return give(s, n - keep);
 }
@@ -120,10 +109,11 @@ static int scan_call(csd_tool_split *s) {
     }
     if (n - body >= CLOSE_LEN) s->searched = n - (CLOSE_LEN - 1);
     /* given up only once the body alone (not a close tag still arriving) is over the limit */
-    if (n - partial(p, n, CLOSE_TAG, CLOSE_LEN) - body > CSD_TOOL_CALL_MAX_BYTES) {
+    size_t arriving = csd_tag_partial(p, n, CLOSE_TAG, CLOSE_LEN);
+    if (n - arriving - body > CSD_TOOL_CALL_MAX_BYTES) {
         s->in_call = false;
         s->skipping = true; /* content through its close tag, as if it had come whole */
-        return give(s, n - partial(p, n, CLOSE_TAG, CLOSE_LEN));
+        return give(s, n - arriving);
     }
     return 0;
 }
@@ -167,7 +157,7 @@ int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *conte
     else if (s->whole && n)
         rc = close_call(s, 0, n, n);
     else if (s->in_call) /* a call cut inside its close tag is parsed without the cut tag */
-        rc = close_call(s, s->lead + OPEN_LEN, n - partial(p, n, CLOSE_TAG, CLOSE_LEN), n);
+        rc = close_call(s, s->lead + OPEN_LEN, n - csd_tag_partial(p, n, CLOSE_TAG, CLOSE_LEN), n);
     n = s->pending.len;
     if (!rc && n) {
         /* what is left was held back: whitespace after the last call is dropped */

@@ -57,21 +57,6 @@ static int tool_index(const json_t *tools, const char *name) {
     return -1;
 }
 
-/* Compiles schema into r->json_schema; a schema outside the supported subset is a 400 naming
- * param. */
-static int compile(csd_http_req *r, const json_t *schema, const char *param, csd_http_error *e) {
-    csd_err err = {0};
-    int rc = csd_json_schema_compile(&r->json_schema, schema, &err);
-    if (rc == CSD_ENOMEM) return out_of_memory(e);
-    if (rc) {
-        /* the compiler's messages start "schema at '/pointer'": say whose schema it is */
-        const char *msg = !strncmp(err.msg, "schema", 6) ? err.msg + 6 : err.msg;
-        return csd_http_error_set(e, 400, NULL, param, "invalid_json_schema", "%s%s", param, msg);
-    }
-    r->json_object = true;
-    return 0;
-}
-
 /* A forced call's answer is JSON already: response_format cannot ask for another. */
 static int json_conflict(csd_http_error *e) {
     return csd_http_error_set(e, 400, NULL, "tool_choice", "invalid_value",
@@ -91,7 +76,7 @@ static int force_named(csd_http_req *r, int k, csd_http_error *e) {
     if (!params && !none) return out_of_memory(e);
     char param[96];
     snprintf(param, sizeof param, "tools[%d].function.parameters", k);
-    int rc = compile(r, params ? params : none, param, e);
+    int rc = csd_http_compile_schema(r, params ? params : none, param, e);
     json_decref(none);
     return rc;
 }
@@ -113,7 +98,7 @@ static int force_pick(csd_http_req *r, csd_http_error *e) {
                                "properties", "name", "enum", names, "arguments", "type", "object",
                                "required", "name", "arguments", "additionalProperties", 0);
     if (!schema) return out_of_memory(e);
-    int rc = compile(r, schema, "tools", e);
+    int rc = csd_http_compile_schema(r, schema, "tools", e);
     json_decref(schema);
     return rc;
 }

@@ -75,8 +75,9 @@ typedef struct csd_detok {
 } csd_detok;
 
 void csd_detok_init(csd_detok *d, const csd_tok *tok, bool skip_special);
-/* Shows id as text although it is special and skip_special is set (the tags of tool calls, which
- * some vocabularies mark special). At most CSD_DETOK_MAX_KEEP ids; id < 0 is ignored. */
+/* Shows id as text although it is special and skip_special is set (the tags of tool calls and of
+ * thinking, which some vocabularies mark special). At most CSD_DETOK_MAX_KEEP ids; id < 0 is
+ * ignored. */
 void csd_detok_keep(csd_detok *d, int32_t id);
 /* Appends the text for id to out (capacity cap, NUL-terminated); *out_len is the bytes written. */
 int csd_detok_push(csd_detok *d, int32_t id, char *out, size_t cap, size_t *out_len);
