@@ -479,7 +479,8 @@ print("ok   response_format json_schema: %d and %d of 6 answers closed (completi
       " valid against the schema" % tuple(closed_schema))
 # tool calls: a named tool_choice answers with one call whose arguments are valid against the
 # function's parameters; streamed, the id and name come first and the argument pieces join into the
-# same arguments; "required" among two tools names one of them; refusals name the field
+# same arguments; "required" among two tools names one of them, with arguments valid against that
+# one's parameters; refusals name the field
 weather = {"type": "function", "function": {"name": "get_weather", "description": "The weather",
            "parameters": {"type": "object", "additionalProperties": False,
                           "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -528,9 +529,11 @@ for seed in range(1, 4):
     assert c["finish_reason"] in ("tool_calls", "length"), r
     if c["finish_reason"] == "length": continue  # cut before the object closed: text
     call = c["message"]["tool_calls"][0]
-    assert call["function"]["name"] in ("get_time", "get_weather"), r
-    assert isinstance(json.loads(call["function"]["arguments"]), dict), r
-    picked.append(call["function"]["name"])
+    name, args = call["function"]["name"], call["function"]["arguments"]
+    assert name in ("get_time", "get_weather"), r
+    # each tool's own parameters: get_time takes none, get_weather's are checked
+    assert json.loads(args) == {} if name == "get_time" else args_valid(args), r
+    picked.append(name)
 assert picked, "no 'required' call closed in 3 tries"
 st, err = post("/v1/chat/completions", dict(ask, tool_choice={"type": "function", "function": {"name": "nope"}}))
 assert st == 400 and err["error"]["param"] == "tool_choice.function.name", err
@@ -542,7 +545,9 @@ st, err = post("/v1/chat/completions", dict(ask, tools=[clock, mail],
                                             tool_choice={"type": "function", "function": {"name": "send"}}))
 assert st == 400 and err["error"]["param"] == "tools[1].function.parameters" and "format" in err["error"]["message"], err
 print("ok   tool_choice: %d of 6 forced calls closed, each valid against the function's parameters;"
-      " streamed deltas join into the same call; refusals name the field" % n_closed)
+      " streamed deltas join into the same call; %d of 3 'required' calls closed (%s), each valid"
+      " against its tool's parameters; refusals name the field"
+      % (n_closed, len(picked), ", ".join(picked)))
 PY
 
 # --- SIGTERM shuts down cleanly ---

@@ -34,7 +34,8 @@ static bool check_types(const json_t *t, const json_t *v) {
 
 static bool schema_check(const json_t *s, const json_t *v);
 
-/* The root schema whose $defs a "$ref" names (schema_check_root sets it). */
+/* The schema whose $defs a "$ref" names: the root (schema_check_root sets it), or the nearest
+ * one with an "$id" around the place being checked. */
 static const json_t *check_root;
 
 /* The definition "#/$defs/NAME" or "#/definitions/NAME" names ("~0" in NAME is "~", "~1" is
@@ -102,7 +103,19 @@ static bool check_items(const json_t *s, const json_t *v) {
     return true;
 }
 
+static bool schema_check_in(const json_t *s, const json_t *v);
+
+/* A schema with an "$id" is a document of its own: its "$ref"s name its "$defs". */
 static bool schema_check(const json_t *s, const json_t *v) {
+    if (!json_object_get(s, "$id")) return schema_check_in(s, v);
+    const json_t *outer = check_root;
+    check_root = s;
+    bool ok = schema_check_in(s, v);
+    check_root = outer;
+    return ok;
+}
+
+static bool schema_check_in(const json_t *s, const json_t *v) {
     if (json_is_true(s)) return true;
     const json_t *ref = json_object_get(s, "$ref");
     if (ref) {

@@ -1,7 +1,9 @@
 /* test_http_server: the HTTP layer before a model is ready (no engine): /health and the API answer
  * 503 with Retry-After, /metrics says not ready, and routing, methods, the API key and the body
  * limit give 404/405/401/413 with OpenAI error bodies; the connection limits (all, per IP
- * address) and the idle timeout hold. Loopback, ephemeral port, bounded waits. */
+ * address) and the idle timeout hold. With an engine but without the tokens' bytes, constrained
+ * answers (response_format JSON, forced tool calls) are a 400 naming the field. Loopback,
+ * ephemeral port, bounded waits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,8 +21,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "coord/engine.h"
+#include "coord/pipeline.h"
 #include "core/alloc.h"
 #include "http/server.h"
+#include "test_synth.h"
+#include "test_util.h"
 #include "tok/tokenizer.h"
 
 /* A tiny SentencePiece-style tokenizer (the server only needs one to exist here). */
@@ -324,6 +330,58 @@ static void test_connection_options_refused(void **state) {
     assert_null(srv);
 }
 
+/* A ready server whose options have no json_vocab (a build of the server without the tokens'
+ * bytes): what constrained decoding needs is missing, so such requests are a 400 naming the
+ * field, while a plain one is taken. */
+static void test_constrained_without_vocab(void **state) {
+    fixture *f = *state;
+    char dir[64] = "/tmp/csd-http-XXXXXX";
+    csd_model *model = csd_test_load_tiny(dir, 64, 1);
+    csd_pipeline *pipe = NULL;
+    csd_engine *engine = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_local_pipeline_create(&pipe, model, 2, &err), 0);
+    csd_engine_opts eo;
+    csd_engine_opts_default(&eo);
+    assert_int_equal(csd_engine_create(&engine, &pipe, 1, NULL, 0, &eo, &err), 0);
+    csd_http_opts o;
+    csd_http_opts_default(&o);
+    o.port = 0;
+    o.model_name = "tiny";
+    csd_http_server *srv = NULL;
+    assert_int_equal(csd_http_server_create(&srv, &o, f->tok, NULL, &err), 0);
+    csd_http_server_set_engine(srv, engine);
+    static const char *const cases[][3] = {
+        {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":1}", ""},
+        {"/v1/completions",
+         "{\"prompt\":\"a\",\"response_format\":{\"type\":\"json_object\"}}",
+         "\"param\":\"response_format\""},
+        {"/v1/chat/completions",
+         "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":"
+         "\"function\",\"function\":{\"name\":\"f\"}}],\"tool_choice\":\"required\"}",
+         "\"param\":\"tool_choice\""},
+    };
+    int port = csd_http_server_port(srv);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char req[1024], resp[8192];
+        snprintf(req, sizeof req,
+                 "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                 "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s",
+                 cases[i][0], strlen(cases[i][1]), cases[i][1]);
+        int st = roundtrip(port, req, resp, sizeof resp);
+        if (!*cases[i][2] && st != 200) fail_msg("case %zu: %d %s", i, st, body_of(resp));
+        if (*cases[i][2] && (st != 400 || !strstr(body_of(resp), cases[i][2])))
+            fail_msg("case %zu: %d %s", i, st, body_of(resp));
+        if (*cases[i][2] && !strstr(body_of(resp), "not available on this server"))
+            fail_msg("case %zu: %s", i, body_of(resp));
+    }
+    csd_http_server_destroy(srv);
+    csd_engine_destroy(engine);
+    pipe->ops->destroy(pipe);
+    csd_model_destroy(model);
+    assert_int_equal(csd_test_remove_tree(dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_health_loading),
@@ -333,6 +391,7 @@ int main(void) {
         cmocka_unit_test(test_connection_limit_and_idle_timeout),
         cmocka_unit_test(test_per_ip_limit),
         cmocka_unit_test(test_connection_options_refused),
+        cmocka_unit_test(test_constrained_without_vocab),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -17,6 +17,8 @@
 #include "core/err.h"
 #include "http/http_internal.h"
 #include "http/tool_calls.h"
+#include "model/json_accept.h"
+#include "model/json_schema.h"
 
 /* ---- the splitter ---- */
 
@@ -428,6 +430,64 @@ static void test_request_modes(void **state) {
     assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_PICK);
     assert_non_null(r.json_schema);
     csd_http_req_fini(&r);
+}
+
+/* How far the acceptor under schema s takes text (its length: all of it), and whether it is done
+ * there. */
+static size_t accepted(const csd_json_schema *s, const char *text, bool *done) {
+    csd_json_accept a;
+    csd_json_accept_init_schema(&a, s);
+    size_t n = 0;
+    while (text[n] && csd_json_accept_byte(&a, (uint8_t)text[n])) n++;
+    *done = csd_json_accept_done(&a);
+    return n;
+}
+
+/* "required" among several tools: each tool's arguments follow that tool's parameters, told
+ * apart by the name; a tool's "$ref"s name its own "$defs"; parameters that say nothing are an
+ * object. */
+static void test_request_pick_schema(void **state) {
+    (void)state;
+    csd_http_req r;
+    parse_ok("{" USER ",\"tools\":[" TOOL("x", "{}") "," WEATHER ","
+             TOOL("get_weather_at", "{\"$defs\":{\"D\":{\"enum\":[\"mon\",\"tue\"]}},"
+                  "\"properties\":{\"day\":{\"$ref\":\"#/$defs/D\"}},\"required\":[\"day\"]}")
+             "],\"tool_choice\":\"required\"}",
+             &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_PICK);
+    static const char *const ok[] = {
+        "{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\"}}",
+        "{\"name\": \"x\", \"arguments\": {\"any\": [1]}}",
+        "{\"name\":\"get_weather_at\",\"arguments\":{\"day\":\"tue\"}}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        bool done;
+        size_t n = accepted(r.json_schema, ok[i], &done);
+        if (n != strlen(ok[i]) || !done) fail_msg("refused at %zu: %s", n, ok[i]);
+    }
+    /* '|' marks the first byte refused */
+    static const char *const bad[] = {
+        "{\"|arguments\":{}}",                                     /* the name comes first */
+        "{\"name\":\"get_|time\"}",                                /* a tool's name */
+        "{\"name\":\"get_weather\",\"arguments\":{|}}",            /* city is required */
+        "{\"name\":\"get_weather\",\"arguments\":{\"|day\":\"mon\"}}", /* not get_weather's */
+        "{\"name\":\"get_weather_at\",\"arguments\":{\"day\":\"|wed\"}}", /* its own D */
+        "{\"name\":\"x\",\"arguments\":|5}",                       /* arguments are an object */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *bar = strchr(bad[i], '|');
+        char text[256];
+        size_t at = (size_t)(bar - bad[i]);
+        snprintf(text, sizeof text, "%.*s%s", (int)at, bad[i], bar + 1);
+        bool done;
+        size_t n = accepted(r.json_schema, text, &done);
+        if (n != at) fail_msg("refused at %zu, want %zu: %s", n, at, text);
+    }
+    csd_http_req_fini(&r);
+    /* a parameters schema outside the subset is a 400 naming that tool */
+    parse_fails("{" USER ",\"tools\":[" WEATHER "," TOOL("t", "{\"properties\":{\"n\":"
+                "{\"minimum\":1}}}") "],\"tool_choice\":\"required\"}",
+                "tools[1].function.parameters", "at '/properties/n': unsupported keyword minimum");
     /* a function without parameters takes none: its arguments are {} */
     parse_ok("{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}],"
              "\"tool_choice\":\"required\"}",
@@ -920,6 +980,7 @@ int main(void) {
         cmocka_unit_test(test_split_cut_close_tag),
         cmocka_unit_test(test_split_long_space),
         cmocka_unit_test(test_request_modes),
+        cmocka_unit_test(test_request_pick_schema),
         cmocka_unit_test(test_request_refusals),
         cmocka_unit_test(test_request_history_arguments),
         cmocka_unit_test_setup_teardown(test_job_auto, setup_tok, teardown_tok),

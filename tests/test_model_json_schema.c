@@ -38,6 +38,12 @@ static void nest(char *out, const char *open, int n, const char *leaf, const cha
     for (int i = 0; i < n; i++) strcat(out, close);
 }
 
+/* An object branch of a union: {"type": "object", "properties": {KEY: {"const": VALUE}, "x": {}},
+ * "required": [REQ]}, as a string literal. */
+#define OBJ(key, value, req)                                                                   \
+    "{\"type\":\"object\",\"properties\":{\"" key "\":{\"const\":" value "},\"x\":{}},"           \
+    "\"required\":[\"" req "\"]}"
+
 static void test_refused_schemas(void **state) {
     (void)state;
     static const char *const cases[][2] = {
@@ -78,8 +84,27 @@ static void test_refused_schemas(void **state) {
         {"{\"properties\":{\"a\":{\"$ref\":\"other.json#/x\"}}}", "must name a definition"},
         {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/a~2\"}},\"$defs\":{\"a~2\":true}}",
          "a '~' that is not '~0' or '~1'"},
-        {"{\"properties\":{\"a\":{\"$id\":\"http://x/a\",\"type\":\"string\"}}}",
-         "'/properties/a': $id below the root is not supported"},
+        {"{\"properties\":{\"a\":{\"$id\":7,\"type\":\"string\"}}}",
+         "'/properties/a': $id must be a string"},
+        /* below an $id, "#" is that schema: the root's definitions are out of reach */
+        {"{\"properties\":{\"a\":{\"$id\":\"a\",\"properties\":{\"b\":{\"$ref\":"
+         "\"#/$defs/B\"}}}},\"$defs\":{\"B\":true}}",
+         "'/properties/a/properties/b': $ref names no definition: #/$defs/B"},
+        /* unions of objects: a first property, required, const or enum, the same key, no value
+         * in two branches */
+        {"{\"properties\":{\"u\":{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\"}]}}}",
+         "'/properties/u': anyOf object branches need a first property"},
+        {"{\"properties\":{\"u\":{\"anyOf\":[" OBJ("k", "\"a\"", "k") "," OBJ("k", "\"a\"", "k")
+         "]}}}", "anyOf object branches need"},
+        {"{\"properties\":{\"u\":{\"oneOf\":[" OBJ("k", "1", "k") "," OBJ("k", "1.0", "k")
+         "]}}}", "oneOf object branches need"},
+        {"{\"properties\":{\"u\":{\"anyOf\":[" OBJ("k", "\"a\"", "k") "," OBJ("j", "\"b\"", "j")
+         "]}}}", "anyOf object branches need"},
+        {"{\"properties\":{\"u\":{\"anyOf\":[" OBJ("k", "\"a\"", "k") "," OBJ("k", "\"b\"", "x")
+         "]}}}", "anyOf object branches need"},
+        {"{\"properties\":{\"u\":{\"anyOf\":[" OBJ("k", "\"a\"", "k") ",{\"type\":\"object\","
+         "\"properties\":{\"k\":{\"type\":\"string\"}},\"required\":[\"k\"]}]}}}",
+         "anyOf object branches need"},
         {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\"}},\"$defs\":{\"A\":{\"properties\":"
          "{\"b\":{\"$ref\":\"#/$defs/%41\"}}}}}",
          "must name a definition"},
@@ -238,6 +263,67 @@ static void test_valid_and_refused(void **state) {
     csd_json_schema_destroy(s);
 }
 
+/* A union of objects told apart by "kind" (Pydantic's discriminated union), beside null; and a
+ * tool's parameters with their own $defs below an $id. */
+static const char *const shapes =
+    "{\"properties\":{\"shape\":{\"anyOf\":["
+    "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"circle\"},"
+    "\"r\":{\"type\":\"number\"}},\"required\":[\"kind\",\"r\"]},"
+    "{\"type\":\"object\",\"properties\":{\"kind\":{\"enum\":[\"rect\",\"box\"]},"
+    "\"w\":{\"type\":\"integer\"},\"h\":{\"type\":\"integer\"}},\"required\":[\"kind\",\"w\"],"
+    "\"additionalProperties\":false},"
+    "{\"type\":\"object\",\"properties\":{\"kind\":{\"const\":\"circles\"},"
+    "\"n\":{\"enum\":[1,2]}},\"required\":[\"kind\"]},"
+    "{\"type\":\"null\"}]},"
+    "\"tool\":{\"$id\":\"tool\",\"$defs\":{\"P\":{\"type\":\"integer\"}},\"type\":\"object\","
+    "\"properties\":{\"p\":{\"$ref\":\"#/$defs/P\"}},\"required\":[\"p\"]}},"
+    "\"required\":[\"shape\"],\"$defs\":{\"P\":{\"type\":\"string\"}}}";
+
+static void test_object_union(void **state) {
+    (void)state;
+    csd_err err = {0};
+    csd_json_schema *s = compile_text(shapes, &err);
+    if (!s) fail_msg("%s", err.msg);
+    static const char *const ok[] = {
+        "{\"shape\":{\"kind\":\"circle\",\"r\":1.5}}",
+        "{\"shape\":{\"kind\":\"rect\",\"w\":2,\"h\":3}}",
+        "{\"shape\":{\"kind\":\"box\",\"w\":2}}",
+        "{\"shape\":{\"kind\":\"circles\"},\"tool\":{\"p\":7}}",
+        "{\"shape\":{\"kind\":\"circles\",\"n\":2}}",
+        "{\"shape\":null}",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        size_t n = feed(&a, ok[i]);
+        if (n != strlen(ok[i]) || !csd_json_accept_done(&a))
+            fail_msg("answer %zu refused at byte %zu: %s", i, n, ok[i]);
+    }
+    static const char *const bad[] = {
+        "{\"shape\":{|}}",                                  /* the discriminator is required */
+        "{\"shape\":{\"|r\":1}}",                            /* and comes first */
+        "{\"shape\":{\"kind\":\"|square\"}}",                /* one of the branches' values */
+        "{\"shape\":{\"kind\":\"circle\"|}}",                 /* circle's r is required */
+        "{\"shape\":{\"kind\":\"circle\",\"|w\":1}}",         /* circle has no w */
+        "{\"shape\":{\"kind\":\"rect\",\"|r\":1}}",           /* rect has no r */
+        "{\"shape\":{\"kind\":\"rect\",\"w\":2|.5}}",          /* rect's w is an integer */
+        "{\"shape\":{\"kind\":\"box\",\"w\":2,\"h\":3|,",      /* no others after h */
+        "{\"shape\":{\"kind\":\"circles\",\"n\":|3}}",         /* circles' n is 1 or 2 */
+        "{\"shape\":{\"kind\":\"circle\",\"r\":1},\"tool\":{\"p\":|\"s\"}}", /* tool's P */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        const char *bar = strchr(bad[i], '|');
+        char text[256];
+        size_t at = (size_t)(bar - bad[i]);
+        snprintf(text, sizeof text, "%.*s%s", (int)at, bad[i], bar + 1);
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        size_t n = feed(&a, text);
+        if (n != at) fail_msg("text %zu: refused at %zu, want %zu: %s", i, n, at, text);
+    }
+    csd_json_schema_destroy(s);
+}
+
 /* Literals: Pydantic's one-value Literal (const and enum together), reals with their shortest
  * digits, a real with an integer's value under "integer"; a deep place named short and whole. */
 static void test_literals(void **state) {
@@ -337,10 +423,11 @@ static void test_random_walks(void **state) {
         "{\"$ref\":\"#/$defs/Pet\"},\"maxItems\":3,\"type\":\"array\"},\"best\":{\"anyOf\":"
         "[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}],\"description\":\"favourite\"}},"
         "\"required\":[\"pets\",\"best\"],\"title\":\"Owner\",\"type\":\"object\"}",
+        NULL, /* shapes */
     };
     char text[8192];
     for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
-        const char *src = schemas[i] ? schemas[i] : person;
+        const char *src = schemas[i] ? schemas[i] : i ? shapes : person;
         csd_err err = {0};
         csd_json_schema *s = compile_text(src, &err);
         if (!s) fail_msg("%s", err.msg);
@@ -445,6 +532,7 @@ int main(void) {
         cmocka_unit_test(test_refused_schemas),
         cmocka_unit_test(test_valid_and_refused),
         cmocka_unit_test(test_literals),
+        cmocka_unit_test(test_object_union),
         cmocka_unit_test(test_random_walks),
         cmocka_unit_test(test_copy),
         cmocka_unit_test(test_mask),

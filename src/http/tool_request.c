@@ -64,24 +64,77 @@ static int json_conflict(csd_http_error *e) {
                               "(the call's arguments are JSON already)");
 }
 
-/* A named function: the answer is its arguments, valid against its parameters (absent: none). */
+/* tools[k]'s parameters as a schema: absent, a function that takes none. New reference. */
+static json_t *params_schema(const json_t *tools, size_t k) {
+    const json_t *fn = json_object_get(json_array_get(tools, k), "function");
+    json_t *params = csd_http_member(fn, "parameters");
+    return params ? json_incref(params) : json_pack("{s:s, s:{}}", "type", "object", "properties");
+}
+
+/* A named function: the answer is its arguments, valid against its parameters. */
 static int force_named(csd_http_req *r, int k, csd_http_error *e) {
     if (r->json_object) return json_conflict(e);
     const json_t *fn = json_object_get(json_array_get(r->tools, (size_t)k), "function");
     r->tool_mode = CSD_HTTP_TOOLS_NAMED;
     r->tool_name = csd_strdup(json_string_value(json_object_get(fn, "name")));
-    if (!r->tool_name) return out_of_memory(e);
-    const json_t *params = csd_http_member(fn, "parameters");
-    json_t *none = params ? NULL : json_pack("{s:s, s:{}}", "type", "object", "properties");
-    if (!params && !none) return out_of_memory(e);
+    json_t *params = params_schema(r->tools, (size_t)k);
+    if (!r->tool_name || !params) {
+        json_decref(params);
+        return out_of_memory(e);
+    }
     char param[96];
     snprintf(param, sizeof param, "tools[%d].function.parameters", k);
-    int rc = csd_http_compile_schema(r, params ? params : none, param, e);
-    json_decref(none);
+    int rc = csd_http_compile_schema(r, params, param, e);
+    json_decref(params);
     return rc;
 }
 
-/* "required" among several tools: {"name": one of the names, "arguments": any object}. */
+/* A copy of a tool's parameters to be the "arguments" of a union's branch: with an "$id" (when
+ * they have none) so that their "$ref"s keep naming their own "$defs", and "type": "object" when
+ * nothing says what the arguments are (as at the root of a named call, where only an object may
+ * start the answer). New reference or NULL. */
+static json_t *own_params(const json_t *tools, size_t k) {
+    json_t *params = params_schema(tools, k);
+    json_t *own = params ? json_copy(params) : NULL;
+    json_decref(params);
+    if (!own) return NULL;
+    static const char *const typed[] = {"type", "anyOf", "oneOf", "$ref", "enum", "const"};
+    bool untyped = true;
+    for (size_t i = 0; i < sizeof typed / sizeof *typed; i++)
+        untyped &= !json_object_get(own, typed[i]);
+    char id[64];
+    snprintf(id, sizeof id, "cascadia:tools/%zu", k);
+    int rc = json_object_get(own, "$id") ? 0 : json_object_set_new(own, "$id", json_string(id));
+    if (!rc && untyped) rc = json_object_set_new(own, "type", json_string("object"));
+    if (!rc) return own;
+    json_decref(own);
+    return NULL;
+}
+
+/* tools[k] as a branch of "required"'s union: {"name": its name, "arguments": its parameters}
+ * (*out, a new reference). The parameters are checked alone first, so an error names the tool. */
+static int pick_branch(const json_t *tools, size_t k, json_t **out, csd_http_error *e) {
+    json_t *own = own_params(tools, k);
+    if (!own) return out_of_memory(e);
+    char param[96];
+    snprintf(param, sizeof param, "tools[%zu].function.parameters", k);
+    csd_json_schema *alone = NULL;
+    int rc = csd_http_schema_compile(&alone, own, param, e);
+    csd_json_schema_destroy(alone);
+    if (rc) {
+        json_decref(own);
+        return rc;
+    }
+    const json_t *name = json_object_get(json_object_get(json_array_get(tools, k), "function"),
+                                         "name");
+    *out = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type", "object", "properties",
+                     "name", "const", name, "arguments", own, "required", "name", "arguments",
+                     "additionalProperties", 0);
+    return *out ? 0 : out_of_memory(e);
+}
+
+/* "required" among several tools: {"name": one of the names, "arguments": valid against that
+ * tool's parameters}, a union of objects told apart by the name (model/json_schema.h). */
 static int force_pick(csd_http_req *r, csd_http_error *e) {
     if (r->json_object) return json_conflict(e);
     r->tool_mode = CSD_HTTP_TOOLS_PICK;
@@ -89,16 +142,19 @@ static int force_pick(csd_http_req *r, csd_http_error *e) {
         return csd_http_error_set(e, 400, NULL, "tool_choice", "unsupported_value",
                                   "tool_choice 'required' takes at most %d tools (name one, or "
                                   "send fewer)", CSD_SCHEMA_MAX_ENUM);
-    json_t *names = json_array();
-    size_t k;
-    const json_t *t;
-    json_array_foreach(r->tools, k, t)
-        json_array_append(names, json_object_get(json_object_get(t, "function"), "name"));
-    json_t *schema = json_pack("{s:s, s:{s:{s:o}, s:{s:s}}, s:[s, s], s:b}", "type", "object",
-                               "properties", "name", "enum", names, "arguments", "type", "object",
-                               "required", "name", "arguments", "additionalProperties", 0);
+    json_t *branches = json_array();
+    if (!branches) return out_of_memory(e);
+    int rc = 0;
+    for (size_t k = 0; k < json_array_size(r->tools) && !rc; k++) {
+        json_t *branch = NULL;
+        rc = pick_branch(r->tools, k, &branch, e);
+        if (!rc && json_array_append_new(branches, branch)) rc = out_of_memory(e);
+    }
+    json_t *schema = rc ? NULL : json_pack("{s:O}", "anyOf", branches);
+    json_decref(branches);
+    if (rc) return rc;
     if (!schema) return out_of_memory(e);
-    int rc = csd_http_compile_schema(r, schema, "tools", e);
+    rc = csd_http_compile_schema(r, schema, "tools", e);
     json_decref(schema);
     return rc;
 }

@@ -4,8 +4,8 @@
  *     decides, and the calls it writes are split out of the answer (tool_calls.h);
  *   - a named function ({"type": "function", "function": {"name": ...}}), or "required" with one
  *     tool: the answer is that function's arguments, constrained to its parameters schema;
- *   - "required" with several tools: the answer is {"name": one of them, "arguments": an object},
- *     constrained by a schema built here;
+ *   - "required" with several tools: the answer is {"name": one of them, "arguments": valid
+ *     against that tool's parameters}, constrained by a union of the tools built here;
  *   - "none", or no tools: plain text.
  * Part of openai_request.c's parsing (pure, fuzzed with it). */
 #ifndef CSD_HTTP_TOOL_REQUEST_H

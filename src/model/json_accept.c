@@ -55,7 +55,8 @@ static bool take_ws(csd_json_accept *a, uint8_t b) {
  * object with properties are matched the same way against the properties that may come next. The
  * base grammar above still decides what is JSON; these checks only narrow it, and never to
  * nothing: every node has a type or a literal, and an object or array closes whenever its
- * required properties or minItems allow. */
+ * required properties or minItems allow. A union of objects starts as a node whose one property
+ * is the discriminator; its value picks the branch, whose node the object takes from there. */
 
 static const csd_schema_node *node_at(const csd_json_accept *a, uint16_t id) {
     return &a->schema->nodes[id];
@@ -191,7 +192,17 @@ static bool schema_key_end(csd_json_accept *a) {
 
 /* A byte of the current key or value while it is matched, and its end. */
 static bool schema_byte(csd_json_accept *a, uint8_t b) { return !a->matching || match_byte(a, b); }
-static bool schema_value_end(csd_json_accept *a) { return !a->matching || match_end(a) >= 0; }
+
+/* A matched value ended. In a union of objects it is the discriminator (a tagged node's one
+ * property), and the literal it spelled names the branch whose properties follow. */
+static bool schema_value_end(csd_json_accept *a) {
+    if (!a->matching) return true;
+    int i = match_end(a);
+    if (i < 0) return false;
+    if (a->depth > 0 && a->stack[a->depth - 1] == '{' && top_node(a)->tagged)
+        a->node[a->depth - 1] = a->schema->lits[a->lit_base + i].alt;
+    return true;
+}
 
 static bool open_container(csd_json_accept *a, uint8_t b) {
     if (a->depth >= CSD_JSON_MAX_DEPTH) return false;

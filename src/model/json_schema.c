@@ -109,7 +109,7 @@ static int add_lit(builder *b, const char *path, const json_t *v, uint16_t *out)
         rc = fail(b, path, "a number literal longer than 32 characters", "");
     if (!rc) {
         memcpy(b->bytes + b->n_bytes, s, len);
-        b->lits[b->n_lits] = (csd_schema_lit){b->n_bytes, (uint32_t)len};
+        b->lits[b->n_lits] = (csd_schema_lit){.off = b->n_bytes, .len = (uint32_t)len};
         b->n_bytes += (uint32_t)len;
         *out = (uint16_t)b->n_lits++;
     }
@@ -323,18 +323,81 @@ static int merge_enums(builder *b, const char *path, const char *kw, const uint1
     return strcmp(kw, "oneOf") ? 0 : check_one_of(b, path, m);
 }
 
+/* Object branch bn's discriminator: its first property, required, an enum or const. Returns that
+ * property's index in b->props, or -1 (the branch cannot be told apart by its first bytes). */
+static int discriminator(const builder *b, const csd_schema_node *bn) {
+    if (bn->free_object || bn->tagged || bn->n_props == 0) return -1;
+    const csd_schema_prop *p = &b->props[bn->first_prop];
+    return p->required && b->nodes[p->node].n_lits ? (int)bn->first_prop : -1;
+}
+
+static bool same_lit_bytes(const builder *b, uint16_t x, uint16_t y) {
+    const csd_schema_lit *l = &b->lits[x], *r = &b->lits[y];
+    return l->len == r->len && !memcmp(b->bytes + l->off, b->bytes + r->off, l->len);
+}
+
+/* Several object branches: a union told apart by the first property all of them share (Pydantic's
+ * discriminated unions, tool calls by name). m gets one property, that key, whose value is one of
+ * the branches' values; each of those literals names its branch (alt), which the acceptor follows
+ * once the value is written. */
+static int merge_objects(builder *b, const char *path, const char *kw, const uint16_t *obj,
+                         size_t n, csd_schema_node *m) {
+    static const char why[] = " object branches need a first property, required, const or enum, "
+                              "with the same key in each and values no other branch has";
+    uint16_t tag, key = 0;
+    int rc = new_node(b, path, &tag);
+    if (rc) return rc;
+    if (b->n_props >= CSD_SCHEMA_MAX_NODES)
+        return fail(b, path, "more than 1024 properties in one response_format", "");
+    csd_schema_node t = b->nodes[tag];
+    t.types = 0;
+    t.first_lit = (uint16_t)b->n_lits;
+    for (size_t i = 0; i < n; i++) {
+        int p = discriminator(b, &b->nodes[obj[i]]);
+        if (p < 0 || (i > 0 && !same_lit_bytes(b, key, b->props[p].key_lit)))
+            return fail(b, path, kw, why);
+        key = b->props[p].key_lit;
+        const csd_schema_node v = b->nodes[b->props[p].node];
+        for (uint16_t k = 0; k < v.n_lits && !rc; k++) rc = repeat_lit(b, path, v.first_lit + k);
+        if (rc) return rc;
+        for (uint32_t k = b->n_lits - v.n_lits; k < b->n_lits; k++) b->lits[k].alt = obj[i];
+        t.types |= v.types;
+    }
+    t.n_lits = (uint16_t)(b->n_lits - t.first_lit);
+    if (t.n_lits > CSD_SCHEMA_MAX_ENUM)
+        return fail(b, path, kw, " discriminator has more than 64 values in all");
+    for (uint16_t i = 0; i < t.n_lits; i++)
+        for (uint16_t j = i + 1; j < t.n_lits; j++)
+            if (b->lits[t.first_lit + i].alt != b->lits[t.first_lit + j].alt &&
+                same_value(b, &b->lits[t.first_lit + i], &b->lits[t.first_lit + j]))
+                return fail(b, path, kw, why);
+    b->nodes[tag] = t;
+    m->free_object = false;
+    m->tagged = true;
+    m->first_prop = (uint16_t)b->n_props;
+    m->n_props = 1;
+    b->props[b->n_props++] = (csd_schema_prop){.node = tag, .key_lit = key, .required = true};
+    return 0;
+}
+
 /* anyOf branches of different types merge into one node: the first byte of a value tells which
- * branch it is in, so decoding needs no look-ahead. */
+ * branch it is in, so decoding needs no look-ahead. Object branches may be several when a
+ * discriminator tells them apart (merge_objects). */
 static int merge_types(builder *b, const char *path, const char *kw, const uint16_t *br, size_t n,
                        csd_schema_node *m) {
+    uint16_t obj[CSD_SCHEMA_MAX_ENUM];
+    size_t n_obj = 0;
     for (size_t i = 0; i < n; i++) {
         const csd_schema_node bn = b->nodes[br[i]];
+        if (bn.types & CSD_JT_OBJECT) obj[n_obj++] = br[i];
         uint8_t t = bn.types | ((bn.types & CSD_JT_INTEGER) ? CSD_JT_NUMBER : 0);
         uint8_t have = m->types | ((m->types & CSD_JT_INTEGER) ? CSD_JT_NUMBER : 0);
-        if (t & have) return fail(b, path, kw, " branches must have different types");
+        if (t & have & ~CSD_JT_OBJECT)
+            return fail(b, path, kw, " branches must have different types");
         m->types |= bn.types;
         if (bn.types & CSD_JT_OBJECT) {
             m->free_object = bn.free_object;
+            m->tagged = bn.tagged;
             m->first_prop = bn.first_prop;
             m->n_props = bn.n_props;
         }
@@ -344,7 +407,7 @@ static int merge_types(builder *b, const char *path, const char *kw, const uint1
             m->max_items = bn.max_items;
         }
     }
-    return 0;
+    return n_obj > 1 ? merge_objects(b, path, kw, obj, n_obj, m) : 0;
 }
 
 /* anyOf/oneOf: the branches compiled, then merged into one node (merge_types, merge_enums). */
@@ -421,8 +484,8 @@ static int check_keywords(builder *b, const char *path, const json_t *s, const c
     int constraints = 0;
     *any_kw = NULL;
     json_object_foreach((json_t *)s, key, v) {
-        if (!strcmp(key, "$id") && s != b->root) /* it would start a document of its own */
-            return fail(b, path, "$id below the root is not supported", "");
+        if (!strcmp(key, "$id") && !json_is_string(v))
+            return fail(b, path, "$id must be a string", "");
         if (listed(annotations, key)) continue;
         if (!listed(supported, key)) return fail(b, path, "unsupported keyword ", key);
         if (!strcmp(key, "anyOf") || !strcmp(key, "oneOf") || !strcmp(key, "$ref")) {
@@ -486,6 +549,17 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
     return rc;
 }
 
+/* A schema with an "$id" is a document of its own: the "$ref"s inside it name its "$defs", not the
+ * root's (a tool's parameters keep their own definitions when several tools are joined). */
+static int compile_resource(builder *b, const json_t *s, const char *path, int depth,
+                            uint16_t *out) {
+    const json_t *outer = b->root;
+    if (json_object_get(s, "$id")) b->root = s;
+    int rc = compile_object(b, s, path, depth, out);
+    b->root = outer;
+    return rc;
+}
+
 /* depth: the containers a value of s sits in (the root object's properties: 2). */
 static int compile(builder *b, const json_t *s, const char *path, int depth, uint16_t *out) {
     if (json_is_true(s)) {
@@ -497,7 +571,7 @@ static int compile(builder *b, const json_t *s, const char *path, int depth, uin
         return fail(b, path, "more than 64 schemas inside one another", "");
     if (!json_is_object(s)) return fail(b, path, "a schema must be an object or true", "");
     b->levels++;
-    int rc = compile_object(b, s, path, depth, out);
+    int rc = compile_resource(b, s, path, depth, out);
     b->levels--;
     return rc;
 }

@@ -4,10 +4,12 @@
  *
  * The subset (docs/api.md): "type" (a name or a list of names), "properties" with "required",
  * "additionalProperties" false or true, "items" with "minItems"/"maxItems", "enum", "const",
- * "anyOf"/"oneOf" whose branches have different types (or join enums with null or booleans), and
- * "$ref" to the root's "$defs" (not recursive). Annotations (title, description, default,
- * examples, ...) are ignored. Any other keyword ("pattern", "format", "allOf", "minimum", ...) is
- * refused with its place in the schema: an answer that ignores a constraint would not be valid.
+ * "anyOf"/"oneOf" whose branches have different types (or join enums with null or booleans, or are
+ * objects told apart by their first property: a discriminator), and "$ref" to the "$defs" of the
+ * root or of the nearest schema with an "$id" (not recursive). Annotations (title, description,
+ * default, examples, ...) are ignored. Any other keyword ("pattern", "format", "allOf",
+ * "minimum", ...) is refused with its place in the schema: an answer that ignores a constraint
+ * would not be valid.
  *
  * What is generated, when the schema leaves a choice: an object's properties in the schema's order,
  * every required one and any optional one, and no others; enum and const values in compact JSON
@@ -45,6 +47,8 @@ enum {
 typedef struct csd_schema_node {
     uint8_t types;       /* CSD_JT_* bits the value may have */
     bool free_object;    /* an object without "properties": any members, any values */
+    bool tagged;         /* a union of objects: its one property is the discriminator, whose
+                          * literal's alt is the object the rest of the members follow */
     uint16_t first_prop; /* object: its properties [first_prop, first_prop + n_props) */
     uint16_t n_props;
     uint16_t items;      /* array: every item's node */
@@ -63,6 +67,7 @@ typedef struct csd_schema_prop {
 typedef struct csd_schema_lit {
     uint32_t off;
     uint32_t len;
+    uint16_t alt;        /* a discriminator's value: the union's branch it selects (else 0) */
 } csd_schema_lit;
 
 /* Compiled: one allocation, arrays at fixed places after the header. */
