@@ -1,7 +1,8 @@
 /* fuzz_http_tool_calls: libFuzzer target for the tool-call splitter (http/tool_calls.h), which
- * reads model output. The first byte picks whole mode and a piece size; the rest is the answer,
- * pushed in pieces of that size. Checks: no error; the same content and calls as the answer pushed
- * at once; and an answer in which no call was found comes out whole, byte for byte. */
+ * reads model output. The first byte picks the mode (tags, bare, whole) and a piece size; the rest
+ * is the answer, pushed in pieces of that size. Checks: no error; the same content and calls as the
+ * answer pushed at once; and an answer in which no call was found comes out whole, byte for
+ * byte. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,10 +17,10 @@ typedef struct result {
     csd_tool_split s; /* its calls */
 } result;
 
-static void run(const char *text, size_t len, bool whole, size_t piece, result *r) {
+static void run(const char *text, size_t len, int mode, size_t piece, result *r) {
     r->content = malloc(len + 1);
     r->len = 0;
-    csd_tool_split_init(&r->s, whole);
+    csd_tool_split_init(&r->s, mode);
     const char *out;
     size_t n;
     for (size_t at = 0; at < len; at += piece) {
@@ -37,13 +38,13 @@ static void run(const char *text, size_t len, bool whole, size_t piece, result *
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    bool whole = data[0] & 1;
-    size_t piece = 1 + (data[0] >> 1);
+    int mode = data[0] % 3; /* enum csd_tool_split_mode */
+    size_t piece = 1 + data[0] / 3;
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     result a, b;
-    run(text, len, whole, len ? len : 1, &a);
-    run(text, len, whole, piece, &b);
+    run(text, len, mode, len ? len : 1, &a);
+    run(text, len, mode, piece, &b);
     if (a.len != b.len || memcmp(a.content, b.content, a.len)) __builtin_trap();
     if (a.s.n_calls != b.s.n_calls) __builtin_trap();
     for (int i = 0; i < a.s.n_calls; i++)

@@ -55,9 +55,31 @@ code=$(curl -s -o "$WORK/notmpl.out" -w '%{http_code}' "http://127.0.0.1:$PORT_n
 kill "$PID_notmpl"
 wait "$PID_notmpl" 2>/dev/null || true
 echo "ok   a model without a chat template: completions served, chat refused with 400"
+# The tool-call format follows the chat template: Llama 3.1's (bare JSON calls) or Hermes tags.
+cp -r tiny tiny31
+/usr/bin/python3 - tiny31/tokenizer_config.json <<'PY' || fail "a Llama 3.1-style template"
+import json, sys
+p = sys.argv[1]
+c = json.load(open(p))
+c["chat_template"] = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] }}{% endfor %}"
+                      "{% if tools %}Given the following functions, please respond with a JSON for "
+                      "a function call with its proper arguments.{% endif %}{{ '<|python_tag|>' if "
+                      "builtin_tools is defined }}assistant: ")
+json.dump(c, open(p, "w"))
+PY
+for want in "llama3-json:" "hermes:--tool-call-format hermes"; do
+    start_server fmt tiny31 ${want#*:}
+    grep -q "tool-calls=${want%%:*} " "$WORK/fmt.log" || fail "tool-calls=${want%%:*} not chosen: $(cat "$WORK/fmt.log")"
+    kill "$PID_fmt"
+    wait "$PID_fmt" 2>/dev/null || true
+done
+"$CASCADIA" serve tiny31 --tool-call-format xml --port 0 2>"$WORK/fmt.err" && fail "--tool-call-format xml accepted"
+grep -q "not auto, hermes or llama3-json" "$WORK/fmt.err" || fail "--tool-call-format xml: $(cat "$WORK/fmt.err")"
+echo "ok   --tool-call-format: llama3-json from a Llama 3.1-style template, hermes when asked, a bad value refused"
 export CASCADIA_API_KEY=secret
 start_server main tiny --chat-template chatml
 BASE="http://127.0.0.1:$PORT_main"
+grep -q "tool-calls=hermes " "$WORK/main.log" || fail "chatml: tool-calls=hermes not chosen: $(cat "$WORK/main.log")"
 if timeout 20 "$CASCADIA" serve tiny --chat-template chatml --port "$PORT_main" 2>"$WORK/dup.log"; then
     fail "a second server started on a port already in use"
 fi

@@ -22,6 +22,10 @@
 
 /* ---- the splitter ---- */
 
+#define TAGS CSD_TOOL_SPLIT_TAGS
+#define BARE CSD_TOOL_SPLIT_BARE
+#define WHOLE CSD_TOOL_SPLIT_WHOLE
+
 typedef struct split_result {
     char content[8192];
     size_t content_len;
@@ -38,11 +42,12 @@ static void add_content(split_result *r, const char *s, size_t n) {
 }
 
 /* Splits text pushed in pieces of the given sizes (cycled; 0: all at once). */
-static void split(const char *text, bool whole, const size_t *sizes, int n_sizes,
+/* mode: enum csd_tool_split_mode */
+static void split(const char *text, int mode, const size_t *sizes, int n_sizes,
                   split_result *r) {
     memset(r, 0, sizeof *r);
     csd_tool_split s;
-    csd_tool_split_init(&s, whole);
+    csd_tool_split_init(&s, mode);
     size_t len = strlen(text), at = 0;
     const char *out;
     size_t n;
@@ -64,12 +69,12 @@ static void split(const char *text, bool whole, const size_t *sizes, int n_sizes
 }
 
 /* The same result whole, byte by byte, and in several other chunkings. */
-static void split_every_way(const char *text, bool whole, split_result *r) {
+static void split_every_way(const char *text, int mode, split_result *r) {
     static const size_t chunkings[][3] = {{1, 1, 1}, {2, 3, 5}, {7, 1, 4}, {11, 12, 13}};
-    split(text, whole, NULL, 0, r);
+    split(text, mode, NULL, 0, r);
     for (size_t c = 0; c < sizeof chunkings / sizeof chunkings[0]; c++) {
         split_result other;
-        split(text, whole, chunkings[c], 3, &other);
+        split(text, mode, chunkings[c], 3, &other);
         assert_string_equal(other.content, r->content);
         assert_int_equal(other.n_calls, r->n_calls);
         for (int i = 0; i < r->n_calls; i++) {
@@ -88,7 +93,7 @@ static void test_split_plain_text(void **state) {
     const char *texts[] = {"Hello, world.", "trailing space \n\n", "a < b and <tool", "<tool_cal",
                            "x</tool_call>y", ""};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
-        split_every_way(texts[i], false, &r);
+        split_every_way(texts[i], TAGS, &r);
         assert_string_equal(r.content, texts[i]); /* nothing lost, nothing added */
         assert_int_equal(r.n_calls, 0);
     }
@@ -98,14 +103,14 @@ static void test_split_one_call(void **state) {
     (void)state;
     split_result r;
     split_every_way(
-        "Let me check.\n" CALL("get_weather", "{\"city\": \"Paris\", \"days\": [1, 2]}"), false,
+        "Let me check.\n" CALL("get_weather", "{\"city\": \"Paris\", \"days\": [1, 2]}"), TAGS,
         &r);
     assert_string_equal(r.content, "Let me check.");
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.names[0], "get_weather");
     assert_string_equal(r.args[0], "{\"city\": \"Paris\", \"days\": [1, 2]}"); /* as written */
     /* the tags as the only text, and text after the call */
-    split_every_way(CALL("f", "{}") "\nDone.", false, &r);
+    split_every_way(CALL("f", "{}") "\nDone.", TAGS, &r);
     assert_string_equal(r.content, "\nDone.");
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.args[0], "{}");
@@ -115,7 +120,7 @@ static void test_split_calls_and_whitespace(void **state) {
     (void)state;
     split_result r;
     split_every_way("\n" CALL("a", "{\"x\": 1}") "\n\n" CALL("b", "{\"y\": \"\\u00e9\"}") "\n \n",
-                    false, &r);
+                    TAGS, &r);
     assert_string_equal(r.content, ""); /* only whitespace around the calls */
     assert_int_equal(r.n_calls, 2);
     assert_string_equal(r.names[0], "a");
@@ -140,7 +145,7 @@ static void test_split_bad_call_is_content(void **state) {
         "<tool_call>{\"name\": ",                                    /* cut short */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        split_every_way(bad[i], false, &r);
+        split_every_way(bad[i], TAGS, &r);
         assert_string_equal(r.content, bad[i]); /* as written, whitespace before the tag too */
         assert_int_equal(r.n_calls, 0);
     }
@@ -150,7 +155,7 @@ static void test_split_call_forms(void **state) {
     (void)state;
     split_result r;
     /* an open call at the end (max_tokens, or no close tag) is parsed as it stands */
-    split_every_way("ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": true}}", false, &r);
+    split_every_way("ok <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": true}}", TAGS, &r);
     assert_string_equal(r.content, "ok");
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.args[0], "{\"a\": true}");
@@ -158,7 +163,7 @@ static void test_split_call_forms(void **state) {
     split_every_way("<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}</tool_call>"
                     "<tool_call>{\"name\": \"g\", \"parameters\": {\"b\": null}}</tool_call>"
                     "<tool_call>{\"name\": \"h\"}</tool_call>",
-                    false, &r);
+                    TAGS, &r);
     assert_int_equal(r.n_calls, 3);
     assert_string_equal(r.args[0], "{\"a\": 1}");
     assert_string_equal(r.args[1], "{\"b\": null}");
@@ -166,7 +171,7 @@ static void test_split_call_forms(void **state) {
     assert_string_equal(r.content, "");
     /* an escaped key is the key it decodes to */
     split_every_way("<tool_call>{\"n\\u0061me\": \"f\", \"argument\\u0073\": {}}</tool_call>",
-                    false, &r);
+                    TAGS, &r);
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.names[0], "f");
 }
@@ -174,12 +179,12 @@ static void test_split_call_forms(void **state) {
 static void test_split_whole_mode(void **state) {
     (void)state;
     split_result r;
-    split_every_way("{\"name\": \"pick\", \"arguments\": {\"n\": 2}}", true, &r);
+    split_every_way("{\"name\": \"pick\", \"arguments\": {\"n\": 2}}", WHOLE, &r);
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.names[0], "pick");
     assert_string_equal(r.args[0], "{\"n\": 2}");
     assert_string_equal(r.content, "");
-    split_every_way("{\"name\": \"pick\", \"argum", true, &r); /* cut by max_tokens */
+    split_every_way("{\"name\": \"pick\", \"argum", WHOLE, &r); /* cut by max_tokens */
     assert_int_equal(r.n_calls, 0);
     assert_string_equal(r.content, "{\"name\": \"pick\", \"argum");
 }
@@ -196,12 +201,12 @@ static void test_split_numbers_kept(void **state) {
     for (int i = 0; i < 4; i++) {
         char text[256];
         snprintf(text, sizeof text, "{\"name\": \"f\", \"arguments\": %s}", args[i]);
-        split_every_way(text, true, &r);
+        split_every_way(text, WHOLE, &r);
         assert_int_equal(r.n_calls, 1);
         assert_string_equal(r.args[0], args[i]);
         snprintf(text, sizeof text, "<tool_call>{\"name\": \"f\", \"arguments\": %s}</tool_call>",
                  args[i]);
-        split_every_way(text, false, &r);
+        split_every_way(text, TAGS, &r);
         assert_int_equal(r.n_calls, 1);
         assert_string_equal(r.args[0], args[i]);
     }
@@ -211,7 +216,7 @@ static void test_split_numbers_kept(void **state) {
 static void test_split_cut_close_tag(void **state) {
     (void)state;
     split_result r;
-    split_every_way("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_c", false,
+    split_every_way("<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_c", TAGS,
                     &r);
     assert_int_equal(r.n_calls, 1);
     assert_string_equal(r.args[0], "{\"a\": 1}");
@@ -228,7 +233,7 @@ static void test_split_long_space(void **state) {
     memset(text + 1, '\n', run);
     strcpy(text + 1 + run, "<tool_call>{\"name\": \"f\"}</tool_call>");
     split_result r;
-    split_every_way(text, false, &r);
+    split_every_way(text, TAGS, &r);
     assert_int_equal(r.n_calls, 1);
     assert_int_equal(r.content_len, 1 + run - CSD_TOOL_SPACE_MAX);
     /* the same run at the end of an answer with a call */
@@ -236,7 +241,7 @@ static void test_split_long_space(void **state) {
     size_t at = strlen(text);
     memset(text + at, ' ', run);
     text[at + run] = 0;
-    split_every_way(text, false, &r);
+    split_every_way(text, TAGS, &r);
     assert_int_equal(r.n_calls, 1);
     assert_int_equal(r.content_len, run - CSD_TOOL_SPACE_MAX);
     free(text);
@@ -247,7 +252,7 @@ static void test_split_long_space(void **state) {
 static void test_split_bounds(void **state) {
     (void)state;
     csd_tool_split s;
-    csd_tool_split_init(&s, false);
+    csd_tool_split_init(&s, TAGS);
     const char *one = "<tool_call>{\"name\": \"f\"}</tool_call>";
     const char *out;
     size_t n, total = 0;
@@ -262,7 +267,7 @@ static void test_split_bounds(void **state) {
     csd_tool_split_fini(&s);
 
     for (int whole = 0; whole < 2; whole++) {
-        csd_tool_split_init(&s, whole);
+        csd_tool_split_init(&s, whole ? WHOLE : TAGS);
         size_t chunk = 4096, pushed = 0, got = 0;
         char *filler = malloc(chunk);
         memset(filler, 'x', chunk);
@@ -315,7 +320,7 @@ static void test_split_bound_exact(void **state) {
         static const size_t sizes[] = {4, 1 << 16, (size_t)1 << 30};
         for (int k = 0; k < 3; k++) {
             csd_tool_split s;
-            csd_tool_split_init(&s, false);
+            csd_tool_split_init(&s, TAGS);
             size_t got = push_in_pieces(&s, text, sizes[k]);
             assert_int_equal(s.n_calls, extra ? 0 : 1);
             assert_int_equal(got, extra ? strlen(text) : 0);
@@ -339,7 +344,7 @@ static void test_split_long_call_skipped(void **state) {
     static const size_t sizes[] = {1 << 16, 4, (size_t)1 << 30};
     for (int k = 0; k < 3; k++) {
         csd_tool_split s;
-        csd_tool_split_init(&s, false);
+        csd_tool_split_init(&s, TAGS);
         size_t got = push_in_pieces(&s, text, sizes[k]);
         assert_int_equal(s.n_calls, 1); /* h, after the long one; never g inside it */
         assert_string_equal(s.calls[0].name, "h");
@@ -349,13 +354,14 @@ static void test_split_long_call_skipped(void **state) {
     free(text);
 }
 
-/* Random answers from fragments that make and break tags: every chunking gives the same result,
- * and an answer with no call comes out whole. */
+/* Random answers from fragments that make and break tags and bare calls, split in tags and in bare
+ * mode by turns: every chunking gives the same result, and an answer with no call comes out
+ * whole. */
 static void test_split_random(void **state) {
     (void)state;
     static const char *frags[] = {"a", " ", "\n", "<tool_call>", "</tool_call>", "<tool", "_call>",
                                   "{\"name\": \"f\"}", "{\"name\": \"g\", \"arguments\": {}}", "}",
-                                  "<", "</tool_call", "x y"};
+                                  "<", "</tool_call", "x y", ";", "<|python_tag|>", "{", "\""};
     unsigned seed = 12345;
     for (int t = 0; t < 400; t++) {
         char text[512] = {0};
@@ -365,9 +371,74 @@ static void test_split_random(void **state) {
             strcat(text, frags[(seed >> 16) % (sizeof frags / sizeof frags[0])]);
         }
         split_result r;
-        split_every_way(text, false, &r);
+        split_every_way(text, t % 2 ? BARE : TAGS, &r);
         if (r.n_calls == 0) assert_string_equal(r.content, text);
     }
+}
+
+/* Llama 3.1/3.2's bare calls: an answer that starts with '{' (after whitespace and the python
+ * tag) is ';'-separated calls; anything else, or a part that is not a call, is content as
+ * written. */
+static void test_split_bare(void **state) {
+    (void)state;
+    split_result r;
+    split_every_way("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", BARE, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], "{\"city\": \"Paris\"}");
+    assert_string_equal(r.content, "");
+    split_every_way(" \n<|python_tag|> {\"name\": \"a\", \"parameters\": {\"s\": \"}{;\\\"]\"}};"
+                    "\n{\"name\": \"b\", \"arguments\": {}}; ", BARE, &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.args[0], "{\"s\": \"}{;\\\"]\"}"); /* braces in strings do not count */
+    assert_string_equal(r.names[1], "b");
+    assert_string_equal(r.content, "");
+    const char *content[] = {
+        "Hello {\"name\": \"f\"}",                         /* not at the start */
+        "{\"name\": \"f\", \"parameters\": {}} and then",   /* text after the call */
+        "{\"name\": \"f\"} {\"name\": \"g\"}",               /* no ';' between them */
+        "{\"name\": \"f\"}; {\"city\": \"Oslo\"}",            /* one part is not a call */
+        "{\"name\": \"f\", \"parameters\": {\"a\": 1",        /* cut short */
+        "<|python_tag|>brave_search.call(query=\"x\")",     /* Llama's built-in tools */
+        "{}}", "  \n", "<|python", "",
+    };
+    for (size_t i = 0; i < sizeof content / sizeof *content; i++) {
+        split_every_way(content[i], BARE, &r);
+        assert_int_equal(r.n_calls, 0);
+        assert_string_equal(r.content, content[i]);
+    }
+    /* an answer that is not calls streams as it comes; one that may be is held back */
+    csd_tool_split s;
+    const char *out;
+    size_t n;
+    csd_tool_split_init(&s, BARE);
+    assert_int_equal(csd_tool_split_push(&s, " <|python_", 10, &out, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(csd_tool_split_push(&s, "Sure", 4, &out, &n), 0);
+    assert_int_equal(n, 14);
+    assert_int_equal(csd_tool_split_push(&s, " thing", 6, &out, &n), 0);
+    assert_int_equal(n, 6);
+    csd_tool_split_fini(&s);
+    csd_tool_split_init(&s, BARE);
+    assert_int_equal(csd_tool_split_push(&s, "\n{\"name\": ", 10, &out, &n), 0);
+    assert_int_equal(n, 0);
+    csd_tool_split_fini(&s);
+}
+
+/* The format a chat template asks for: Llama 3.1's bare JSON, Hermes tags otherwise. */
+static void test_split_mode_for_template(void **state) {
+    (void)state;
+    assert_int_equal(csd_tool_split_mode_for_template(NULL), TAGS);
+    assert_int_equal(csd_tool_split_mode_for_template("{{ messages }}"), TAGS);
+    assert_int_equal(csd_tool_split_mode_for_template(
+                         "{{- '<tool_call>\\n' }}{{ tool_call | tojson }}{{- '</tool_call>' }}"),
+                     TAGS);
+    assert_int_equal(csd_tool_split_mode_for_template(
+                         "{{- \"Given the following functions, please respond with a JSON for a "
+                         "function call with its proper arguments\" }}"),
+                     BARE);
+    assert_int_equal(csd_tool_split_mode_for_template("{{- '<|python_tag|>' + tool_call.name }}"),
+                     BARE);
 }
 
 /* ---- the request ---- */
@@ -608,6 +679,7 @@ static int ids_of(const char *text, int32_t *ids) {
 
 /* The thinking split the server would set for the next run_job (it depends on the prompt). */
 static int job_think = CSD_HTTP_THINK_OFF;
+static int job_tool_format = CSD_TOOL_SPLIT_TAGS; /* what the server would set */
 
 /* Runs one answer through a job made for body: the response object (non-stream) or the stream's
  * events as an array (each "data:" JSON; "[DONE]" as the string). */
@@ -615,6 +687,7 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
     csd_http_req req;
     parse_ok(body, &req);
     req.think = job_think;
+    req.tool_format = job_tool_format;
     csd_http_job *j = NULL;
     assert_int_equal(csd_http_job_create(&j, &req, tok, "m", NULL, 5), 0);
     assert_int_equal(csd_http_job_begin(j, "", 0), 0);
@@ -716,6 +789,53 @@ static void test_job_auto(void **state) {
     assert_null(json_object_get(msg, "tool_calls"));
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
     json_decref(r);
+}
+
+/* Bare calls (Llama 3.1's format): the answer is the calls; streamed, they come at its end; an
+ * answer that is not calls is content as it streams; parallel_tool_calls false keeps one. */
+static void test_job_bare(void **state) {
+    csd_tok *tok = *state;
+    job_tool_format = CSD_TOOL_SPLIT_BARE;
+    const char *answer = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
+    json_t *r = run_job(tok, AUTO_BODY "}", answer, CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
+                "{\"city\": \"Paris\"}");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    json_t *evs = run_job(tok, AUTO_BODY ",\"stream\":true}", answer, CSD_REQ_END_STOP);
+    int n_calls = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        json_t *delta = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
+        const char *c = json_string_value(json_object_get(delta, "content"));
+        assert_true(!c || !*c);
+        json_t *call = json_array_get(json_object_get(delta, "tool_calls"), 0);
+        if (call) assert_call(call, "get_weather", "{\"city\": \"Paris\"}");
+        n_calls += call != NULL;
+    }
+    assert_int_equal(n_calls, 1);
+    json_decref(evs);
+    r = run_job(tok, AUTO_BODY "}", "Paris is sunny.", CSD_REQ_END_STOP);
+    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "Paris is sunny.");
+    assert_null(json_object_get(msg, "tool_calls"));
+    json_decref(r);
+    char two[256];
+    snprintf(two, sizeof two, "%s; %s", answer, answer);
+    r = run_job(tok, AUTO_BODY "}", two, CSD_REQ_END_STOP);
+    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 2);
+    json_decref(r);
+    r = run_job(tok, AUTO_BODY ",\"parallel_tool_calls\":false}", two, CSD_REQ_END_STOP);
+    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    json_decref(r);
+    job_tool_format = CSD_TOOL_SPLIT_TAGS;
 }
 
 static void test_job_auto_stream(void **state) {
@@ -974,6 +1094,8 @@ int main(void) {
         cmocka_unit_test(test_split_whole_mode),
         cmocka_unit_test(test_split_bounds),
         cmocka_unit_test(test_split_random),
+        cmocka_unit_test(test_split_bare),
+        cmocka_unit_test(test_split_mode_for_template),
         cmocka_unit_test(test_split_numbers_kept),
         cmocka_unit_test(test_split_bound_exact),
         cmocka_unit_test(test_split_long_call_skipped),
@@ -987,6 +1109,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_job_auto_stream, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_named, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_pick, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_bare, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_then_call, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_logprobs, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_auto_special_tags, setup_tok_special,

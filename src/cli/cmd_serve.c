@@ -20,6 +20,7 @@
 #include "core/clock.h"
 #include "core/dtype.h"
 #include "http/server.h"
+#include "http/tool_calls.h"
 #include "model/model.h"
 #include "tok/tokenizer.h"
 
@@ -40,6 +41,10 @@ static const char *const serve_usage =
     "  --reasoning-format none|deepseek\n"
     "                       deepseek (default): a chat answer's <think>...</think> becomes\n"
     "                       reasoning_content; none: it stays in the content\n"
+    "  --tool-call-format auto|hermes|llama3-json\n"
+    "                       how answers write tool calls: hermes (<tool_call> tags), llama3-json\n"
+    "                       (an answer that is bare JSON calls); auto (default): from the chat\n"
+    "                       template\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
     "  --max-connections N  HTTP connections held at once, a thread each (default 256;\n"
@@ -69,6 +74,7 @@ typedef struct serve_args {
     const char *chat_template;
     const char *model_name;
     bool reasoning_none; /* --reasoning-format none */
+    int tool_format;     /* --tool-call-format: enum csd_tool_split_mode, or -1 for auto */
     size_t max_body;
     int max_connections;
     int max_per_ip;
@@ -140,6 +146,16 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
             return 2;
         }
         a->reasoning_none = !strcmp(value, "none");
+    } else if (!strcmp(f, "--tool-call-format")) {
+        if (!strcmp(value, "auto")) {
+            a->tool_format = -1;
+        } else if (!strcmp(value, "hermes") || !strcmp(value, "llama3-json")) {
+            a->tool_format = !strcmp(value, "hermes") ? CSD_TOOL_SPLIT_TAGS : CSD_TOOL_SPLIT_BARE;
+        } else {
+            fprintf(stderr, "cascadia serve: --tool-call-format: '%s' is not auto, hermes or "
+                    "llama3-json\n", value);
+            return 2;
+        }
     } else if (!strcmp(f, "--model-name")) {
         if (!value[0]) {
             fprintf(stderr, "cascadia serve: --model-name must not be empty\n");
@@ -191,6 +207,7 @@ static void default_args(serve_args *a) {
     csd_model_opts_default(&a->model);
     a->host = "127.0.0.1";
     a->port = 8080;
+    a->tool_format = -1;
     a->parallel = 4;
     a->queue_max = 64;
     a->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
@@ -259,11 +276,16 @@ static void default_model_name(const char *dir, char *out, size_t cap) {
 
 /* The chat template: --chat-template's, else the model's. A model without one (a base model) is
  * still served: /v1/completions works and /v1/chat/completions answers 400 (*out stays NULL). */
+/* The chat template's text: --chat-template's built-in one, else the model's own (or NULL). */
+static const char *template_source(const serve_args *a, const csd_tok *tok) {
+    return a->chat_template ? csd_chat_template_builtin(a->chat_template)
+                            : csd_tok_chat_template(tok);
+}
+
 static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_template **out,
                          csd_err *err) {
     *out = NULL;
-    const char *src =
-        a->chat_template ? csd_chat_template_builtin(a->chat_template) : csd_tok_chat_template(tok);
+    const char *src = template_source(a, tok);
     if (!src) {
         fprintf(stderr,
                 "cascadia serve: %s has no chat_template in tokenizer_config.json: "
@@ -349,10 +371,16 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
     o.idle_timeout_s = a->idle_timeout_s;
     o.json_vocab = json_vocab;
     o.reasoning_none = a->reasoning_none;
+    o.tool_format = a->tool_format >= 0
+                        ? a->tool_format
+                        : csd_tool_split_mode_for_template(template_source(a, tok));
     int rc = csd_http_server_create(srv, &o, tok, tmpl, err);
     if (!rc)
-        fprintf(stderr, "cascadia serve: listening on http://%s:%d model=%s auth=%s build=%s\n",
+        fprintf(stderr,
+                "cascadia serve: listening on http://%s:%d model=%s auth=%s tool-calls=%s "
+                "build=%s\n",
                 a->host, csd_http_server_port(*srv), model_name, a->api_key ? "on" : "off",
+                o.tool_format == CSD_TOOL_SPLIT_BARE ? "llama3-json" : "hermes",
                 csd_build_fingerprint());
     return rc;
 }

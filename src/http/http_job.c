@@ -37,7 +37,8 @@ static int choice_init(csd_http_job *j, int i) {
     /* a completion continues its prompt: keep the leading space a decoder strips at text start */
     if (j->kind != CSD_HTTP_KIND_CHAT) ch->detok.at_start = false;
     csd_http_stop_init(&ch->stop, j->stops, j->n_stop);
-    csd_tool_split_init(&ch->tools, j->tool_mode == CSD_HTTP_TOOLS_PICK);
+    bool pick = j->tool_mode == CSD_HTTP_TOOLS_PICK;
+    csd_tool_split_init(&ch->tools, pick ? CSD_TOOL_SPLIT_WHOLE : j->tool_format);
     csd_think_split_init(&ch->think, j->think == CSD_HTTP_THINK_OPEN);
     /* the tags are text even where a vocabulary marks them special */
     if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) {
@@ -75,6 +76,7 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->tool_mode = chat ? req->tool_mode : CSD_HTTP_TOOLS_OFF;
     j->one_call = req->one_tool_call;
     j->think = chat ? req->think : CSD_HTTP_THINK_OFF;
+    j->tool_format = req->tool_format;
     char hex[2 * JOB_ID_RANDOM_BYTES + 1];
     random_hex(hex);
     snprintf(j->id, sizeof j->id, "%s%s", chat ? "chatcmpl-" : "cmpl-", hex);
@@ -402,6 +404,9 @@ static int route_end(csd_http_choice *ch) {
     const char *content = "";
     size_t n = 0;
     int rc = csd_tool_split_finish(&ch->tools, &content, &n);
+    /* parallel_tool_calls false: one call, also where the calls split off only at the end (bare) */
+    while (ch->job->one_call && ch->tools.n_calls > 1)
+        csd_tool_call_fini(&ch->tools.calls[--ch->tools.n_calls]);
     if (!rc) rc = add_text(ch, content, n, NULL);
     int calls_rc = emit_new_calls(ch);
     return rc ? rc : calls_rc;

@@ -55,6 +55,7 @@ struct csd_http_server {
     const csd_tok *tok;
     const csd_vocab_bytes *json_vocab; /* borrowed; NULL: response_format json_object refused */
     bool reasoning_none;               /* --reasoning-format none */
+    int tool_format;                   /* enum csd_tool_split_mode: tags or bare */
     const csd_chat_template *tmpl;
     char *api_key;
     char *model_name;
@@ -368,6 +369,7 @@ static int chat_prompt(const csd_http_server *s, csd_http_req *req, int32_t **id
         return csd_http_error_set(e, 400, NULL, "messages", "invalid_value",
                                   "the chat template failed on these messages: %s", err.msg);
     req->think = think_mode(s, req, text);
+    req->tool_format = s->tool_format;
     bool add_special = !starts_with(text, csd_tok_bos_text(s->tok));
     rc = csd_tok_encode(s->tok, text, strlen(text), add_special, true, ids, n, &err);
     csd_free(text);
@@ -817,6 +819,9 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     if (o.max_per_ip < 0 || o.max_per_ip > o.max_connections)
         return csd_err_set(err, CSD_ERANGE, "connections per IP address %d not in 0..%d",
                            o.max_per_ip, o.max_connections);
+    if (o.tool_format != CSD_TOOL_SPLIT_TAGS && o.tool_format != CSD_TOOL_SPLIT_BARE)
+        return csd_err_set(err, CSD_EINVAL, "tool call format %d is not tags or bare",
+                           o.tool_format);
     if (!tok) return csd_err_set(err, CSD_EINVAL, "server needs a tokenizer");
     if (!o.model_name || !o.model_name[0])
         return csd_err_set(err, CSD_EINVAL, "server needs a model name");
@@ -835,6 +840,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     s->tok = tok;
     s->json_vocab = o.json_vocab;
     s->reasoning_none = o.reasoning_none;
+    s->tool_format = o.tool_format;
     s->tmpl = tmpl;
     s->max_body = o.max_body;
     s->idle_timeout_s = (unsigned)o.idle_timeout_s;

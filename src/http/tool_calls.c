@@ -1,9 +1,10 @@
-/* tool_calls: Hermes-style tool calls split out of a streamed answer (see tool_calls.h).
+/* tool_calls: tool calls split out of a streamed answer (see tool_calls.h).
  *
  * pending holds what is not handed out yet. Outside a call it is the answer's tail that may still
  * matter: trailing whitespace and a proper prefix of the open tag. Inside a call it is the
  * whitespace before the open tag (lead bytes), the tag and the body so far: if the call turns out
- * not to be one, all of it goes to the content as written. */
+ * not to be one, all of it goes to the content as written. In bare and whole mode it is the whole
+ * answer so far. */
 #include "tool_calls.h"
 
 #include <string.h>
@@ -16,10 +17,20 @@ static const char OPEN_TAG[] = "<tool_call>";
 static const char CLOSE_TAG[] = "</tool_call>";
 #define OPEN_LEN (sizeof OPEN_TAG - 1)
 #define CLOSE_LEN (sizeof CLOSE_TAG - 1)
+/* Llama 3.1's tag before a call (its vocabulary marks it special, so it is usually not seen) */
+static const char PYTHON_TAG[] = "<|python_tag|>";
+#define PYTHON_LEN (sizeof PYTHON_TAG - 1)
 
-void csd_tool_split_init(csd_tool_split *s, bool whole) {
+void csd_tool_split_init(csd_tool_split *s, int mode) {
     memset(s, 0, sizeof *s);
-    s->whole = whole;
+    s->whole = mode == CSD_TOOL_SPLIT_WHOLE;
+    s->sniffing = mode == CSD_TOOL_SPLIT_BARE;
+}
+
+int csd_tool_split_mode_for_template(const char *src) {
+    if (!src || strstr(src, OPEN_TAG)) return CSD_TOOL_SPLIT_TAGS;
+    bool llama3 = strstr(src, PYTHON_TAG) || strstr(src, "respond with a JSON for a function call");
+    return llama3 ? CSD_TOOL_SPLIT_BARE : CSD_TOOL_SPLIT_TAGS;
 }
 
 void csd_tool_split_fini(csd_tool_split *s) {
@@ -118,9 +129,116 @@ static int scan_call(csd_tool_split *s) {
     return 0;
 }
 
+/* ---- bare calls ---- */
+
+/* Where the answer's calls start in p[0, n): past leading whitespace and the tag. Sets *open when
+ * what follows is still undecided (all whitespace, or a proper prefix of the tag). */
+static size_t bare_start(const char *p, size_t n, bool *open) {
+    size_t i = csd_tag_space_after(p, n, n);
+    *open = i == n || csd_tag_partial(p + i, n - i, PYTHON_TAG, PYTHON_LEN) == n - i;
+    if (*open || n - i < PYTHON_LEN || memcmp(p + i, PYTHON_TAG, PYTHON_LEN)) return i;
+    i += PYTHON_LEN;
+    i += csd_tag_space_after(p + i, n - i, n - i);
+    *open = i == n;
+    return i;
+}
+
+/* Bare mode, before the answer's first telling byte: '{' holds the answer back as calls (whole),
+ * anything else makes it all content. Leading whitespace is held for at most CSD_TOOL_SPACE_MAX
+ * bytes. */
+static int sniff(csd_tool_split *s) {
+    bool open;
+    size_t at = bare_start(s->pending.data, s->pending.len, &open);
+    if (open && at <= CSD_TOOL_SPACE_MAX) return 0;
+    s->sniffing = false;
+    if (!open && s->pending.data[at] == '{') {
+        s->whole = true;
+        return 0;
+    }
+    s->plain = true;
+    return give(s, s->pending.len);
+}
+
+/* One past the '}' that closes the object starting at p[0] == '{', or 0 when it does not close in
+ * p[0, n). Braces and brackets inside strings do not count; the body is checked after. */
+static size_t object_end(const char *p, size_t n) {
+    size_t depth = 0;
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (c == '\\') escaped = true;
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0) return 0;
+            if (--depth == 0) return i + 1;
+        }
+    }
+    return 0;
+}
+
+/* The held-back answer as calls: the tag (bare mode), then objects separated by ';' (one after the
+ * last is taken too), whitespace around each. All of them calls: s->calls gets them and pending is
+ * dropped; else all of pending is content as written. */
+static int close_calls(csd_tool_split *s) {
+    const char *p = s->pending.data;
+    size_t n = s->pending.len;
+    bool open;
+    size_t i = bare_start(p, n, &open);
+    int first = s->n_calls, rc = 1;
+    while (!open && i < n && p[i] == '{' && s->n_calls < CSD_TOOL_CALLS_MAX) {
+        size_t end = object_end(p + i, n - i);
+        if (!end) break;
+        csd_tool_call c;
+        if ((rc = csd_tool_call_parse(p + i, end, &c))) break;
+        s->calls[s->n_calls++] = c;
+        i += end;
+        i += csd_tag_space_after(p + i, n - i, n - i);
+        if (i == n) break;
+        rc = 1; /* a ';' and another call, or this is not a list of calls */
+        if (p[i] != ';') break;
+        i++;
+        i += csd_tag_space_after(p + i, n - i, n - i);
+        if (i == n) rc = 0;
+    }
+    s->whole = false;
+    if (rc == 0 && i == n) {
+        drop(s, n);
+        return 0;
+    }
+    while (s->n_calls > first) csd_tool_call_fini(&s->calls[--s->n_calls]);
+    return rc < 0 ? rc : give(s, n);
+}
+
 static void hand_out(const csd_tool_split *s, const char **content, size_t *content_len) {
     *content = s->out.data ? s->out.data : "";
     *content_len = s->out.len;
+}
+
+/* Hands out what the text so far makes content, and splits off the calls it completes. */
+static int scan(csd_tool_split *s) {
+    if (s->sniffing) {
+        int rc = sniff(s);
+        if (rc || s->sniffing) return rc; /* bare mode, still undecided: held back */
+    }
+    if (s->plain) return give(s, s->pending.len);
+    if (s->whole) {
+        if (s->pending.len <= CSD_TOOL_CALL_MAX_BYTES) return 0; /* held back to the end */
+        s->plain = true; /* too long to be calls: all of it is content */
+        return give(s, s->pending.len);
+    }
+    /* each turn enters a call or ends one (consuming its tags), or finds nothing more */
+    int rc = 0;
+    for (bool was = s->in_call; !rc; was = s->in_call) {
+        rc = was ? scan_call(s) : scan_text(s);
+        if (s->in_call == was) break;
+    }
+    return rc;
 }
 
 int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const char **content,
@@ -128,21 +246,7 @@ int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const c
     s->out.len = 0;
     hand_out(s, content, content_len);
     if (csd_http_buf_append(&s->pending, text, len)) return CSD_ENOMEM;
-    int rc = 0;
-    if (s->plain) {
-        rc = give(s, s->pending.len);
-    } else if (s->whole) {
-        if (s->pending.len > CSD_TOOL_CALL_MAX_BYTES) { /* not a call: all of it is content */
-            s->plain = true;
-            rc = give(s, s->pending.len);
-        }
-    } else {
-        /* each turn enters a call or ends one (consuming its tags), or finds nothing more */
-        for (bool was = s->in_call; !rc; was = s->in_call) {
-            rc = was ? scan_call(s) : scan_text(s);
-            if (s->in_call == was) break;
-        }
-    }
+    int rc = scan(s);
     hand_out(s, content, content_len);
     return rc;
 }
@@ -155,7 +259,7 @@ int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *conte
     if (s->plain) /* everything was handed out as it came */
         rc = 0;
     else if (s->whole && n)
-        rc = close_call(s, 0, n, n);
+        rc = close_calls(s);
     else if (s->in_call) /* a call cut inside its close tag is parsed without the cut tag */
         rc = close_call(s, s->lead + OPEN_LEN, n - csd_tag_partial(p, n, CLOSE_TAG, CLOSE_LEN), n);
     n = s->pending.len;
@@ -166,6 +270,7 @@ int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *conte
         else
             rc = give(s, n);
     }
+    s->sniffing = false;
     s->plain = true; /* anything pushed after the end is content */
     hand_out(s, content, content_len);
     return rc;

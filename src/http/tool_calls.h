@@ -16,6 +16,13 @@
  * (tool_call_parse.c). A call still open when the answer ends
  * (cut by max_tokens, or the close tag never came) is parsed as it stands.
  *
+ * Llama 3.1 and 3.2 write their calls bare instead (their chat templates ask for it): the answer
+ * is the call, {"name": "get_weather", "parameters": {"city": "Paris"}}, optionally after
+ * <|python_tag|>, and several calls are separated by ';'. In bare mode an answer whose first
+ * non-whitespace byte (after the tag) is '{' is held back whole and split into calls at its end;
+ * when any part of it is not a call, all of it is content as written. Any other answer is content
+ * as it streams.
+ *
  * In whole mode (tool_choice "required" among several tools) the answer is one call's body, with
  * no tags: the constrained decoder writes {"name": ..., "arguments": {...}} and nothing else.
  *
@@ -40,8 +47,16 @@ typedef struct csd_tool_call {
     char *arguments; /* owned: the arguments as JSON text, as written; "{}" when absent */
 } csd_tool_call;
 
+/* How an answer's calls are written (csd_tool_split_init). */
+enum csd_tool_split_mode {
+    CSD_TOOL_SPLIT_TAGS,  /* Hermes: <tool_call>{...}</tool_call> anywhere in the answer */
+    CSD_TOOL_SPLIT_BARE,  /* Llama 3.1/3.2: an answer that starts with '{' is ';'-separated calls */
+    CSD_TOOL_SPLIT_WHOLE, /* tool_choice "required" among several: the answer is one call */
+};
+
 typedef struct csd_tool_split {
-    bool whole;   /* the whole answer is one call's body, without tags */
+    bool sniffing; /* bare mode, before the answer's first byte that is not whitespace or the tag */
+    bool whole;   /* the whole answer is calls without tags: held back to its end */
     bool in_call; /* inside <tool_call>: pending holds the body so far (open tag included) */
     bool plain;   /* every byte from now on is content (a whole answer too long to be a call) */
     bool skipping; /* a call too long to be one: content until its close tag has passed */
@@ -53,7 +68,8 @@ typedef struct csd_tool_split {
     csd_tool_call calls[CSD_TOOL_CALLS_MAX];
 } csd_tool_split;
 
-void csd_tool_split_init(csd_tool_split *s, bool whole);
+/* mode: enum csd_tool_split_mode. */
+void csd_tool_split_init(csd_tool_split *s, int mode);
 void csd_tool_split_fini(csd_tool_split *s);
 
 /* Adds len bytes of answer text (whole UTF-8 pieces). *content / *content_len: the content now safe
@@ -65,6 +81,11 @@ int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const c
 /* End of the answer: an open call is parsed as it stands (else it is content); the held-back text
  * is handed out. Returns 0 or CSD_ENOMEM. */
 int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *content_len);
+
+/* The mode a chat template's answers call tools in: CSD_TOOL_SPLIT_BARE for Llama 3.1/3.2's
+ * templates (they mention <|python_tag|> or ask for a JSON function call, and no <tool_call> tag),
+ * else CSD_TOOL_SPLIT_TAGS. */
+int csd_tool_split_mode_for_template(const char *template_src);
 
 /* Parses one call's body (surrounding whitespace allowed) into *out (owned strings). Returns 0, 1
  * when the body is not a call, or CSD_ENOMEM. */
