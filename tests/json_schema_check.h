@@ -105,9 +105,11 @@ static bool check_items(const json_t *s, const json_t *v) {
 
 static bool schema_check_in(const json_t *s, const json_t *v);
 
-/* A schema with an "$id" is a document of its own: its "$ref"s name its "$defs". */
+/* A schema with an "$id" is a document of its own: its "$ref"s name its "$defs". An "$id" that is
+ * only a fragment ("#a", draft 7's anchor) is not. */
 static bool schema_check(const json_t *s, const json_t *v) {
-    if (!json_object_get(s, "$id")) return schema_check_in(s, v);
+    const char *id = json_string_value(json_object_get(s, "$id"));
+    if (!id || id[0] == '#') return schema_check_in(s, v);
     const json_t *outer = check_root;
     check_root = s;
     bool ok = schema_check_in(s, v);

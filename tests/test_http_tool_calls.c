@@ -501,6 +501,14 @@ static void test_request_modes(void **state) {
     assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_PICK);
     assert_non_null(r.json_schema);
     csd_http_req_fini(&r);
+    /* a function without parameters takes none: its arguments are {} */
+    parse_ok("{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}],"
+             "\"tool_choice\":\"required\"}",
+             &r);
+    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_NAMED);
+    assert_int_equal(r.json_schema->nodes[r.json_schema->root].n_props, 0);
+    assert_false(r.json_schema->nodes[r.json_schema->root].free_object);
+    csd_http_req_fini(&r);
 }
 
 /* How far the acceptor under schema s takes text (its length: all of it), and whether it is done
@@ -555,17 +563,50 @@ static void test_request_pick_schema(void **state) {
         if (n != at) fail_msg("refused at %zu, want %zu: %s", n, at, text);
     }
     csd_http_req_fini(&r);
-    /* a parameters schema outside the subset is a 400 naming that tool */
-    parse_fails("{" USER ",\"tools\":[" WEATHER "," TOOL("t", "{\"properties\":{\"n\":"
-                "{\"minimum\":1}}}") "],\"tool_choice\":\"required\"}",
-                "tools[1].function.parameters", "at '/properties/n': unsupported keyword minimum");
-    /* a function without parameters takes none: its arguments are {} */
-    parse_ok("{" USER ",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"now\"}}],"
-             "\"tool_choice\":\"required\"}",
+    /* parameters outside the subset (a 400 when named), or that allow more than objects (a root
+     * $ref to an untyped definition): any object for that tool, its own schema for the others;
+     * an $id that is only an anchor does not keep a tool's $refs from its own $defs */
+    parse_ok("{" USER ",\"tools\":[" WEATHER "," TOOL("t", "{\"properties\":{\"n\":"
+             "{\"minimum\":1}}}") "," TOOL("r", "{\"$ref\":\"#/$defs/P\",\"$defs\":{\"P\":"
+             "{\"properties\":{\"x\":{\"type\":\"integer\"}}}}}") "," TOOL("a", "{\"$id\":\"#a\","
+             "\"$defs\":{\"D\":{\"const\":1}},\"properties\":{\"d\":{\"$ref\":\"#/$defs/D\"}}}")
+             "],\"tool_choice\":\"required\"}",
              &r);
-    assert_int_equal(r.tool_mode, CSD_HTTP_TOOLS_NAMED);
-    assert_int_equal(r.json_schema->nodes[r.json_schema->root].n_props, 0);
-    assert_false(r.json_schema->nodes[r.json_schema->root].free_object);
+    static const char *const loose[][2] = {
+        {"{\"name\":\"t\",\"arguments\":{\"n\":\"not checked\"}}", ""},
+        {"{\"name\":\"r\",\"arguments\":{\"x\":\"not checked\"}}", ""},
+        {"{\"name\":\"r\",\"arguments\":", "5}"},
+        {"{\"name\":\"r\",\"arguments\":", "\"hello\"}"},
+        {"{\"name\":\"a\",\"arguments\":{\"d\":1}}", ""},
+        {"{\"name\":\"a\",\"arguments\":{\"d\":", "2}}"},
+        {"{\"name\":\"get_weather\",\"arguments\":{\"", "x\":1}}"},
+    };
+    for (size_t i = 0; i < sizeof loose / sizeof *loose; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "%s%s", loose[i][0], loose[i][1]);
+        bool done;
+        size_t n = accepted(r.json_schema, text, &done);
+        if (n != strlen(loose[i][0]) || done != !loose[i][1][0])
+            fail_msg("refused at %zu: %s", n, text);
+    }
+    csd_http_req_fini(&r);
+    /* tools that fit the bounds alone and not together: any object for each */
+    char *big = malloc(64 * 1024);
+    strcpy(big, "{" USER ",\"tools\":[");
+    for (int t = 0; t < 40; t++) {
+        sprintf(big + strlen(big), "%s{\"type\":\"function\",\"function\":{\"name\":\"f%d\","
+                "\"parameters\":{\"type\":\"object\",\"properties\":{", t ? "," : "", t);
+        for (int p = 0; p < 30; p++)
+            sprintf(big + strlen(big), "%s\"p%d\":{\"type\":\"integer\"}", p ? "," : "", p);
+        strcat(big, "},\"additionalProperties\":false}}}");
+    }
+    strcat(big, "],\"tool_choice\":\"required\"}");
+    parse_ok(big, &r);
+    free(big);
+    bool done;
+    const char *free_args = "{\"name\":\"f7\",\"arguments\":{\"zz\":\"any\"}}";
+    assert_int_equal(accepted(r.json_schema, free_args, &done), strlen(free_args));
+    assert_true(done);
     csd_http_req_fini(&r);
 }
 

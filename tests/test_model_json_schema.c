@@ -279,6 +279,16 @@ static const char *const shapes =
     "\"properties\":{\"p\":{\"$ref\":\"#/$defs/P\"}},\"required\":[\"p\"]}},"
     "\"required\":[\"shape\"],\"$defs\":{\"P\":{\"type\":\"string\"}}}";
 
+/* Discriminators that are numbers (which end only at the byte after them), booleans and null,
+ * in a union that is an array's items. */
+static const char *const tagged_items =
+    "{\"type\":\"object\",\"properties\":{\"items\":{\"type\":\"array\",\"maxItems\":3,\"items\":"
+    "{\"oneOf\":[{\"type\":\"object\",\"properties\":{\"v\":{\"const\":1},\"a\":"
+    "{\"type\":\"string\"}},\"required\":[\"v\",\"a\"]},{\"type\":\"object\",\"properties\":"
+    "{\"v\":{\"const\":12},\"b\":{\"type\":\"boolean\"}},\"required\":[\"v\"],"
+    "\"additionalProperties\":false},{\"type\":\"object\",\"properties\":{\"v\":{\"enum\":"
+    "[true,null,-1.5]},\"c\":{}},\"required\":[\"v\"]}]}}},\"required\":[\"items\"]}";
+
 static void test_object_union(void **state) {
     (void)state;
     csd_err err = {0};
@@ -320,6 +330,26 @@ static void test_object_union(void **state) {
         csd_json_accept_init_schema(&a, s);
         size_t n = feed(&a, text);
         if (n != at) fail_msg("text %zu: refused at %zu, want %zu: %s", i, n, at, text);
+    }
+    csd_json_schema_destroy(s);
+    s = compile_text(tagged_items, &err);
+    if (!s) fail_msg("%s", err.msg);
+    static const char *const items[][2] = {
+        {"{\"items\":[{\"v\":12,\"b\":true},{\"v\":1,\"a\":\"x\"},{\"v\":-1.5}]}", ""},
+        {"{\"items\":[{\"v\":null},{\"v\":true,\"c\":{}}]}", ""},
+        {"{\"items\":[{\"v\":1,\"", "b\":true}]}"},   /* 1's a is required */
+        {"{\"items\":[{\"v\":12,\"", "a\":\"x\"}]}"}, /* 12 has no a */
+        {"{\"items\":[{\"v\":true,\"c\":[]},{\"v\":", "false}]}"},
+        {"{\"items\":[{\"v\":-1.5", "0}]}"},
+    };
+    for (size_t i = 0; i < sizeof items / sizeof *items; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "%s%s", items[i][0], items[i][1]);
+        csd_json_accept a;
+        csd_json_accept_init_schema(&a, s);
+        size_t n = feed(&a, text);
+        if (n != strlen(items[i][0])) fail_msg("items %zu: refused at %zu: %s", i, n, text);
+        assert_true(csd_json_accept_done(&a) == !items[i][1][0]);
     }
     csd_json_schema_destroy(s);
 }
@@ -424,10 +454,14 @@ static void test_random_walks(void **state) {
         "[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}],\"description\":\"favourite\"}},"
         "\"required\":[\"pets\",\"best\"],\"title\":\"Owner\",\"type\":\"object\"}",
         NULL, /* shapes */
+        NULL, /* tagged_items */
     };
     char text[8192];
     for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
-        const char *src = schemas[i] ? schemas[i] : i ? shapes : person;
+        const char *src = schemas[i]   ? schemas[i]
+                          : i == 0     ? person
+                          : i == 5     ? shapes
+                                       : tagged_items;
         csd_err err = {0};
         csd_json_schema *s = compile_text(src, &err);
         if (!s) fail_msg("%s", err.msg);

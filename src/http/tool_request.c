@@ -89,10 +89,9 @@ static int force_named(csd_http_req *r, int k, csd_http_error *e) {
     return rc;
 }
 
-/* A copy of a tool's parameters to be the "arguments" of a union's branch: with an "$id" (when
- * they have none) so that their "$ref"s keep naming their own "$defs", and "type": "object" when
- * nothing says what the arguments are (as at the root of a named call, where only an object may
- * start the answer). New reference or NULL. */
+/* A copy of a tool's parameters to be the "arguments" of a union's branch: with an "$id" that
+ * starts a document (unless they have one) so that their "$ref"s keep naming their own "$defs",
+ * and "type": "object" when nothing says what the arguments are. New reference or NULL. */
 static json_t *own_params(const json_t *tools, size_t k) {
     json_t *params = params_schema(tools, k);
     json_t *own = params ? json_copy(params) : NULL;
@@ -102,39 +101,61 @@ static json_t *own_params(const json_t *tools, size_t k) {
     bool untyped = true;
     for (size_t i = 0; i < sizeof typed / sizeof *typed; i++)
         untyped &= !json_object_get(own, typed[i]);
+    const char *had = json_string_value(json_object_get(own, "$id"));
     char id[64];
     snprintf(id, sizeof id, "cascadia:tools/%zu", k);
-    int rc = json_object_get(own, "$id") ? 0 : json_object_set_new(own, "$id", json_string(id));
+    int rc = had && had[0] != '#' ? 0 : json_object_set_new(own, "$id", json_string(id));
     if (!rc && untyped) rc = json_object_set_new(own, "type", json_string("object"));
     if (!rc) return own;
     json_decref(own);
     return NULL;
 }
 
-/* tools[k] as a branch of "required"'s union: {"name": its name, "arguments": its parameters}
- * (*out, a new reference). The parameters are checked alone first, so an error names the tool. */
-static int pick_branch(const json_t *tools, size_t k, json_t **out, csd_http_error *e) {
+/* The schema of tools[k]'s arguments in "required"'s union (a new reference; NULL when out of
+ * memory): its parameters, when they are inside the subset and allow nothing but objects; else
+ * any object, the guarantee a tool keeps whose parameters a named call of it would refuse. */
+static json_t *pick_arguments(const json_t *tools, size_t k) {
     json_t *own = own_params(tools, k);
-    if (!own) return out_of_memory(e);
-    char param[96];
-    snprintf(param, sizeof param, "tools[%zu].function.parameters", k);
+    if (!own) return NULL;
     csd_json_schema *alone = NULL;
-    int rc = csd_http_schema_compile(&alone, own, param, e);
+    csd_err err = {0};
+    int rc = csd_json_schema_compile(&alone, own, &err);
+    bool objects = !rc && alone->nodes[alone->root].types == CSD_JT_OBJECT &&
+                   !alone->nodes[alone->root].n_lits;
     csd_json_schema_destroy(alone);
-    if (rc) {
-        json_decref(own);
-        return rc;
+    if (objects || rc == CSD_ENOMEM) {
+        if (rc) json_decref(own);
+        return rc ? NULL : own;
     }
-    const json_t *name = json_object_get(json_object_get(json_array_get(tools, k), "function"),
-                                         "name");
-    *out = json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type", "object", "properties",
-                     "name", "const", name, "arguments", own, "required", "name", "arguments",
-                     "additionalProperties", 0);
-    return *out ? 0 : out_of_memory(e);
+    json_decref(own);
+    return json_pack("{s:s}", "type", "object");
 }
 
-/* "required" among several tools: {"name": one of the names, "arguments": valid against that
- * tool's parameters}, a union of objects told apart by the name (model/json_schema.h). */
+/* "required" among several tools: {"name": one of the tools, "arguments": ARGS(k)}, as a union of
+ * objects told apart by the name (model/json_schema.h); ARGS(k) is tools[k]'s pick_arguments when
+ * each_tool, else any object. New reference or NULL. */
+static json_t *pick_schema(const json_t *tools, bool each_tool) {
+    json_t *branches = json_array();
+    for (size_t k = 0; k < json_array_size(tools) && branches; k++) {
+        const json_t *name = json_object_get(json_object_get(json_array_get(tools, k), "function"),
+                                             "name");
+        json_t *args = each_tool ? pick_arguments(tools, k) : json_pack("{s:s}", "type", "object");
+        json_t *branch = !args ? NULL
+                               : json_pack("{s:s, s:{s:{s:O}, s:o}, s:[s, s], s:b}", "type",
+                                           "object", "properties", "name", "const", name,
+                                           "arguments", args, "required", "name", "arguments",
+                                           "additionalProperties", 0);
+        if (!branch || json_array_append_new(branches, branch)) {
+            json_decref(branches);
+            branches = NULL;
+        }
+    }
+    return branches ? json_pack("{s:o}", "anyOf", branches) : NULL;
+}
+
+/* "required" among several tools: each tool's arguments valid against its own parameters. When
+ * the tools together pass the schema bounds, any object for every tool (a 400 would refuse tools
+ * that each fit). */
 static int force_pick(csd_http_req *r, csd_http_error *e) {
     if (r->json_object) return json_conflict(e);
     r->tool_mode = CSD_HTTP_TOOLS_PICK;
@@ -142,20 +163,14 @@ static int force_pick(csd_http_req *r, csd_http_error *e) {
         return csd_http_error_set(e, 400, NULL, "tool_choice", "unsupported_value",
                                   "tool_choice 'required' takes at most %d tools (name one, or "
                                   "send fewer)", CSD_SCHEMA_MAX_ENUM);
-    json_t *branches = json_array();
-    if (!branches) return out_of_memory(e);
     int rc = 0;
-    for (size_t k = 0; k < json_array_size(r->tools) && !rc; k++) {
-        json_t *branch = NULL;
-        rc = pick_branch(r->tools, k, &branch, e);
-        if (!rc && json_array_append_new(branches, branch)) rc = out_of_memory(e);
+    for (int each_tool = 1; each_tool >= 0; each_tool--) {
+        json_t *schema = pick_schema(r->tools, each_tool);
+        if (!schema) return out_of_memory(e);
+        rc = csd_http_compile_schema(r, schema, "tools", e);
+        json_decref(schema);
+        if (!rc || e->status != 400) break;
     }
-    json_t *schema = rc ? NULL : json_pack("{s:O}", "anyOf", branches);
-    json_decref(branches);
-    if (rc) return rc;
-    if (!schema) return out_of_memory(e);
-    rc = csd_http_compile_schema(r, schema, "tools", e);
-    json_decref(schema);
     return rc;
 }
 

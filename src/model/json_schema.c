@@ -549,12 +549,19 @@ static int compile_object(builder *b, const json_t *s, const char *path, int dep
     return rc;
 }
 
-/* A schema with an "$id" is a document of its own: the "$ref"s inside it name its "$defs", not the
+/* Does s start a document of its own? It does with an "$id" that is not only a fragment ("#a" is
+ * draft 7's anchor, which changes nothing about where "$ref"s resolve). */
+static bool starts_document(const json_t *s) {
+    const char *id = json_string_value(json_object_get(s, "$id"));
+    return id && id[0] != '#';
+}
+
+/* A schema that starts a document of its own: the "$ref"s inside it name its "$defs", not the
  * root's (a tool's parameters keep their own definitions when several tools are joined). */
 static int compile_resource(builder *b, const json_t *s, const char *path, int depth,
                             uint16_t *out) {
     const json_t *outer = b->root;
-    if (json_object_get(s, "$id")) b->root = s;
+    if (starts_document(s)) b->root = s;
     int rc = compile_object(b, s, path, depth, out);
     b->root = outer;
     return rc;
@@ -576,34 +583,47 @@ static int compile(builder *b, const json_t *s, const char *path, int depth, uin
     return rc;
 }
 
+/* Where each array starts in the one allocation (from its start, after the header), each at a
+ * multiple of 8 bytes so that every element is aligned; and the allocation's size. */
+typedef struct layout {
+    size_t nodes, lits, props, bytes, size;
+} layout;
+
+static size_t round_up8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+static layout layout_of(size_t n_nodes, size_t n_lits, size_t n_props, size_t n_bytes) {
+    layout l;
+    l.nodes = round_up8(sizeof(csd_json_schema));
+    l.lits = round_up8(l.nodes + n_nodes * sizeof(csd_schema_node));
+    l.props = round_up8(l.lits + n_lits * sizeof(csd_schema_lit));
+    l.bytes = l.props + n_props * sizeof(csd_schema_prop);
+    l.size = l.bytes + n_bytes;
+    return l;
+}
+
 /* Points s's arrays into its own allocation (once packed, and after a copy moved it). */
 static void point(csd_json_schema *s) {
-    const uint8_t *p = (const uint8_t *)(s + 1);
-    s->nodes = (const csd_schema_node *)p;
-    p += s->n_nodes * sizeof(csd_schema_node);
-    s->lits = (const csd_schema_lit *)p;
-    p += s->n_lits * sizeof(csd_schema_lit);
-    s->props = (const csd_schema_prop *)p;
-    p += s->n_props * sizeof(csd_schema_prop);
-    s->bytes = p;
+    const uint8_t *base = (const uint8_t *)s;
+    layout l = layout_of(s->n_nodes, s->n_lits, s->n_props, s->n_bytes);
+    s->nodes = (const csd_schema_node *)(base + l.nodes);
+    s->lits = (const csd_schema_lit *)(base + l.lits);
+    s->props = (const csd_schema_prop *)(base + l.props);
+    s->bytes = base + l.bytes;
 }
 
 /* The builder's arrays packed into one allocation (header, nodes, lits, props, bytes). */
 static csd_json_schema *pack(const builder *b, uint16_t root) {
-    size_t nodes = b->n_nodes * sizeof(csd_schema_node);
-    size_t props = b->n_props * sizeof(csd_schema_prop);
-    size_t lits = b->n_lits * sizeof(csd_schema_lit);
-    size_t size = sizeof(csd_json_schema) + nodes + props + lits + b->n_bytes;
-    csd_json_schema *s = csd_alloc(size);
-    if (!s) return NULL;
-    uint8_t *p = (uint8_t *)(s + 1);
-    memcpy(p, b->nodes, nodes);
-    memcpy(p + nodes, b->lits, lits);
-    memcpy(p + nodes + lits, b->props, props);
-    memcpy(p + nodes + lits + props, b->bytes, b->n_bytes);
+    layout l = layout_of(b->n_nodes, b->n_lits, b->n_props, b->n_bytes);
+    uint8_t *base = csd_alloc(l.size); /* zeroed: the padding too, so copies are byte-equal */
+    if (!base) return NULL;
+    memcpy(base + l.nodes, b->nodes, b->n_nodes * sizeof(csd_schema_node));
+    memcpy(base + l.lits, b->lits, b->n_lits * sizeof(csd_schema_lit));
+    memcpy(base + l.props, b->props, b->n_props * sizeof(csd_schema_prop));
+    memcpy(base + l.bytes, b->bytes, b->n_bytes);
+    csd_json_schema *s = (csd_json_schema *)base;
     *s = (csd_json_schema){.root = root, .n_nodes = (uint16_t)b->n_nodes,
                            .n_props = (uint16_t)b->n_props, .n_lits = (uint16_t)b->n_lits,
-                           .n_bytes = b->n_bytes, .size = size};
+                           .n_bytes = b->n_bytes, .size = l.size};
     point(s);
     return s;
 }
