@@ -123,12 +123,9 @@ static json_t *pick_arguments(const json_t *tools, size_t k) {
     bool objects = !rc && alone->nodes[alone->root].types == CSD_JT_OBJECT &&
                    !alone->nodes[alone->root].n_lits;
     csd_json_schema_destroy(alone);
-    if (objects || rc == CSD_ENOMEM) {
-        if (rc) json_decref(own);
-        return rc ? NULL : own;
-    }
+    if (objects) return own;
     json_decref(own);
-    return json_pack("{s:s}", "type", "object");
+    return rc == CSD_ENOMEM ? NULL : json_pack("{s:s}", "type", "object");
 }
 
 /* "required" among several tools: {"name": one of the tools, "arguments": ARGS(k)}, as a union of
