@@ -400,12 +400,23 @@ static void test_split_bare(void **state) {
         "{\"name\": \"f\"}; {\"city\": \"Oslo\"}",            /* one part is not a call */
         "{\"name\": \"f\", \"parameters\": {\"a\": 1",        /* cut short */
         "<|python_tag|>brave_search.call(query=\"x\")",     /* Llama's built-in tools */
+        "{\"name\": \"Alice\", \"age\": 30}",               /* neither parameters nor arguments */
         "{}}", "  \n", "<|python", "",
     };
     for (size_t i = 0; i < sizeof content / sizeof *content; i++) {
         split_every_way(content[i], BARE, &r);
         assert_int_equal(r.n_calls, 0);
         assert_string_equal(r.content, content[i]);
+    }
+    /* what comes before the first '{' is bounded the same way however the text arrives: past
+     * CSD_TOOL_SPACE_MAX bytes the answer is content */
+    for (size_t lead = CSD_TOOL_SPACE_MAX - 1; lead <= CSD_TOOL_SPACE_MAX + 1; lead++) {
+        char text[CSD_TOOL_SPACE_MAX + 64];
+        memset(text, ' ', lead);
+        strcpy(text + lead, "{\"name\": \"f\", \"parameters\": {}}");
+        split_every_way(text, BARE, &r);
+        assert_int_equal(r.n_calls, lead <= CSD_TOOL_SPACE_MAX);
+        assert_string_equal(r.content, lead <= CSD_TOOL_SPACE_MAX ? "" : text);
     }
     /* an answer that is not calls streams as it comes; one that may be is held back */
     csd_tool_split s;
@@ -875,6 +886,15 @@ static void test_job_bare(void **state) {
     r = run_job(tok, AUTO_BODY ",\"parallel_tool_calls\":false}", two, CSD_REQ_END_STOP);
     msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
     assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    json_decref(r);
+    /* a JSON response_format asked for JSON, not calls: the object is the content */
+    r = run_job(tok, AUTO_BODY ",\"response_format\":{\"type\":\"json_object\"}}", answer,
+                CSD_REQ_END_STOP);
+    choice = json_array_get(json_object_get(r, "choices"), 0);
+    msg = json_object_get(choice, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), answer);
+    assert_null(json_object_get(msg, "tool_calls"));
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
     json_decref(r);
     job_tool_format = CSD_TOOL_SPLIT_TAGS;
 }

@@ -274,14 +274,14 @@ static void default_model_name(const char *dir, char *out, size_t cap) {
     if (!out[0]) snprintf(out, cap, "model");
 }
 
-/* The chat template: --chat-template's, else the model's. A model without one (a base model) is
- * still served: /v1/completions works and /v1/chat/completions answers 400 (*out stays NULL). */
 /* The chat template's text: --chat-template's built-in one, else the model's own (or NULL). */
 static const char *template_source(const serve_args *a, const csd_tok *tok) {
     return a->chat_template ? csd_chat_template_builtin(a->chat_template)
                             : csd_tok_chat_template(tok);
 }
 
+/* The chat template: --chat-template's, else the model's. A model without one (a base model) is
+ * still served: /v1/completions works and /v1/chat/completions answers 400 (*out stays NULL). */
 static int load_template(const serve_args *a, const csd_tok *tok, csd_chat_template **out,
                          csd_err *err) {
     *out = NULL;

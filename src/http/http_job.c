@@ -74,6 +74,8 @@ int csd_http_job_create(csd_http_job **out, const csd_http_req *req, const csd_t
     j->top_logprobs = req->top_logprobs;
     bool chat = req->kind == CSD_HTTP_KIND_CHAT;
     j->tool_mode = chat ? req->tool_mode : CSD_HTTP_TOOLS_OFF;
+    /* a JSON response_format asked for a JSON answer, not calls: nothing is split out of it */
+    if (j->tool_mode == CSD_HTTP_TOOLS_AUTO && req->json_object) j->tool_mode = CSD_HTTP_TOOLS_OFF;
     j->one_call = req->one_tool_call;
     j->think = chat ? req->think : CSD_HTTP_THINK_OFF;
     j->tool_format = req->tool_format;
@@ -524,15 +526,21 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
     if (csd_detok_flush(&ch->detok, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
     if (csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len) < 0) emit_len = 0;
     pthread_mutex_lock(&j->mu);
-    think_text(ch, emit, emit_len, NULL);
+    int lost = think_text(ch, emit, emit_len, NULL);
     csd_http_stop_flush(&ch->stop, &rest, &rest_len);
-    think_text(ch, rest, rest_len, NULL);
-    think_end(ch);
-    route_end(ch);
+    if (!lost) lost = think_text(ch, rest, rest_len, NULL);
+    if (!lost) lost = think_end(ch);
+    if (!lost) lost = route_end(ch);
     ch->res = *res;
+    if (lost && res->end != CSD_REQ_END_ERROR) { /* text held back to the end could not be added */
+        ch->res.end = CSD_REQ_END_ERROR;
+        ch->res.code = lost;
+        snprintf(ch->res.message, sizeof ch->res.message,
+                 "out of memory while finishing the answer");
+    }
     j->n_done++;
-    if (res->end == CSD_REQ_END_ERROR) j->failed = true;
-    else if (res->end == CSD_REQ_END_CANCELLED && !j->failed) j->cancelled = true;
+    if (ch->res.end == CSD_REQ_END_ERROR) j->failed = true;
+    else if (ch->res.end == CSD_REQ_END_CANCELLED && !j->failed) j->cancelled = true;
     if (j->stream) stream_choice_end(j, ch);
     pthread_cond_broadcast(&j->cv);
     pthread_mutex_unlock(&j->mu);

@@ -145,7 +145,7 @@ static int arguments_text(const char *p, span args, char **out) {
     return *out ? 0 : CSD_ENOMEM;
 }
 
-int csd_tool_call_parse(const char *body, size_t len, csd_tool_call *out) {
+int csd_tool_call_parse(const char *body, size_t len, bool need_arguments, csd_tool_call *out) {
     memset(out, 0, sizeof *out);
     size_t lead = csd_tag_space_after(body, len, len);
     body += lead;
@@ -154,7 +154,7 @@ int csd_tool_call_parse(const char *body, size_t len, csd_tool_call *out) {
     if (!len || body[0] != '{' || !valid_object(body, len)) return 1;
     span name = {0, 0}, args = {0, 0}, params = {0, 0};
     if (!find_members(body, len, &name, &args, &params)) return 1; /* a member twice */
-    if (!name.len || body[name.at] != '"') return 1;
+    if (!name.len || body[name.at] != '"' || (need_arguments && !args.len && !params.len)) return 1;
     size_t name_len = 0;
     int rc = decode_string(body + name.at, name.len, &out->name, &name_len);
     if (!rc && (name_len == 0 || strlen(out->name) != name_len)) rc = 1; /* empty, or a NUL */

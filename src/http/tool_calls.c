@@ -24,7 +24,7 @@ static const char PYTHON_TAG[] = "<|python_tag|>";
 void csd_tool_split_init(csd_tool_split *s, int mode) {
     memset(s, 0, sizeof *s);
     s->whole = mode == CSD_TOOL_SPLIT_WHOLE;
-    s->sniffing = mode == CSD_TOOL_SPLIT_BARE;
+    s->bare = s->sniffing = mode == CSD_TOOL_SPLIT_BARE;
 }
 
 int csd_tool_split_mode_for_template(const char *src) {
@@ -65,7 +65,7 @@ static size_t space_before(const char *buf, size_t n) {
  * body ends in pending, used is how much of pending the call takes (its close tag included). */
 static int close_call(csd_tool_split *s, size_t body_start, size_t body_end, size_t used) {
     csd_tool_call c;
-    int rc = csd_tool_call_parse(s->pending.data + body_start, body_end - body_start, &c);
+    int rc = csd_tool_call_parse(s->pending.data + body_start, body_end - body_start, false, &c);
     if (rc < 0) return rc;
     s->in_call = false;
     s->whole = false;
@@ -144,13 +144,14 @@ static size_t bare_start(const char *p, size_t n, bool *open) {
 }
 
 /* Bare mode, before the answer's first telling byte: '{' holds the answer back as calls (whole),
- * anything else makes it all content. Leading whitespace is held for at most CSD_TOOL_SPACE_MAX
- * bytes. */
+ * anything else makes it all content. What comes before it (whitespace, the tag) is held for at
+ * most CSD_TOOL_SPACE_MAX bytes, the same bound however the text arrives. */
 static int sniff(csd_tool_split *s) {
     bool open;
     size_t at = bare_start(s->pending.data, s->pending.len, &open);
     if (open && at <= CSD_TOOL_SPACE_MAX) return 0;
     s->sniffing = false;
+    if (at > CSD_TOOL_SPACE_MAX) open = true; /* too long a lead to be calls */
     if (!open && s->pending.data[at] == '{') {
         s->whole = true;
         return 0;
@@ -190,12 +191,13 @@ static int close_calls(csd_tool_split *s) {
     size_t n = s->pending.len;
     bool open;
     size_t i = bare_start(p, n, &open);
+    if (i > CSD_TOOL_SPACE_MAX) open = true; /* as sniff has it */
     int first = s->n_calls, rc = 1;
     while (!open && i < n && p[i] == '{' && s->n_calls < CSD_TOOL_CALLS_MAX) {
         size_t end = object_end(p + i, n - i);
         if (!end) break;
         csd_tool_call c;
-        if ((rc = csd_tool_call_parse(p + i, end, &c))) break;
+        if ((rc = csd_tool_call_parse(p + i, end, s->bare, &c))) break;
         s->calls[s->n_calls++] = c;
         i += end;
         i += csd_tag_space_after(p + i, n - i, n - i);

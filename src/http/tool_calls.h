@@ -19,8 +19,9 @@
  * Llama 3.1 and 3.2 write their calls bare instead (their chat templates ask for it): the answer
  * is the call, {"name": "get_weather", "parameters": {"city": "Paris"}}, optionally after
  * <|python_tag|>, and several calls are separated by ';'. In bare mode an answer whose first
- * non-whitespace byte (after the tag) is '{' is held back whole and split into calls at its end;
- * when any part of it is not a call, all of it is content as written. Any other answer is content
+ * non-whitespace byte (after the tag and at most CSD_TOOL_SPACE_MAX bytes in all) is '{' is held
+ * back whole and split into calls at its end; when any part of it is not a call (one must name its
+ * "parameters" or "arguments" here), all of it is content as written. Any other answer is content
  * as it streams.
  *
  * In whole mode (tool_choice "required" among several tools) the answer is one call's body, with
@@ -55,6 +56,7 @@ enum csd_tool_split_mode {
 };
 
 typedef struct csd_tool_split {
+    bool bare;     /* bare mode: calls without tags, "parameters" or "arguments" named */
     bool sniffing; /* bare mode, before the answer's first byte that is not whitespace or the tag */
     bool whole;   /* the whole answer is calls without tags: held back to its end */
     bool in_call; /* inside <tool_call>: pending holds the body so far (open tag included) */
@@ -87,9 +89,10 @@ int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *conte
  * else CSD_TOOL_SPLIT_TAGS. */
 int csd_tool_split_mode_for_template(const char *template_src);
 
-/* Parses one call's body (surrounding whitespace allowed) into *out (owned strings). Returns 0, 1
- * when the body is not a call, or CSD_ENOMEM. */
-int csd_tool_call_parse(const char *body, size_t len, csd_tool_call *out);
+/* Parses one call's body (surrounding whitespace allowed) into *out (owned strings); with
+ * need_arguments, "arguments" or "parameters" must be present (a bare call has no tag to say it is
+ * one). Returns 0, 1 when the body is not a call, or CSD_ENOMEM. */
+int csd_tool_call_parse(const char *body, size_t len, bool need_arguments, csd_tool_call *out);
 void csd_tool_call_fini(csd_tool_call *c);
 
 #endif
