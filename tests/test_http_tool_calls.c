@@ -17,6 +17,7 @@
 #include "core/err.h"
 #include "http/http_internal.h"
 #include "http/tool_calls.h"
+#include "json_accept_expect.h"
 #include "model/json_accept.h"
 #include "model/json_schema.h"
 
@@ -84,6 +85,17 @@ static void split_every_way(const char *text, int mode, split_result *r) {
     }
 }
 
+/* text, split every way in mode, is one call (name, args) and the content given. */
+static void expect_one_call(const char *text, int mode, const char *name, const char *args,
+                            const char *content) {
+    split_result r;
+    split_every_way(text, mode, &r);
+    assert_int_equal(r.n_calls, 1);
+    assert_string_equal(r.names[0], name);
+    assert_string_equal(r.args[0], args);
+    assert_string_equal(r.content, content);
+}
+
 #define CALL(name, args) \
     "<tool_call>\n{\"name\": \"" name "\", \"arguments\": " args "}\n</tool_call>"
 
@@ -101,19 +113,13 @@ static void test_split_plain_text(void **state) {
 
 static void test_split_one_call(void **state) {
     (void)state;
-    split_result r;
-    split_every_way(
-        "Let me check.\n" CALL("get_weather", "{\"city\": \"Paris\", \"days\": [1, 2]}"), TAGS,
-        &r);
-    assert_string_equal(r.content, "Let me check.");
-    assert_int_equal(r.n_calls, 1);
-    assert_string_equal(r.names[0], "get_weather");
-    assert_string_equal(r.args[0], "{\"city\": \"Paris\", \"days\": [1, 2]}"); /* as written */
+    /* the arguments as written */
+#define PARIS "{\"city\": \"Paris\", \"days\": [1, 2]}"
+    expect_one_call("Let me check.\n" CALL("get_weather", PARIS), TAGS, "get_weather", PARIS,
+                    "Let me check.");
+#undef PARIS
     /* the tags as the only text, and text after the call */
-    split_every_way(CALL("f", "{}") "\nDone.", TAGS, &r);
-    assert_string_equal(r.content, "\nDone.");
-    assert_int_equal(r.n_calls, 1);
-    assert_string_equal(r.args[0], "{}");
+    expect_one_call(CALL("f", "{}") "\nDone.", TAGS, "f", "{}", "\nDone.");
 }
 
 static void test_split_calls_and_whitespace(void **state) {
@@ -179,11 +185,8 @@ static void test_split_call_forms(void **state) {
 static void test_split_whole_mode(void **state) {
     (void)state;
     split_result r;
-    split_every_way("{\"name\": \"pick\", \"arguments\": {\"n\": 2}}", WHOLE, &r);
-    assert_int_equal(r.n_calls, 1);
-    assert_string_equal(r.names[0], "pick");
-    assert_string_equal(r.args[0], "{\"n\": 2}");
-    assert_string_equal(r.content, "");
+    expect_one_call("{\"name\": \"pick\", \"arguments\": {\"n\": 2}}", WHOLE, "pick",
+                    "{\"n\": 2}", "");
     split_every_way("{\"name\": \"pick\", \"argum", WHOLE, &r); /* cut by max_tokens */
     assert_int_equal(r.n_calls, 0);
     assert_string_equal(r.content, "{\"name\": \"pick\", \"argum");
@@ -382,11 +385,8 @@ static void test_split_random(void **state) {
 static void test_split_bare(void **state) {
     (void)state;
     split_result r;
-    split_every_way("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", BARE, &r);
-    assert_int_equal(r.n_calls, 1);
-    assert_string_equal(r.names[0], "get_weather");
-    assert_string_equal(r.args[0], "{\"city\": \"Paris\"}");
-    assert_string_equal(r.content, "");
+    expect_one_call("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", BARE,
+                    "get_weather", "{\"city\": \"Paris\"}", "");
     split_every_way(" \n<|python_tag|> {\"name\": \"a\", \"parameters\": {\"s\": \"}{;\\\"]\"}};"
                     "\n{\"name\": \"b\", \"arguments\": {}}; ", BARE, &r);
     assert_int_equal(r.n_calls, 2);
@@ -522,17 +522,6 @@ static void test_request_modes(void **state) {
     csd_http_req_fini(&r);
 }
 
-/* How far the acceptor under schema s takes text (its length: all of it), and whether it is done
- * there. */
-static size_t accepted(const csd_json_schema *s, const char *text, bool *done) {
-    csd_json_accept a;
-    csd_json_accept_init_schema(&a, s);
-    size_t n = 0;
-    while (text[n] && csd_json_accept_byte(&a, (uint8_t)text[n])) n++;
-    *done = csd_json_accept_done(&a);
-    return n;
-}
-
 /* "required" among several tools: each tool's arguments follow that tool's parameters, told
  * apart by the name; a tool's "$ref"s name its own "$defs"; parameters that say nothing are an
  * object. */
@@ -550,11 +539,7 @@ static void test_request_pick_schema(void **state) {
         "{\"name\": \"x\", \"arguments\": {\"any\": [1]}}",
         "{\"name\":\"get_weather_at\",\"arguments\":{\"day\":\"tue\"}}",
     };
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
-        bool done;
-        size_t n = accepted(r.json_schema, ok[i], &done);
-        if (n != strlen(ok[i]) || !done) fail_msg("refused at %zu: %s", n, ok[i]);
-    }
+    expect_accepted(r.json_schema, ok, sizeof ok / sizeof *ok);
     /* '|' marks the first byte refused */
     static const char *const bad[] = {
         "{\"|arguments\":{}}",                                     /* the name comes first */
@@ -564,15 +549,7 @@ static void test_request_pick_schema(void **state) {
         "{\"name\":\"get_weather_at\",\"arguments\":{\"day\":\"|wed\"}}", /* its own D */
         "{\"name\":\"x\",\"arguments\":|5}",                       /* arguments are an object */
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const char *bar = strchr(bad[i], '|');
-        char text[256];
-        size_t at = (size_t)(bar - bad[i]);
-        snprintf(text, sizeof text, "%.*s%s", (int)at, bad[i], bar + 1);
-        bool done;
-        size_t n = accepted(r.json_schema, text, &done);
-        if (n != at) fail_msg("refused at %zu, want %zu: %s", n, at, text);
-    }
+    expect_refused_at_bar(r.json_schema, bad, sizeof bad / sizeof *bad);
     csd_http_req_fini(&r);
     /* parameters outside the subset (a 400 when named), or that allow more than objects (a root
      * $ref to an untyped definition): any object for that tool, its own schema for the others;
@@ -583,23 +560,19 @@ static void test_request_pick_schema(void **state) {
              "\"$defs\":{\"D\":{\"const\":1}},\"properties\":{\"d\":{\"$ref\":\"#/$defs/D\"}}}")
              "],\"tool_choice\":\"required\"}",
              &r);
-    static const char *const loose[][2] = {
-        {"{\"name\":\"t\",\"arguments\":{\"n\":\"not checked\"}}", ""},
-        {"{\"name\":\"r\",\"arguments\":{\"x\":\"not checked\"}}", ""},
-        {"{\"name\":\"r\",\"arguments\":", "5}"},
-        {"{\"name\":\"r\",\"arguments\":", "\"hello\"}"},
-        {"{\"name\":\"a\",\"arguments\":{\"d\":1}}", ""},
-        {"{\"name\":\"a\",\"arguments\":{\"d\":", "2}}"},
-        {"{\"name\":\"get_weather\",\"arguments\":{\"", "x\":1}}"},
+    static const char *const loose_ok[] = {
+        "{\"name\":\"t\",\"arguments\":{\"n\":\"not checked\"}}",
+        "{\"name\":\"r\",\"arguments\":{\"x\":\"not checked\"}}",
+        "{\"name\":\"a\",\"arguments\":{\"d\":1}}",
     };
-    for (size_t i = 0; i < sizeof loose / sizeof *loose; i++) {
-        char text[256];
-        snprintf(text, sizeof text, "%s%s", loose[i][0], loose[i][1]);
-        bool done;
-        size_t n = accepted(r.json_schema, text, &done);
-        if (n != strlen(loose[i][0]) || done != !loose[i][1][0])
-            fail_msg("refused at %zu: %s", n, text);
-    }
+    expect_accepted(r.json_schema, loose_ok, sizeof loose_ok / sizeof *loose_ok);
+    static const char *const loose_bad[] = {
+        "{\"name\":\"r\",\"arguments\":|5}",
+        "{\"name\":\"r\",\"arguments\":|\"hello\"}",
+        "{\"name\":\"a\",\"arguments\":{\"d\":|2}}",
+        "{\"name\":\"get_weather\",\"arguments\":{\"|x\":1}}",
+    };
+    expect_refused_at_bar(r.json_schema, loose_bad, sizeof loose_bad / sizeof *loose_bad);
     csd_http_req_fini(&r);
     /* tools that fit the bounds alone and not together: any object for each */
     char *big = malloc(64 * 1024);
@@ -614,10 +587,8 @@ static void test_request_pick_schema(void **state) {
     strcat(big, "],\"tool_choice\":\"required\"}");
     parse_ok(big, &r);
     free(big);
-    bool done;
-    const char *free_args = "{\"name\":\"f7\",\"arguments\":{\"zz\":\"any\"}}";
-    assert_int_equal(accepted(r.json_schema, free_args, &done), strlen(free_args));
-    assert_true(done);
+    const char *free_args[] = {"{\"name\":\"f7\",\"arguments\":{\"zz\":\"any\"}}"};
+    expect_accepted(r.json_schema, free_args, 1);
     csd_http_req_fini(&r);
 }
 
@@ -796,6 +767,38 @@ static void assert_call(const json_t *call, const char *name, const char *args) 
 #define AUTO_BODY "{" USER ",\"tools\":[" WEATHER "]"
 #define ANSWER "I will look.\n" CALL("get_weather", "{\"city\": \"Paris\"}") "\n"
 
+/* The job of body (a request without its closing brace) answering `answer` is one call (name,
+ * args) and no content: in the message, with finish_reason "tool_calls", and streamed. */
+static void expect_call_answer(csd_tok *tok, const char *body, const char *answer,
+                               const char *name, const char *args) {
+    char full[1024];
+    snprintf(full, sizeof full, "%s}", body);
+    json_t *r = run_job(tok, full, answer, CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    assert_true(json_is_null(json_object_get(msg, "content")));
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), name, args);
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    snprintf(full, sizeof full, "%s,\"stream\":true}", body);
+    json_t *evs = run_job(tok, full, answer, CSD_REQ_END_STOP);
+    int n_calls = 0;
+    size_t i;
+    json_t *ev;
+    json_array_foreach(evs, i, ev) {
+        json_t *delta = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
+        const char *c = json_string_value(json_object_get(delta, "content"));
+        assert_true(!c || !*c); /* no text: the answer is the call */
+        json_t *call = json_array_get(json_object_get(delta, "tool_calls"), 0);
+        if (call) assert_call(call, name, args);
+        n_calls += call != NULL;
+    }
+    assert_int_equal(n_calls, 1);
+    json_decref(evs);
+}
+
 static void test_job_auto(void **state) {
     csd_tok *tok = *state;
     json_t *r = run_job(tok, AUTO_BODY "}", ANSWER, CSD_REQ_END_STOP);
@@ -849,31 +852,9 @@ static void test_job_bare(void **state) {
     csd_tok *tok = *state;
     job_tool_format = CSD_TOOL_SPLIT_BARE;
     const char *answer = "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}";
-    json_t *r = run_job(tok, AUTO_BODY "}", answer, CSD_REQ_END_STOP);
-    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
-    json_t *msg = json_object_get(choice, "message");
-    assert_true(json_is_null(json_object_get(msg, "content")));
-    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
-                "{\"city\": \"Paris\"}");
-    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
-                        "tool_calls");
-    json_decref(r);
-    json_t *evs = run_job(tok, AUTO_BODY ",\"stream\":true}", answer, CSD_REQ_END_STOP);
-    int n_calls = 0;
-    size_t i;
-    json_t *ev;
-    json_array_foreach(evs, i, ev) {
-        json_t *delta = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
-        const char *c = json_string_value(json_object_get(delta, "content"));
-        assert_true(!c || !*c);
-        json_t *call = json_array_get(json_object_get(delta, "tool_calls"), 0);
-        if (call) assert_call(call, "get_weather", "{\"city\": \"Paris\"}");
-        n_calls += call != NULL;
-    }
-    assert_int_equal(n_calls, 1);
-    json_decref(evs);
-    r = run_job(tok, AUTO_BODY "}", "Paris is sunny.", CSD_REQ_END_STOP);
-    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    expect_call_answer(tok, AUTO_BODY, answer, "get_weather", "{\"city\": \"Paris\"}");
+    json_t *r = run_job(tok, AUTO_BODY "}", "Paris is sunny.", CSD_REQ_END_STOP);
+    json_t *msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
     assert_string_equal(json_string_value(json_object_get(msg, "content")), "Paris is sunny.");
     assert_null(json_object_get(msg, "tool_calls"));
     json_decref(r);
@@ -890,7 +871,7 @@ static void test_job_bare(void **state) {
     /* a JSON response_format asked for JSON, not calls: the object is the content */
     r = run_job(tok, AUTO_BODY ",\"response_format\":{\"type\":\"json_object\"}}", answer,
                 CSD_REQ_END_STOP);
-    choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
     msg = json_object_get(choice, "message");
     assert_string_equal(json_string_value(json_object_get(msg, "content")), answer);
     assert_null(json_object_get(msg, "tool_calls"));
@@ -952,38 +933,11 @@ static void test_job_auto_special_tags(void **state) {
 
 /* "required" among several tools: the answer is {"name", "arguments"}, one call, also streamed. */
 static void test_job_pick(void **state) {
-    csd_tok *tok = *state;
-    const char *answer = "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}";
-    const char *body = "{" USER ",\"tools\":[" TOOL("x", "{}") "," WEATHER "],"
-                       "\"tool_choice\":\"required\"";
-    char full[1024];
-    snprintf(full, sizeof full, "%s}", body);
-    json_t *r = run_job(tok, full, answer, CSD_REQ_END_STOP);
-    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
-    json_t *msg = json_object_get(choice, "message");
-    assert_true(json_is_null(json_object_get(msg, "content")));
-    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
-                "{\"city\": \"Oslo\"}");
-    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
-                        "tool_calls");
-    json_decref(r);
-    snprintf(full, sizeof full, "%s,\"stream\":true}", body);
-    json_t *evs = run_job(tok, full, answer, CSD_REQ_END_STOP);
-    int n_calls = 0;
-    size_t i;
-    json_t *ev;
-    json_array_foreach(evs, i, ev) {
-        json_t *delta = json_object_get(json_array_get(json_object_get(ev, "choices"), 0), "delta");
-        const char *c = json_string_value(json_object_get(delta, "content"));
-        assert_true(!c || !*c); /* no text: the answer is the call */
-        json_t *call = json_array_get(json_object_get(delta, "tool_calls"), 0);
-        if (call) {
-            n_calls++;
-            assert_call(call, "get_weather", "{\"city\": \"Oslo\"}");
-        }
-    }
-    assert_int_equal(n_calls, 1);
-    json_decref(evs);
+    expect_call_answer(*state,
+                       "{" USER ",\"tools\":[" TOOL("x", "{}") "," WEATHER "],"
+                       "\"tool_choice\":\"required\"",
+                       "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}",
+                       "get_weather", "{\"city\": \"Oslo\"}");
 }
 
 /* A history's tool call arguments reach the template as the object their string holds. */

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "json_accept_expect.h"
 #include "json_schema_check.h"
 #include "model/json_accept.h"
 #include "model/json_mask.h"
@@ -188,13 +189,6 @@ static const char *const person =
     "\"extra\":{\"anyOf\":[{\"type\":\"number\"},{\"type\":\"object\"}]}},"
     "\"required\":[\"name\",\"age\",\"tags\"]}";
 
-static size_t feed(csd_json_accept *a, const char *s) {
-    size_t n = strlen(s);
-    for (size_t i = 0; i < n; i++)
-        if (!csd_json_accept_byte(a, (uint8_t)s[i])) return i;
-    return n;
-}
-
 static void test_valid_and_refused(void **state) {
     (void)state;
     csd_err err = {0};
@@ -208,13 +202,7 @@ static void test_valid_and_refused(void **state) {
         "{\"name\":\"x\",\"age\":1,\"mood\":null,\"tags\":[true],\"extra\":{\"any\":[1,{}]}}",
         "{\"name\":\"x\",\"age\":12,\"tags\":[true],\"extra\":-1.5e3}",
     };
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
-        csd_json_accept a;
-        csd_json_accept_init_schema(&a, s);
-        size_t n = feed(&a, ok[i]);
-        if (n != strlen(ok[i]) || !csd_json_accept_done(&a))
-            fail_msg("answer %zu refused at byte %zu: %s", i, n, ok[i]);
-    }
+    expect_accepted(s, ok, sizeof ok / sizeof *ok);
     /* '|' marks the first byte that must be refused */
     static const char *const bad[] = {
         "{\"|age\":1}",                                   /* name must come first */
@@ -235,16 +223,7 @@ static void test_valid_and_refused(void **state) {
         "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"extra\":|\"s\"}",
         "{\"name\":\"x\",\"age\":1,\"tags\":[true],\"home\":{\"city\":\"Oslo\"|,",
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const char *bar = strchr(bad[i], '|');
-        char text[256];
-        size_t at = (size_t)(bar - bad[i]);
-        snprintf(text, sizeof text, "%.*s%s", (int)at, bad[i], bar + 1);
-        csd_json_accept a;
-        csd_json_accept_init_schema(&a, s);
-        size_t n = feed(&a, text);
-        if (n != at) fail_msg("text %zu: refused at %zu, want %zu: %s", i, n, at, text);
-    }
+    expect_refused_at_bar(s, bad, sizeof bad / sizeof *bad);
     csd_json_schema_destroy(s);
     /* Pydantic's Optional[Literal["a", "b"]]: an enum joined by null */
     s = compile_text("{\"properties\":{\"m\":{\"anyOf\":[{\"type\":\"string\",\"enum\":"
@@ -302,13 +281,7 @@ static void test_object_union(void **state) {
         "{\"shape\":{\"kind\":\"circles\",\"n\":2}}",
         "{\"shape\":null}",
     };
-    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
-        csd_json_accept a;
-        csd_json_accept_init_schema(&a, s);
-        size_t n = feed(&a, ok[i]);
-        if (n != strlen(ok[i]) || !csd_json_accept_done(&a))
-            fail_msg("answer %zu refused at byte %zu: %s", i, n, ok[i]);
-    }
+    expect_accepted(s, ok, sizeof ok / sizeof *ok);
     static const char *const bad[] = {
         "{\"shape\":{|}}",                                  /* the discriminator is required */
         "{\"shape\":{\"|r\":1}}",                            /* and comes first */
@@ -321,36 +294,22 @@ static void test_object_union(void **state) {
         "{\"shape\":{\"kind\":\"circles\",\"n\":|3}}",         /* circles' n is 1 or 2 */
         "{\"shape\":{\"kind\":\"circle\",\"r\":1},\"tool\":{\"p\":|\"s\"}}", /* tool's P */
     };
-    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        const char *bar = strchr(bad[i], '|');
-        char text[256];
-        size_t at = (size_t)(bar - bad[i]);
-        snprintf(text, sizeof text, "%.*s%s", (int)at, bad[i], bar + 1);
-        csd_json_accept a;
-        csd_json_accept_init_schema(&a, s);
-        size_t n = feed(&a, text);
-        if (n != at) fail_msg("text %zu: refused at %zu, want %zu: %s", i, n, at, text);
-    }
+    expect_refused_at_bar(s, bad, sizeof bad / sizeof *bad);
     csd_json_schema_destroy(s);
     s = compile_text(tagged_items, &err);
     if (!s) fail_msg("%s", err.msg);
-    static const char *const items[][2] = {
-        {"{\"items\":[{\"v\":12,\"b\":true},{\"v\":1,\"a\":\"x\"},{\"v\":-1.5}]}", ""},
-        {"{\"items\":[{\"v\":null},{\"v\":true,\"c\":{}}]}", ""},
-        {"{\"items\":[{\"v\":1,\"", "b\":true}]}"},   /* 1's a is required */
-        {"{\"items\":[{\"v\":12,\"", "a\":\"x\"}]}"}, /* 12 has no a */
-        {"{\"items\":[{\"v\":true,\"c\":[]},{\"v\":", "false}]}"},
-        {"{\"items\":[{\"v\":-1.5", "0}]}"},
+    static const char *const items_ok[] = {
+        "{\"items\":[{\"v\":12,\"b\":true},{\"v\":1,\"a\":\"x\"},{\"v\":-1.5}]}",
+        "{\"items\":[{\"v\":null},{\"v\":true,\"c\":{}}]}",
     };
-    for (size_t i = 0; i < sizeof items / sizeof *items; i++) {
-        char text[256];
-        snprintf(text, sizeof text, "%s%s", items[i][0], items[i][1]);
-        csd_json_accept a;
-        csd_json_accept_init_schema(&a, s);
-        size_t n = feed(&a, text);
-        if (n != strlen(items[i][0])) fail_msg("items %zu: refused at %zu: %s", i, n, text);
-        assert_true(csd_json_accept_done(&a) == !items[i][1][0]);
-    }
+    expect_accepted(s, items_ok, sizeof items_ok / sizeof *items_ok);
+    static const char *const items_bad[] = {
+        "{\"items\":[{\"v\":1,\"|b\":true}]}",   /* 1's a is required */
+        "{\"items\":[{\"v\":12,\"|a\":\"x\"}]}", /* 12 has no a */
+        "{\"items\":[{\"v\":true,\"c\":[]},{\"v\":|false}]}",
+        "{\"items\":[{\"v\":-1.5|0}]}",
+    };
+    expect_refused_at_bar(s, items_bad, sizeof items_bad / sizeof *items_bad);
     csd_json_schema_destroy(s);
 }
 
