@@ -703,6 +703,7 @@ static int ids_of(const char *text, int32_t *ids) {
 /* The thinking split the server would set for the next run_job (it depends on the prompt). */
 static int job_think = CSD_HTTP_THINK_OFF;
 static int job_tool_format = CSD_TOOL_SPLIT_TAGS; /* what the server would set */
+static bool job_oom_at_end; /* every allocation fails while the answer ends */
 
 /* Runs one answer through a job made for body: the response object (non-stream) or the stream's
  * events as an array (each "data:" JSON; "[DONE]" as the string). */
@@ -726,7 +727,9 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
         }
     }
     csd_req_result res = {.end = end, .prompt_tokens = 5, .completion_tokens = n};
+    if (job_oom_at_end) csd_alloc_fail_after(0);
     csd_http_job_on_done(&j->choices[0], &res);
+    csd_alloc_fail_after(-1);
     json_t *out;
     if (req.stream) {
         out = json_array();
@@ -744,7 +747,7 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
     } else {
         int status = 0;
         char *s = csd_http_job_response(j, &status);
-        assert_int_equal(status, 200);
+        assert_int_equal(status, job_oom_at_end ? 500 : 200);
         out = json_loads(s, 0, NULL);
         free(s);
     }
@@ -876,6 +879,15 @@ static void test_job_bare(void **state) {
     assert_string_equal(json_string_value(json_object_get(msg, "content")), answer);
     assert_null(json_object_get(msg, "tool_calls"));
     assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")), "stop");
+    json_decref(r);
+    /* an answer held back to its end (not calls) that cannot be handed out: an error, not a 200
+     * with the text lost */
+    job_oom_at_end = true;
+    r = run_job(tok, AUTO_BODY "}", "{not a call}", CSD_REQ_END_STOP);
+    job_oom_at_end = false;
+    const char *why = json_string_value(json_object_get(json_object_get(r, "error"), "message"));
+    if (!why || !strstr(why, "out of memory while finishing the answer"))
+        fail_msg("%s", why ? why : "no error message");
     json_decref(r);
     job_tool_format = CSD_TOOL_SPLIT_TAGS;
 }

@@ -2,11 +2,23 @@
 #include "alloc.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 static atomic_uint_fast64_t alloc_count;
+static _Atomic int64_t fail_after = -1; /* csd_alloc_fail_after: allocations left to succeed */
+
+void csd_alloc_fail_after(int64_t n) { atomic_store(&fail_after, n < 0 ? -1 : n); }
+
+/* Whether csd_alloc_fail_after says this allocation fails (counting it when it does not). */
+static bool failure_injected(void) {
+    int64_t left = atomic_load_explicit(&fail_after, memory_order_relaxed);
+    while (left > 0)
+        if (atomic_compare_exchange_weak(&fail_after, &left, left - 1)) return false;
+    return left == 0;
+}
 
 /* Buffers this large (model weights, KV caches) are placed on 2 MiB boundaries and offered to the
  * kernel for transparent huge pages: decoding streams every weight once per token, and fewer TLB
@@ -18,6 +30,7 @@ void *csd_alloc(size_t n) {
     size_t rounded = (n + 63) & ~(size_t)63;
     if (rounded < n) return NULL; /* overflow */
     if (rounded == 0) rounded = 64;
+    if (failure_injected()) return NULL;
     void *p;
     if (rounded >= HUGE_ALLOC_MIN) {
         size_t huge = (rounded + HUGE_PAGE - 1) & ~(size_t)(HUGE_PAGE - 1);

@@ -16,5 +16,8 @@ void csd_free(void *p);
 char *csd_strdup(const char *s);
 /* Number of successful csd_alloc* calls since start (all threads). */
 uint64_t csd_alloc_count(void);
+/* For tests of out-of-memory paths: the next n csd_alloc calls (all threads) succeed and every one
+ * after them fails, until a call with a negative n ends it. */
+void csd_alloc_fail_after(int64_t n);
 
 #endif
