@@ -1,8 +1,8 @@
 /* fuzz_http_tool_calls: libFuzzer target for the tool-call splitter (http/tool_calls.h), which
- * reads model output. The first byte picks the mode (tags, bare, whole) and a piece size; the rest
- * is the answer, pushed in pieces of that size. Checks: no error; the same content and calls as the
- * answer pushed at once; and an answer in which no call was found comes out whole, byte for
- * byte. */
+ * reads model output. The first byte picks the mode (tags, bare, whole, mistral) and a piece size;
+ * the rest is the answer, pushed in pieces of that size. Checks: no error; the same content and
+ * calls as the answer pushed at once; and an answer in which no call was found comes out whole,
+ * byte for byte. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +38,8 @@ static void run(const char *text, size_t len, int mode, size_t piece, result *r)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) return 0;
-    int mode = data[0] % 3; /* enum csd_tool_split_mode */
-    size_t piece = 1 + data[0] / 3;
+    int mode = data[0] % 4; /* enum csd_tool_split_mode */
+    size_t piece = 1 + data[0] / 4;
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
     result a, b;

@@ -67,15 +67,15 @@ c["chat_template"] = ("{% for m in messages %}{{ m['role'] + ': ' + m['content']
                       "builtin_tools is defined }}assistant: ")
 json.dump(c, open(p, "w"))
 PY
-for want in "llama3-json:" "hermes:--tool-call-format hermes"; do
+for want in "llama3-json:" "hermes:--tool-call-format hermes" "mistral:--tool-call-format mistral"; do
     start_server fmt tiny31 ${want#*:}
     grep -q "tool-calls=${want%%:*} " "$WORK/fmt.log" || fail "tool-calls=${want%%:*} not chosen: $(cat "$WORK/fmt.log")"
     kill "$PID_fmt"
     wait "$PID_fmt" 2>/dev/null || true
 done
 "$CASCADIA" serve tiny31 --tool-call-format xml --port 0 2>"$WORK/fmt.err" && fail "--tool-call-format xml accepted"
-grep -q "not auto, hermes or llama3-json" "$WORK/fmt.err" || fail "--tool-call-format xml: $(cat "$WORK/fmt.err")"
-echo "ok   --tool-call-format: llama3-json from a Llama 3.1-style template, hermes when asked, a bad value refused"
+grep -q "not auto, hermes, llama3-json or mistral" "$WORK/fmt.err" || fail "--tool-call-format xml: $(cat "$WORK/fmt.err")"
+echo "ok   --tool-call-format: llama3-json from a Llama 3.1-style template, hermes and mistral when asked, a bad value refused"
 export CASCADIA_API_KEY=secret
 start_server main tiny --chat-template chatml
 BASE="http://127.0.0.1:$PORT_main"

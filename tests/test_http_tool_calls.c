@@ -26,6 +26,7 @@
 #define TAGS CSD_TOOL_SPLIT_TAGS
 #define BARE CSD_TOOL_SPLIT_BARE
 #define WHOLE CSD_TOOL_SPLIT_WHOLE
+#define MISTRAL CSD_TOOL_SPLIT_MISTRAL
 
 typedef struct split_result {
     char content[8192];
@@ -357,14 +358,15 @@ static void test_split_long_call_skipped(void **state) {
     free(text);
 }
 
-/* Random answers from fragments that make and break tags and bare calls, split in tags and in bare
- * mode by turns: every chunking gives the same result, and an answer with no call comes out
+/* Random answers from fragments that make and break tags, bare and Mistral calls, split in each of
+ * those modes by turns: every chunking gives the same result, and an answer with no call comes out
  * whole. */
 static void test_split_random(void **state) {
     (void)state;
     static const char *frags[] = {"a", " ", "\n", "<tool_call>", "</tool_call>", "<tool", "_call>",
                                   "{\"name\": \"f\"}", "{\"name\": \"g\", \"arguments\": {}}", "}",
-                                  "<", "</tool_call", "x y", ";", "<|python_tag|>", "{", "\""};
+                                  "<", "</tool_call", "x y", ";", "<|python_tag|>", "{", "\"",
+                                  "[TOOL_CALLS]", "[ARGS]", "f", "[", "]", ","};
     unsigned seed = 12345;
     for (int t = 0; t < 400; t++) {
         char text[512] = {0};
@@ -374,7 +376,8 @@ static void test_split_random(void **state) {
             strcat(text, frags[(seed >> 16) % (sizeof frags / sizeof frags[0])]);
         }
         split_result r;
-        split_every_way(text, t % 2 ? BARE : TAGS, &r);
+        static const int modes[] = {TAGS, BARE, MISTRAL};
+        split_every_way(text, modes[t % 3], &r);
         if (r.n_calls == 0) assert_string_equal(r.content, text);
     }
 }
@@ -436,7 +439,48 @@ static void test_split_bare(void **state) {
     csd_tool_split_fini(&s);
 }
 
-/* The format a chat template asks for: Llama 3.1's bare JSON, Hermes tags otherwise. */
+/* Mistral's calls: [TOOL_CALLS] and a list of calls (tokenizer v3) or name[ARGS]{...} after each
+ * tag (v11, a [CALL_ID] skipped); text before the tag is content; anything that is not calls, from
+ * the tag on, is content as written. */
+static void test_split_mistral(void **state) {
+    (void)state;
+    split_result r;
+#define CITY "{\"city\": \"Paris\"}"
+    expect_one_call("[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": " CITY "}]", MISTRAL,
+                    "get_weather", CITY, "");
+    split_every_way("Let me check. \n[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"s\": "
+                    "\"]}\"}}, {\"name\": \"b\", \"arguments\": {}}]\n",
+                    MISTRAL, &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.args[0], "{\"s\": \"]}\"}");
+    assert_string_equal(r.names[1], "b");
+    assert_string_equal(r.content, "Let me check.");
+    split_every_way("[TOOL_CALLS]get_weather[ARGS]" CITY "[TOOL_CALLS]now[ARGS]{}", MISTRAL, &r);
+    assert_int_equal(r.n_calls, 2);
+    assert_string_equal(r.names[0], "get_weather");
+    assert_string_equal(r.args[0], CITY);
+    assert_string_equal(r.names[1], "now");
+    assert_string_equal(r.args[1], "{}");
+    expect_one_call("[TOOL_CALLS]f[CALL_ID]a1b2c3d4e[ARGS]" CITY, MISTRAL, "f", CITY, "");
+#undef CITY
+    const char *content[] = {
+        "[TOOL_CALLS]", "[TOOL_CALLS][]", "Hi [TOOL_CALLS]bad",
+        "[TOOL_CALLS][{\"name\": \"f\"}]",                   /* no arguments */
+        "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}",   /* cut short */
+        "[TOOL_CALLS]f[ARGS]{\"a\": ",                          /* cut short */
+        "[TOOL_CALLS]f[ARGS]{} and more", "[TOOL_CALLS]f{}", "[TOOL_CALLS]a b[ARGS]{}",
+        "[TOOL_CALLS]f[ARGS][1]", "a [TOOL b", "[TOOL_CALL", "",
+        "<tool_call>{\"name\": \"f\"}</tool_call>",             /* not this format's */
+    };
+    for (size_t i = 0; i < sizeof content / sizeof *content; i++) {
+        split_every_way(content[i], MISTRAL, &r);
+        assert_int_equal(r.n_calls, 0);
+        assert_string_equal(r.content, content[i]);
+    }
+}
+
+/* The format a chat template asks for: Llama 3.1's bare JSON, Mistral's [TOOL_CALLS], Hermes tags
+ * otherwise. */
 static void test_split_mode_for_template(void **state) {
     (void)state;
     assert_int_equal(csd_tool_split_mode_for_template(NULL), TAGS);
@@ -450,6 +494,10 @@ static void test_split_mode_for_template(void **state) {
                      BARE);
     assert_int_equal(csd_tool_split_mode_for_template("{{- '<|python_tag|>' + tool_call.name }}"),
                      BARE);
+    assert_int_equal(csd_tool_split_mode_for_template(
+                         "{{- '[AVAILABLE_TOOLS]' + tools|tojson + '[/AVAILABLE_TOOLS]' }}"
+                         "{{- '[TOOL_CALLS]' + tool_calls|tojson + eos_token }}"),
+                     MISTRAL);
 }
 
 /* ---- the request ---- */
@@ -892,6 +940,25 @@ static void test_job_bare(void **state) {
     job_tool_format = CSD_TOOL_SPLIT_TAGS;
 }
 
+/* Mistral's calls through a job: the call alone, and after text, which is the content. */
+static void test_job_mistral(void **state) {
+    csd_tok *tok = *state;
+    job_tool_format = CSD_TOOL_SPLIT_MISTRAL;
+    expect_call_answer(tok, AUTO_BODY, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Oslo\"}",
+                       "get_weather", "{\"city\": \"Oslo\"}");
+    json_t *r = run_job(tok, AUTO_BODY "}",
+                        "Checking. [TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {}}]",
+                        CSD_REQ_END_STOP);
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    json_t *msg = json_object_get(choice, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "Checking.");
+    assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather", "{}");
+    assert_string_equal(json_string_value(json_object_get(choice, "finish_reason")),
+                        "tool_calls");
+    json_decref(r);
+    job_tool_format = CSD_TOOL_SPLIT_TAGS;
+}
+
 static void test_job_auto_stream(void **state) {
     csd_tok *tok = *state;
     json_t *evs = run_job(tok, AUTO_BODY ",\"stream\":true}", ANSWER, CSD_REQ_END_STOP);
@@ -1122,6 +1189,7 @@ int main(void) {
         cmocka_unit_test(test_split_bounds),
         cmocka_unit_test(test_split_random),
         cmocka_unit_test(test_split_bare),
+        cmocka_unit_test(test_split_mistral),
         cmocka_unit_test(test_split_mode_for_template),
         cmocka_unit_test(test_split_numbers_kept),
         cmocka_unit_test(test_split_bound_exact),
@@ -1137,6 +1205,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_job_named, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_pick, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_bare, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_mistral, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_then_call, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_logprobs, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_auto_special_tags, setup_tok_special,

@@ -41,10 +41,10 @@ static const char *const serve_usage =
     "  --reasoning-format none|deepseek\n"
     "                       deepseek (default): a chat answer's <think>...</think> becomes\n"
     "                       reasoning_content; none: it stays in the content\n"
-    "  --tool-call-format auto|hermes|llama3-json\n"
+    "  --tool-call-format auto|hermes|llama3-json|mistral\n"
     "                       how answers write tool calls: hermes (<tool_call> tags), llama3-json\n"
-    "                       (an answer that is bare JSON calls); auto (default): from the chat\n"
-    "                       template\n"
+    "                       (an answer that is bare JSON calls), mistral ([TOOL_CALLS]); auto\n"
+    "                       (default): from the chat template\n"
     "  --model-name NAME    the model id clients send (default: MODEL_DIR's last component)\n"
     "  --max-body BYTES     largest request body (default 4194304)\n"
     "  --max-connections N  HTTP connections held at once, a thread each (default 256;\n"
@@ -98,6 +98,19 @@ static volatile sig_atomic_t g_stop_signal;
 
 static void on_signal(int sig) { g_stop_signal = sig; }
 
+/* --tool-call-format's names of the formats (enum csd_tool_split_mode), or -1. */
+static const char *const tool_format_names[] = {
+    [CSD_TOOL_SPLIT_TAGS] = "hermes",
+    [CSD_TOOL_SPLIT_BARE] = "llama3-json",
+    [CSD_TOOL_SPLIT_MISTRAL] = "mistral",
+};
+
+static int tool_format_named(const char *name) {
+    for (int i = 0; i < (int)(sizeof tool_format_names / sizeof *tool_format_names); i++)
+        if (tool_format_names[i] && !strcmp(name, tool_format_names[i])) return i;
+    return -1;
+}
+
 /* One of serve's own flags that take a value (the fleet flags are csd_cli_fleet_flag's, the
  * model flags csd_cli_model_flag's). 0, or 2 with the message printed. */
 static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
@@ -149,11 +162,9 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
     } else if (!strcmp(f, "--tool-call-format")) {
         if (!strcmp(value, "auto")) {
             a->tool_format = -1;
-        } else if (!strcmp(value, "hermes") || !strcmp(value, "llama3-json")) {
-            a->tool_format = !strcmp(value, "hermes") ? CSD_TOOL_SPLIT_TAGS : CSD_TOOL_SPLIT_BARE;
-        } else {
-            fprintf(stderr, "cascadia serve: --tool-call-format: '%s' is not auto, hermes or "
-                    "llama3-json\n", value);
+        } else if ((a->tool_format = tool_format_named(value)) < 0) {
+            fprintf(stderr, "cascadia serve: --tool-call-format: '%s' is not auto, hermes, "
+                    "llama3-json or mistral\n", value);
             return 2;
         }
     } else if (!strcmp(f, "--model-name")) {
@@ -380,7 +391,7 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
                 "cascadia serve: listening on http://%s:%d model=%s auth=%s tool-calls=%s "
                 "build=%s\n",
                 a->host, csd_http_server_port(*srv), model_name, a->api_key ? "on" : "off",
-                o.tool_format == CSD_TOOL_SPLIT_BARE ? "llama3-json" : "hermes",
+                tool_format_names[o.tool_format],
                 csd_build_fingerprint());
     return rc;
 }

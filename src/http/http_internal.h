@@ -58,7 +58,7 @@ struct csd_http_job {
     int tool_mode;    /* enum csd_http_tool_mode */
     bool one_call;    /* parallel_tool_calls false: end the answer at its first call */
     int think;        /* enum csd_http_think */
-    int tool_format;  /* auto mode: enum csd_tool_split_mode (tags or bare) */
+    int tool_format;  /* auto mode: enum csd_tool_split_mode (tags, bare or mistral) */
     char *tool_name;  /* CSD_HTTP_TOOLS_NAMED: the function (owned) */
     char id[48];       /* "chatcmpl-..." / "cmpl-..." */
     long long created; /* unix seconds */

@@ -41,7 +41,11 @@ static int choice_init(csd_http_job *j, int i) {
     csd_tool_split_init(&ch->tools, pick ? CSD_TOOL_SPLIT_WHOLE : j->tool_format);
     csd_think_split_init(&ch->think, j->think == CSD_HTTP_THINK_OPEN);
     /* the tags are text even where a vocabulary marks them special */
-    if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) {
+    if (j->tool_mode == CSD_HTTP_TOOLS_AUTO && j->tool_format == CSD_TOOL_SPLIT_MISTRAL) {
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "[TOOL_CALLS]"));
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "[ARGS]"));
+        csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "[CALL_ID]"));
+    } else if (j->tool_mode == CSD_HTTP_TOOLS_AUTO) {
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<tool_call>"));
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</tool_call>"));
     }

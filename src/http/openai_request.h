@@ -111,7 +111,8 @@ typedef struct csd_http_req {
     bool one_tool_call;  /* parallel_tool_calls false: the answer ends with its first call */
     json_t *template_kwargs; /* chat_template_kwargs: more template variables (owned), or NULL */
     int think;           /* enum csd_http_think: set by the server once the prompt is rendered */
-    int tool_format;     /* auto mode: enum csd_tool_split_mode (tags or bare), set by the server */
+    int tool_format;     /* auto mode: enum csd_tool_split_mode (tags, bare, mistral), set by the
+                          * server */
     /* completions: exactly one of prompt / prompt_ids */
     char *prompt; /* NUL-terminated */
     size_t prompt_len;

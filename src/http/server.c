@@ -55,7 +55,7 @@ struct csd_http_server {
     const csd_tok *tok;
     const csd_vocab_bytes *json_vocab; /* borrowed; NULL: response_format json_object refused */
     bool reasoning_none;               /* --reasoning-format none */
-    int tool_format;                   /* enum csd_tool_split_mode: tags or bare */
+    int tool_format;                   /* enum csd_tool_split_mode: tags, bare or mistral */
     const csd_chat_template *tmpl;
     char *api_key;
     char *model_name;
@@ -819,8 +819,9 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
     if (o.max_per_ip < 0 || o.max_per_ip > o.max_connections)
         return csd_err_set(err, CSD_ERANGE, "connections per IP address %d not in 0..%d",
                            o.max_per_ip, o.max_connections);
-    if (o.tool_format != CSD_TOOL_SPLIT_TAGS && o.tool_format != CSD_TOOL_SPLIT_BARE)
-        return csd_err_set(err, CSD_EINVAL, "tool call format %d is not tags or bare",
+    if (o.tool_format != CSD_TOOL_SPLIT_TAGS && o.tool_format != CSD_TOOL_SPLIT_BARE &&
+        o.tool_format != CSD_TOOL_SPLIT_MISTRAL)
+        return csd_err_set(err, CSD_EINVAL, "tool call format %d is not tags, bare or mistral",
                            o.tool_format);
     if (!tok) return csd_err_set(err, CSD_EINVAL, "server needs a tokenizer");
     if (!o.model_name || !o.model_name[0])

@@ -41,8 +41,9 @@ typedef struct csd_http_opts {
      * requests); NULL: such requests are refused */
     const csd_vocab_bytes *json_vocab;
     bool reasoning_none; /* --reasoning-format none: thinking stays in the content */
-    int tool_format;     /* how answers write tool calls: enum csd_tool_split_mode, tags or bare
-                          * (serve picks it from the chat template, or --tool-call-format) */
+    int tool_format;     /* how answers write tool calls: enum csd_tool_split_mode, tags, bare or
+                          * mistral (serve picks it from the chat template, or
+                          * --tool-call-format) */
 } csd_http_opts;
 
 void csd_http_opts_default(csd_http_opts *o);

@@ -163,6 +163,17 @@ int csd_tool_call_parse(const char *body, size_t len, bool need_arguments, csd_t
     return rc;
 }
 
+int csd_tool_call_make(const char *name, size_t name_len, const char *args, size_t args_len,
+                       csd_tool_call *out) {
+    memset(out, 0, sizeof *out);
+    if (!name_len || memchr(name, '\0', name_len) || !valid_object(args, args_len)) return 1;
+    out->name = copy_n(name, name_len);
+    out->arguments = copy_n(args, args_len);
+    if (out->name && out->arguments) return 0;
+    csd_tool_call_fini(out);
+    return CSD_ENOMEM;
+}
+
 void csd_tool_call_fini(csd_tool_call *c) {
     if (!c) return;
     csd_free(c->name);

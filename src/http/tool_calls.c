@@ -20,15 +20,22 @@ static const char CLOSE_TAG[] = "</tool_call>";
 /* Llama 3.1's tag before a call (its vocabulary marks it special, so it is usually not seen) */
 static const char PYTHON_TAG[] = "<|python_tag|>";
 #define PYTHON_LEN (sizeof PYTHON_TAG - 1)
+/* Mistral's tags (special tokens the detokenizer is told to show: http_job.c) */
+static const char MISTRAL_TAG[] = "[TOOL_CALLS]";
+static const char ARGS_TAG[] = "[ARGS]";
+static const char CALL_ID_TAG[] = "[CALL_ID]";
+#define MISTRAL_LEN (sizeof MISTRAL_TAG - 1)
 
 void csd_tool_split_init(csd_tool_split *s, int mode) {
     memset(s, 0, sizeof *s);
+    s->mode = mode;
     s->whole = mode == CSD_TOOL_SPLIT_WHOLE;
-    s->bare = s->sniffing = mode == CSD_TOOL_SPLIT_BARE;
+    s->sniffing = mode == CSD_TOOL_SPLIT_BARE;
 }
 
 int csd_tool_split_mode_for_template(const char *src) {
     if (!src || strstr(src, OPEN_TAG)) return CSD_TOOL_SPLIT_TAGS;
+    if (strstr(src, MISTRAL_TAG)) return CSD_TOOL_SPLIT_MISTRAL;
     bool llama3 = strstr(src, PYTHON_TAG) || strstr(src, "respond with a JSON for a function call");
     return llama3 ? CSD_TOOL_SPLIT_BARE : CSD_TOOL_SPLIT_TAGS;
 }
@@ -91,17 +98,24 @@ static int scan_text(csd_tool_split *s) {
     const char *p = s->pending.data;
     size_t n = s->pending.len;
     if (s->n_calls == CSD_TOOL_CALLS_MAX) return give(s, n);
-    const char *hit = memmem(p, n, OPEN_TAG, OPEN_LEN);
+    bool mistral = s->mode == CSD_TOOL_SPLIT_MISTRAL;
+    const char *tag = mistral ? MISTRAL_TAG : OPEN_TAG;
+    size_t tag_len = mistral ? MISTRAL_LEN : OPEN_LEN;
+    const char *hit = memmem(p, n, tag, tag_len);
     if (hit) {
         size_t at = (size_t)(hit - p);
         size_t lead = space_before(p, at);
         int rc = give(s, at - lead);
+        if (mistral) { /* the rest of the answer is calls: held back to its end */
+            s->whole = true;
+            return rc;
+        }
         s->lead = lead;
         s->searched = lead + OPEN_LEN;
         s->in_call = true;
         return rc;
     }
-    size_t keep = csd_tag_partial(p, n, OPEN_TAG, OPEN_LEN);
+    size_t keep = csd_tag_partial(p, n, tag, tag_len);
     keep += space_before(p, n - keep);
     return give(s, n - keep);
 }
@@ -197,7 +211,7 @@ static int close_calls(csd_tool_split *s) {
         size_t end = object_end(p + i, n - i);
         if (!end) break;
         csd_tool_call c;
-        if ((rc = csd_tool_call_parse(p + i, end, s->bare, &c))) break;
+        if ((rc = csd_tool_call_parse(p + i, end, s->mode == CSD_TOOL_SPLIT_BARE, &c))) break;
         s->calls[s->n_calls++] = c;
         i += end;
         i += csd_tag_space_after(p + i, n - i, n - i);
@@ -210,6 +224,89 @@ static int close_calls(csd_tool_split *s) {
     }
     s->whole = false;
     if (rc == 0 && i == n) {
+        drop(s, n);
+        return 0;
+    }
+    while (s->n_calls > first) csd_tool_call_fini(&s->calls[--s->n_calls]);
+    return rc < 0 ? rc : give(s, n);
+}
+
+/* ---- Mistral's calls ---- */
+
+/* Does p[i, n) start with tag? */
+static bool at_tag(const char *p, size_t i, size_t n, const char *tag) {
+    size_t len = strlen(tag);
+    return n - i >= len && !memcmp(p + i, tag, len);
+}
+
+static int add_call(csd_tool_split *s, const csd_tool_call *c) {
+    if (s->n_calls == CSD_TOOL_CALLS_MAX) return 1;
+    s->calls[s->n_calls++] = *c;
+    return 0;
+}
+
+/* Tokenizer v3's list at p[*i] == '[': [{"name", "arguments"}, ...], at least one. */
+static int mistral_list(csd_tool_split *s, const char *p, size_t n, size_t *i) {
+    size_t k = *i + 1;
+    for (;;) {
+        k += csd_tag_space_after(p + k, n - k, n - k);
+        size_t end = k < n && p[k] == '{' ? object_end(p + k, n - k) : 0;
+        if (!end) return 1;
+        csd_tool_call c;
+        int rc = csd_tool_call_parse(p + k, end, true, &c);
+        if (!rc && (rc = add_call(s, &c))) csd_tool_call_fini(&c);
+        if (rc) return rc;
+        k += end;
+        k += csd_tag_space_after(p + k, n - k, n - k);
+        if (k < n && p[k] == ']') break;
+        if (k >= n || p[k] != ',') return 1;
+        k++;
+    }
+    *i = k + 1;
+    return 0;
+}
+
+/* Tokenizer v11's name[ARGS]{...} at p[*i] (or name[CALL_ID]id[ARGS]{...}; the id is ours to
+ * give). The name runs to the first '[' and holds no whitespace, quote or brace. */
+static int mistral_named(csd_tool_split *s, const char *p, size_t n, size_t *i) {
+    size_t k = *i;
+    while (k < n && p[k] != '[' && !csd_tag_is_space(p[k]) && !strchr("\"{}", p[k])) k++;
+    size_t name_end = k;
+    if (at_tag(p, k, n, CALL_ID_TAG)) {
+        const char *args = memmem(p + k, n - k, ARGS_TAG, sizeof ARGS_TAG - 1);
+        k = args ? (size_t)(args - p) : n;
+    }
+    if (name_end == *i || !at_tag(p, k, n, ARGS_TAG)) return 1;
+    k += sizeof ARGS_TAG - 1;
+    k += csd_tag_space_after(p + k, n - k, n - k);
+    size_t end = k < n && p[k] == '{' ? object_end(p + k, n - k) : 0;
+    if (!end) return 1;
+    csd_tool_call c;
+    int rc = csd_tool_call_make(p + *i, name_end - *i, p + k, end, &c);
+    if (!rc && (rc = add_call(s, &c))) csd_tool_call_fini(&c);
+    *i = k + end;
+    return rc;
+}
+
+/* The held-back answer from [TOOL_CALLS] on: each tag followed by a list of calls or by one named
+ * call, whitespace between. All of them calls (one at least): s->calls gets them and pending is
+ * dropped; else all of pending is content as written. */
+static int close_mistral(csd_tool_split *s) {
+    const char *p = s->pending.data;
+    size_t n = s->pending.len, i = csd_tag_space_after(p, n, n);
+    int first = s->n_calls, rc = i < n ? 0 : 1;
+    while (!rc && i < n) {
+        if (!at_tag(p, i, n, MISTRAL_TAG)) {
+            rc = 1;
+            break;
+        }
+        i += MISTRAL_LEN;
+        i += csd_tag_space_after(p + i, n - i, n - i);
+        rc = i < n && p[i] == '[' ? mistral_list(s, p, n, &i) : mistral_named(s, p, n, &i);
+        if (!rc) i += csd_tag_space_after(p + i, n - i, n - i);
+    }
+    s->whole = false;
+    if (!rc && s->n_calls > first) {
         drop(s, n);
         return 0;
     }
@@ -261,7 +358,7 @@ int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *conte
     if (s->plain) /* everything was handed out as it came */
         rc = 0;
     else if (s->whole && n)
-        rc = close_calls(s);
+        rc = s->mode == CSD_TOOL_SPLIT_MISTRAL ? close_mistral(s) : close_calls(s);
     else if (s->in_call) /* a call cut inside its close tag is parsed without the cut tag */
         rc = close_call(s, s->lead + OPEN_LEN, n - csd_tag_partial(p, n, CLOSE_TAG, CLOSE_LEN), n);
     n = s->pending.len;

@@ -24,6 +24,12 @@
  * "parameters" or "arguments" here), all of it is content as written. Any other answer is content
  * as it streams.
  *
+ * Mistral's models write [TOOL_CALLS] and then the calls, to the end of the answer: a JSON list
+ * of {"name", "arguments"} objects (tokenizer v3: Mistral 7B v0.3, Nemo), or name[ARGS]{...} with
+ * [TOOL_CALLS] before each call (v11 and later; a [CALL_ID]id before [ARGS] is skipped). In
+ * mistral mode the text before the tag is content as it streams; from the tag on the answer is
+ * held back and split at its end, all of it content as written when any part is not a call.
+ *
  * In whole mode (tool_choice "required" among several tools) the answer is one call's body, with
  * no tags: the constrained decoder writes {"name": ..., "arguments": {...}} and nothing else.
  *
@@ -53,12 +59,13 @@ enum csd_tool_split_mode {
     CSD_TOOL_SPLIT_TAGS,  /* Hermes: <tool_call>{...}</tool_call> anywhere in the answer */
     CSD_TOOL_SPLIT_BARE,  /* Llama 3.1/3.2: an answer that starts with '{' is ';'-separated calls */
     CSD_TOOL_SPLIT_WHOLE, /* tool_choice "required" among several: the answer is one call */
+    CSD_TOOL_SPLIT_MISTRAL, /* Mistral: [TOOL_CALLS] and the calls, to the answer's end */
 };
 
 typedef struct csd_tool_split {
-    bool bare;     /* bare mode: calls without tags, "parameters" or "arguments" named */
+    int mode;      /* enum csd_tool_split_mode */
     bool sniffing; /* bare mode, before the answer's first byte that is not whitespace or the tag */
-    bool whole;   /* the whole answer is calls without tags: held back to its end */
+    bool whole;   /* the answer (mistral: from its tag on) is calls: held back to its end */
     bool in_call; /* inside <tool_call>: pending holds the body so far (open tag included) */
     bool plain;   /* every byte from now on is content (a whole answer too long to be a call) */
     bool skipping; /* a call too long to be one: content until its close tag has passed */
@@ -84,15 +91,19 @@ int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const c
  * is handed out. Returns 0 or CSD_ENOMEM. */
 int csd_tool_split_finish(csd_tool_split *s, const char **content, size_t *content_len);
 
-/* The mode a chat template's answers call tools in: CSD_TOOL_SPLIT_BARE for Llama 3.1/3.2's
- * templates (they mention <|python_tag|> or ask for a JSON function call, and no <tool_call> tag),
- * else CSD_TOOL_SPLIT_TAGS. */
+/* The mode a chat template's answers call tools in: CSD_TOOL_SPLIT_MISTRAL for Mistral's (they
+ * write [TOOL_CALLS]), CSD_TOOL_SPLIT_BARE for Llama 3.1/3.2's (they mention <|python_tag|> or ask
+ * for a JSON function call), CSD_TOOL_SPLIT_TAGS for the rest (and any with a <tool_call> tag). */
 int csd_tool_split_mode_for_template(const char *template_src);
 
 /* Parses one call's body (surrounding whitespace allowed) into *out (owned strings); with
  * need_arguments, "arguments" or "parameters" must be present (a bare call has no tag to say it is
  * one). Returns 0, 1 when the body is not a call, or CSD_ENOMEM. */
 int csd_tool_call_parse(const char *body, size_t len, bool need_arguments, csd_tool_call *out);
+/* A call from its name and its arguments' text, which must be one JSON object (copied as written).
+ * Returns 0, 1 when they are not a call (an empty name, a NUL in it), or CSD_ENOMEM. */
+int csd_tool_call_make(const char *name, size_t name_len, const char *args, size_t args_len,
+                       csd_tool_call *out);
 void csd_tool_call_fini(csd_tool_call *c);
 
 #endif

@@ -63,7 +63,7 @@ const char *csd_tok_eos_text(const csd_tok *tok);
  * concatenated text as csd_tok_decode over the same ids (unless csd_detok_keep shows a special id
  * that the decode would skip). Caller-provided storage. */
 #define CSD_DETOK_MAX_PENDING 64
-#define CSD_DETOK_MAX_KEEP 4
+#define CSD_DETOK_MAX_KEEP 8
 
 typedef struct csd_detok {
     const csd_tok *tok;
