@@ -469,7 +469,9 @@ static void test_split_mistral(void **state) {
         "[TOOL_CALLS][{\"name\": \"f\", \"arguments\": {}}",   /* cut short */
         "[TOOL_CALLS]f[ARGS]{\"a\": ",                          /* cut short */
         "[TOOL_CALLS]f[ARGS]{} and more", "[TOOL_CALLS]f{}", "[TOOL_CALLS]a b[ARGS]{}",
-        "[TOOL_CALLS]f[ARGS][1]", "a [TOOL b", "[TOOL_CALL", "",
+        "[TOOL_CALLS]f[ARGS][1]", "a [TOOL b", "[TOOL_CALL", "", "[TOOL_CALLS]][ARGS]{}",
+        "[TOOL_CALLS]f[CALL_ID]abc[TOOL_CALLS]g[ARGS]{}",         /* an id runs to [ARGS] */
+        "[TOOL_CALLS]f[CALL_ID]some words [ARGS]{}",
         "<tool_call>{\"name\": \"f\"}</tool_call>",             /* not this format's */
     };
     for (size_t i = 0; i < sizeof content / sizeof *content; i++) {
@@ -477,6 +479,31 @@ static void test_split_mistral(void **state) {
         assert_int_equal(r.n_calls, 0);
         assert_string_equal(r.content, content[i]);
     }
+    /* calls over CSD_TOOL_CALL_MAX_BYTES are content, pushed at once or in pieces */
+    size_t len = CSD_TOOL_CALL_MAX_BYTES + 100;
+    char *big = malloc(len + 1);
+    memset(big, 'x', len);
+    memcpy(big, "[TOOL_CALLS]f[ARGS]{\"a\":\"", 25);
+    memcpy(big + len - 2, "\"}", 3);
+    for (size_t piece = 4096; piece <= len; piece += len - 4096) {
+        csd_tool_split s;
+        csd_tool_split_init(&s, MISTRAL);
+        size_t got = 0;
+        const char *out;
+        size_t n;
+        for (size_t at = 0; at < len; at += piece) {
+            size_t step = len - at < piece ? len - at : piece;
+            assert_int_equal(csd_tool_split_push(&s, big + at, step, &out, &n), 0);
+            assert_memory_equal(out, big + got, n);
+            got += n;
+        }
+        assert_int_equal(csd_tool_split_finish(&s, &out, &n), 0);
+        got += n;
+        assert_int_equal(got, len);
+        assert_int_equal(s.n_calls, 0);
+        csd_tool_split_fini(&s);
+    }
+    free(big);
 }
 
 /* The format a chat template asks for: Llama 3.1's bare JSON, Mistral's [TOOL_CALLS], Hermes tags

@@ -266,15 +266,21 @@ static int mistral_list(csd_tool_split *s, const char *p, size_t n, size_t *i) {
     return 0;
 }
 
-/* Tokenizer v11's name[ARGS]{...} at p[*i] (or name[CALL_ID]id[ARGS]{...}; the id is ours to
- * give). The name runs to the first '[' and holds no whitespace, quote or brace. */
+/* A byte of a function's name or of a call id: ASCII letters, digits and _ - . : */
+static bool name_byte(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           (c != '\0' && strchr("_-.:", c));
+}
+
+/* Tokenizer v11's name[ARGS]{...} at p[*i], or name[CALL_ID]id[ARGS]{...} (the id is ours to give,
+ * so it is skipped). Names and ids are name_bytes. */
 static int mistral_named(csd_tool_split *s, const char *p, size_t n, size_t *i) {
     size_t k = *i;
-    while (k < n && p[k] != '[' && !csd_tag_is_space(p[k]) && !strchr("\"{}", p[k])) k++;
+    while (k < n && name_byte(p[k])) k++;
     size_t name_end = k;
     if (at_tag(p, k, n, CALL_ID_TAG)) {
-        const char *args = memmem(p + k, n - k, ARGS_TAG, sizeof ARGS_TAG - 1);
-        k = args ? (size_t)(args - p) : n;
+        k += sizeof CALL_ID_TAG - 1;
+        while (k < n && name_byte(p[k])) k++;
     }
     if (name_end == *i || !at_tag(p, k, n, ARGS_TAG)) return 1;
     k += sizeof ARGS_TAG - 1;
@@ -326,18 +332,17 @@ static int scan(csd_tool_split *s) {
         if (rc || s->sniffing) return rc; /* bare mode, still undecided: held back */
     }
     if (s->plain) return give(s, s->pending.len);
-    if (s->whole) {
-        if (s->pending.len <= CSD_TOOL_CALL_MAX_BYTES) return 0; /* held back to the end */
-        s->plain = true; /* too long to be calls: all of it is content */
-        return give(s, s->pending.len);
-    }
-    /* each turn enters a call or ends one (consuming its tags), or finds nothing more */
+    /* each turn enters a call or ends one (consuming its tags), or finds nothing more; Mistral's
+     * tag makes the rest of the answer whole */
     int rc = 0;
-    for (bool was = s->in_call; !rc; was = s->in_call) {
+    for (bool was = s->in_call; !s->whole && !rc; was = s->in_call) {
         rc = was ? scan_call(s) : scan_text(s);
         if (s->in_call == was) break;
     }
-    return rc;
+    /* held back to the end, unless too long to be calls (the same bound however it arrived) */
+    if (rc || !s->whole || s->pending.len <= CSD_TOOL_CALL_MAX_BYTES) return rc;
+    s->plain = true;
+    return give(s, s->pending.len);
 }
 
 int csd_tool_split_push(csd_tool_split *s, const char *text, size_t len, const char **content,
