@@ -26,8 +26,22 @@ start_worker() {
     port=$(sed -n 's/.*listening on port \([0-9]*\).*/\1/p' "$log")
     local state="still silent after 30 s"
     gone "$pid" && state="exited"
-    [ -n "$port" ] || { cat "$log"; fail "worker for $shard did not start ($state)"; } >&2
+    [ -n "$port" ] || { cat "$log"; where_stuck "$pid"; fail "worker for $shard did not start ($state)"; } >&2
     echo "$pid $port"
+}
+
+# where_stuck PID: what a live process's threads are doing (state, kernel wait channel, system call
+# and kernel stack where readable), for a worker that stays silent (seen twice under ThreadSanitizer
+# on a loaded CI machine, cause unknown).
+where_stuck() {
+    local pid=$1 t
+    [ -d "/proc/$pid" ] || return 0
+    grep -E "^(State|Threads|VmRSS|VmSize)" "/proc/$pid/status" 2>/dev/null
+    for t in /proc/"$pid"/task/*; do
+        echo "thread ${t##*/} ($(cat "$t/comm" 2>/dev/null)): state $(cut -d' ' -f3 "$t/stat" 2>/dev/null)," \
+            "wchan $(cat "$t/wchan" 2>/dev/null), syscall $(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
+        cat "$t/stack" 2>/dev/null | head -12
+    done
 }
 
 # fleet_up DIR N [args]: starts N workers for DIR's shards; sets FLEET
