@@ -306,23 +306,19 @@ static int parse_stream(const json_t *root, csd_http_req *r, csd_http_error *e) 
     return 0;
 }
 
-int csd_http_schema_compile(csd_json_schema **out, const json_t *schema, const char *param,
-                            csd_http_error *e) {
-    csd_err err = {0};
-    int rc = csd_json_schema_compile(out, schema, &err);
-    if (rc == CSD_ENOMEM)
-        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    if (!rc) return 0;
-    /* the compiler's messages start "schema at '/pointer'": say whose schema it is */
-    const char *msg = !strncmp(err.msg, "schema", 6) ? err.msg + 6 : err.msg;
-    return csd_http_error_set(e, 400, NULL, param, "invalid_json_schema", "%s%s", param, msg);
-}
-
 int csd_http_compile_schema(csd_http_req *r, const json_t *schema, const char *param,
                             csd_http_error *e) {
-    int rc = csd_http_schema_compile(&r->json_schema, schema, param, e);
-    if (!rc) r->json_object = true;
-    return rc;
+    csd_err err = {0};
+    int rc = csd_json_schema_compile(&r->json_schema, schema, &err);
+    if (rc == CSD_ENOMEM)
+        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc) {
+        /* the compiler's messages start "schema at '/pointer'": say whose schema it is */
+        const char *msg = !strncmp(err.msg, "schema", 6) ? err.msg + 6 : err.msg;
+        return csd_http_error_set(e, 400, NULL, param, "invalid_json_schema", "%s%s", param, msg);
+    }
+    r->json_object = true;
+    return 0;
 }
 
 /* response_format json_schema: {"name": ..., "schema": {...}, "strict": ...}; the schema is

@@ -131,12 +131,8 @@ int csd_http_req_parse(csd_http_req *req, int kind, const char *body, size_t len
 int csd_http_req_parse_object(csd_http_req *req, int kind, const json_t *root, int32_t vocab_size,
                               csd_http_error *err);
 void csd_http_req_fini(csd_http_req *req);
-/* Compiles schema into *out; a schema outside the supported subset is a 400 naming param, its
- * message "PARAM at '/pointer': problem". */
-int csd_http_schema_compile(csd_json_schema **out, const json_t *schema, const char *param,
-                            csd_http_error *e);
-/* Compiles schema into r->json_schema (csd_http_schema_compile) and makes the answer JSON
- * (r->json_object). */
+/* Compiles schema into r->json_schema and makes the answer JSON (r->json_object); a schema outside
+ * the supported subset is a 400 naming param, its message "PARAM at '/pointer': problem". */
 int csd_http_compile_schema(csd_http_req *r, const json_t *schema, const char *param,
                             csd_http_error *e);
 

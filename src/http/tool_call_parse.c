@@ -39,6 +39,27 @@ static size_t skip_string(const char *p, size_t i, size_t n) {
     return i + 1;
 }
 
+size_t csd_tool_json_close(const char *p, size_t n) {
+    size_t depth = 0;
+    bool in_string = false, escaped = false;
+    for (size_t i = 0; i < n; i++) {
+        char c = p[i];
+        if (in_string) {
+            if (escaped) escaped = false;
+            else if (c == '\\') escaped = true;
+            else if (c == '"') in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            depth++;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0) return 0;
+            if (--depth == 0) return i + 1;
+        }
+    }
+    return 0;
+}
+
 /* The index just past the value that starts at p[i]. */
 static size_t skip_value(const char *p, size_t i, size_t n) {
     if (p[i] == '"') return skip_string(p, i, n);
@@ -46,17 +67,8 @@ static size_t skip_value(const char *p, size_t i, size_t n) {
         while (i < n && !csd_tag_is_space(p[i]) && p[i] != ',' && p[i] != '}' && p[i] != ']') i++;
         return i;
     }
-    int depth = 0;
-    do {
-        if (p[i] == '"') {
-            i = skip_string(p, i, n);
-            continue;
-        }
-        if (p[i] == '{' || p[i] == '[') depth++;
-        if (p[i] == '}' || p[i] == ']') depth--;
-        i++;
-    } while (i < n && depth > 0);
-    return i;
+    size_t end = csd_tool_json_close(p + i, n - i);
+    return end ? i + end : n;
 }
 
 /* Decodes the JSON string at p[0, n) into *out (csd_alloc'd; *len its bytes). Returns 0, 1 when

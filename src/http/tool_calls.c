@@ -146,26 +146,29 @@ static int scan_call(csd_tool_split *s) {
 /* ---- bare calls ---- */
 
 /* Where the answer's calls start in p[0, n): past leading whitespace and the tag. Sets *open when
- * what follows is still undecided (all whitespace, or a proper prefix of the tag). */
+ * no call starts there: what follows is still undecided (all whitespace, or a proper prefix of the
+ * tag), or what comes before it is over CSD_TOOL_SPACE_MAX bytes (too long a lead to be calls,
+ * the same bound however the text arrives). */
 static size_t bare_start(const char *p, size_t n, bool *open) {
     size_t i = csd_tag_space_after(p, n, n);
     *open = i == n || csd_tag_partial(p + i, n - i, PYTHON_TAG, PYTHON_LEN) == n - i;
-    if (*open || n - i < PYTHON_LEN || memcmp(p + i, PYTHON_TAG, PYTHON_LEN)) return i;
-    i += PYTHON_LEN;
-    i += csd_tag_space_after(p + i, n - i, n - i);
-    *open = i == n;
+    if (!*open && n - i >= PYTHON_LEN && !memcmp(p + i, PYTHON_TAG, PYTHON_LEN)) {
+        i += PYTHON_LEN;
+        i += csd_tag_space_after(p + i, n - i, n - i);
+        *open = i == n;
+    }
+    if (i > CSD_TOOL_SPACE_MAX) *open = true;
     return i;
 }
 
 /* Bare mode, before the answer's first telling byte: '{' holds the answer back as calls (whole),
  * anything else makes it all content. What comes before it (whitespace, the tag) is held for at
- * most CSD_TOOL_SPACE_MAX bytes, the same bound however the text arrives. */
+ * most CSD_TOOL_SPACE_MAX bytes. */
 static int sniff(csd_tool_split *s) {
     bool open;
     size_t at = bare_start(s->pending.data, s->pending.len, &open);
     if (open && at <= CSD_TOOL_SPACE_MAX) return 0;
     s->sniffing = false;
-    if (at > CSD_TOOL_SPACE_MAX) open = true; /* too long a lead to be calls */
     if (!open && s->pending.data[at] == '{') {
         s->whole = true;
         return 0;
@@ -174,45 +177,43 @@ static int sniff(csd_tool_split *s) {
     return give(s, s->pending.len);
 }
 
-/* One past the '}' that closes the object starting at p[0] == '{', or 0 when it does not close in
- * p[0, n). Braces and brackets inside strings do not count; the body is checked after. */
-static size_t object_end(const char *p, size_t n) {
-    size_t depth = 0;
-    bool in_string = false, escaped = false;
-    for (size_t i = 0; i < n; i++) {
-        char c = p[i];
-        if (in_string) {
-            if (escaped) escaped = false;
-            else if (c == '\\') escaped = true;
-            else if (c == '"') in_string = false;
-        } else if (c == '"') {
-            in_string = true;
-        } else if (c == '{' || c == '[') {
-            depth++;
-        } else if (c == '}' || c == ']') {
-            if (depth == 0) return 0;
-            if (--depth == 0) return i + 1;
-        }
-    }
+/* Keeps call c (s owns it from here), or 1 when s holds CSD_TOOL_CALLS_MAX calls already. */
+static int add_call(csd_tool_split *s, const csd_tool_call *c) {
+    if (s->n_calls == CSD_TOOL_CALLS_MAX) return 1;
+    s->calls[s->n_calls++] = *c;
     return 0;
 }
 
+/* Ends a held-back answer: when calls (rc 0) the calls split off since `first` stay and pending
+ * is dropped; else they are undone and all of pending is content as written (rc 1), or rc is an
+ * error. */
+static int settle(csd_tool_split *s, int first, int rc) {
+    s->whole = false;
+    if (!rc) {
+        drop(s, s->pending.len);
+        return 0;
+    }
+    while (s->n_calls > first) csd_tool_call_fini(&s->calls[--s->n_calls]);
+    return rc < 0 ? rc : give(s, s->pending.len);
+}
+
 /* The held-back answer as calls: the tag (bare mode), then objects separated by ';' (one after the
- * last is taken too), whitespace around each. All of them calls: s->calls gets them and pending is
- * dropped; else all of pending is content as written. */
+ * last is taken too), whitespace around each. */
 static int close_calls(csd_tool_split *s) {
     const char *p = s->pending.data;
     size_t n = s->pending.len;
     bool open;
     size_t i = bare_start(p, n, &open);
-    if (i > CSD_TOOL_SPACE_MAX) open = true; /* as sniff has it */
     int first = s->n_calls, rc = 1;
-    while (!open && i < n && p[i] == '{' && s->n_calls < CSD_TOOL_CALLS_MAX) {
-        size_t end = object_end(p + i, n - i);
+    while (!open && i < n && p[i] == '{') {
+        size_t end = csd_tool_json_close(p + i, n - i);
         if (!end) break;
         csd_tool_call c;
         if ((rc = csd_tool_call_parse(p + i, end, s->mode == CSD_TOOL_SPLIT_BARE, &c))) break;
-        s->calls[s->n_calls++] = c;
+        if ((rc = add_call(s, &c))) {
+            csd_tool_call_fini(&c);
+            break;
+        }
         i += end;
         i += csd_tag_space_after(p + i, n - i, n - i);
         if (i == n) break;
@@ -222,13 +223,7 @@ static int close_calls(csd_tool_split *s) {
         i += csd_tag_space_after(p + i, n - i, n - i);
         if (i == n) rc = 0;
     }
-    s->whole = false;
-    if (rc == 0 && i == n) {
-        drop(s, n);
-        return 0;
-    }
-    while (s->n_calls > first) csd_tool_call_fini(&s->calls[--s->n_calls]);
-    return rc < 0 ? rc : give(s, n);
+    return settle(s, first, rc);
 }
 
 /* ---- Mistral's calls ---- */
@@ -239,18 +234,12 @@ static bool at_tag(const char *p, size_t i, size_t n, const char *tag) {
     return n - i >= len && !memcmp(p + i, tag, len);
 }
 
-static int add_call(csd_tool_split *s, const csd_tool_call *c) {
-    if (s->n_calls == CSD_TOOL_CALLS_MAX) return 1;
-    s->calls[s->n_calls++] = *c;
-    return 0;
-}
-
 /* Tokenizer v3's list at p[*i] == '[': [{"name", "arguments"}, ...], at least one. */
 static int mistral_list(csd_tool_split *s, const char *p, size_t n, size_t *i) {
     size_t k = *i + 1;
     for (;;) {
         k += csd_tag_space_after(p + k, n - k, n - k);
-        size_t end = k < n && p[k] == '{' ? object_end(p + k, n - k) : 0;
+        size_t end = k < n && p[k] == '{' ? csd_tool_json_close(p + k, n - k) : 0;
         if (!end) return 1;
         csd_tool_call c;
         int rc = csd_tool_call_parse(p + k, end, true, &c);
@@ -285,7 +274,7 @@ static int mistral_named(csd_tool_split *s, const char *p, size_t n, size_t *i) 
     if (name_end == *i || !at_tag(p, k, n, ARGS_TAG)) return 1;
     k += sizeof ARGS_TAG - 1;
     k += csd_tag_space_after(p + k, n - k, n - k);
-    size_t end = k < n && p[k] == '{' ? object_end(p + k, n - k) : 0;
+    size_t end = k < n && p[k] == '{' ? csd_tool_json_close(p + k, n - k) : 0;
     if (!end) return 1;
     csd_tool_call c;
     int rc = csd_tool_call_make(p + *i, name_end - *i, p + k, end, &c);
@@ -295,8 +284,7 @@ static int mistral_named(csd_tool_split *s, const char *p, size_t n, size_t *i) 
 }
 
 /* The held-back answer from [TOOL_CALLS] on: each tag followed by a list of calls or by one named
- * call, whitespace between. All of them calls (one at least): s->calls gets them and pending is
- * dropped; else all of pending is content as written. */
+ * call, whitespace between; one call at least. */
 static int close_mistral(csd_tool_split *s) {
     const char *p = s->pending.data;
     size_t n = s->pending.len, i = csd_tag_space_after(p, n, n);
@@ -311,13 +299,7 @@ static int close_mistral(csd_tool_split *s) {
         rc = i < n && p[i] == '[' ? mistral_list(s, p, n, &i) : mistral_named(s, p, n, &i);
         if (!rc) i += csd_tag_space_after(p + i, n - i, n - i);
     }
-    s->whole = false;
-    if (!rc && s->n_calls > first) {
-        drop(s, n);
-        return 0;
-    }
-    while (s->n_calls > first) csd_tool_call_fini(&s->calls[--s->n_calls]);
-    return rc < 0 ? rc : give(s, n);
+    return settle(s, first, rc ? rc : s->n_calls > first ? 0 : 1);
 }
 
 static void hand_out(const csd_tool_split *s, const char **content, size_t *content_len) {

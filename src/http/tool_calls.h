@@ -100,6 +100,9 @@ int csd_tool_split_mode_for_template(const char *template_src);
  * need_arguments, "arguments" or "parameters" must be present (a bare call has no tag to say it is
  * one). Returns 0, 1 when the body is not a call, or CSD_ENOMEM. */
 int csd_tool_call_parse(const char *body, size_t len, bool need_arguments, csd_tool_call *out);
+/* One past the bracket that closes the object or list starting at p[0] ('{' or '['), or 0 when it
+ * does not close in p[0, n). Brackets inside strings do not count; nothing else is checked. */
+size_t csd_tool_json_close(const char *p, size_t n);
 /* A call from its name and its arguments' text, which must be one JSON object (copied as written).
  * Returns 0, 1 when they are not a call (an empty name, a NUL in it), or CSD_ENOMEM. */
 int csd_tool_call_make(const char *name, size_t name_len, const char *args, size_t args_len,

@@ -331,11 +331,6 @@ static int discriminator(const builder *b, const csd_schema_node *bn) {
     return p->required && b->nodes[p->node].n_lits ? (int)bn->first_prop : -1;
 }
 
-static bool same_lit_bytes(const builder *b, uint16_t x, uint16_t y) {
-    const csd_schema_lit *l = &b->lits[x], *r = &b->lits[y];
-    return l->len == r->len && !memcmp(b->bytes + l->off, b->bytes + r->off, l->len);
-}
-
 /* Several object branches: a union told apart by the first property all of them share (Pydantic's
  * discriminated unions, tool calls by name). m gets one property, that key, whose value is one of
  * the branches' values; each of those literals names its branch (alt), which the acceptor follows
@@ -354,7 +349,7 @@ static int merge_objects(builder *b, const char *path, const char *kw, const uin
     t.first_lit = (uint16_t)b->n_lits;
     for (size_t i = 0; i < n; i++) {
         int p = discriminator(b, &b->nodes[obj[i]]);
-        if (p < 0 || (i > 0 && !same_lit_bytes(b, key, b->props[p].key_lit)))
+        if (p < 0 || (i > 0 && !same_value(b, &b->lits[key], &b->lits[b->props[p].key_lit])))
             return fail(b, path, kw, why);
         key = b->props[p].key_lit;
         const csd_schema_node v = b->nodes[b->props[p].node];
