@@ -23,6 +23,7 @@ start_server() {
     local name=$1
     shift
     local log="$WORK/$name.log"
+    : >"$log" # emptied before the start: a look must never see an earlier server's lines
     "$CASCADIA" serve "$@" --port 0 2>"$log" &
     local pid=$!
     PIDS+=("$pid")

@@ -17,9 +17,13 @@ cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 
 # start_worker SHARD LOG [args...]: starts a worker on a free port, prints "pid port". It runs in a
-# process substitution, so a failure goes to stderr, where it is seen.
+# process substitution, so a failure goes to stderr, where it is seen. LOG is emptied here, before
+# the start: a log an earlier section left (the same export's w0.log, w1.log) still says
+# "listening on port" until the new worker's shell truncates it, which may be after the first look
+# (it was, twice, under ThreadSanitizer: the wait ended at once and the port read was empty).
 start_worker() {
     local shard=$1 log=$2; shift 2
+    : >"$log"
     "$CASCADIA" worker --shard "$shard" --listen 127.0.0.1:0 --threads 1 "$@" >"$log" 2>&1 &
     local pid=$!
     wait_for 30 logged_or_gone "$log" "listening on port [0-9]" "$pid" || true
@@ -31,8 +35,7 @@ start_worker() {
 }
 
 # where_stuck PID: what a live process's threads are doing (state, kernel wait channel, system call
-# and kernel stack where readable), for a worker that stays silent (seen twice under ThreadSanitizer
-# on a loaded CI machine, cause unknown).
+# and kernel stack where readable; user-space stacks through gdb), for a worker that stays silent.
 where_stuck() {
     local pid=$1 t
     [ -d "/proc/$pid" ] || return 0
@@ -42,6 +45,10 @@ where_stuck() {
             "wchan $(cat "$t/wchan" 2>/dev/null), syscall $(cut -d' ' -f1 "$t/syscall" 2>/dev/null)"
         cat "$t/stack" 2>/dev/null | head -12
     done
+    # user-space stacks too, where gdb is installed and may attach (it is not a dependency)
+    command -v gdb >/dev/null && timeout 30 gdb -p "$pid" -batch -ex "thread apply all bt 16" 2>&1 |
+        grep -E "^(Thread|#)" | head -80
+    return 0
 }
 
 # fleet_up DIR N [args]: starts N workers for DIR's shards; sets FLEET
@@ -322,6 +329,7 @@ fleet_down
 d="$WORK/x-f32-1"
 read -r pid wport < <(start_worker "$d/stage-0.shard" "$WORK/one.log" --insecure --max-requests 1)
 PIDS+=("$pid")
+: >"$WORK/serve.log" # emptied first (see start_worker): no look sees the last serve's lines
 "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$wport" --insecure --port 0 --parallel 2 \
     >"$WORK/serve.log" 2>&1 &
 PIDS+=("$!")
@@ -367,6 +375,7 @@ free_port() { /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("
 d="$WORK/x-f32-2"
 read -r pid p0 < <(start_worker "$d/stage-0.shard" "$WORK/wait0.log" --insecure); PIDS+=("$pid")
 p1=$(free_port)
+: >"$WORK/serve.log"
 CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$p0,127.0.0.1:$p1" --insecure --port 0 \
     --wait-workers 300 >"$WORK/serve.log" 2>&1 &
 spid=$!; PIDS+=("$spid")
@@ -435,6 +444,7 @@ echo "ok: SIGTERM ends the wait for workers cleanly (exit 0)"; passed=$((passed 
 d="$WORK/x-f32-1"
 read -r pid wport < <(start_worker "$d/stage-0.shard" "$WORK/evict.log" --insecure --max-requests 2)
 PIDS+=("$pid")
+: >"$WORK/serve.log"
 CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$wport" --insecure --port 0 \
     --parallel 1 --prefix-cache 3 >"$WORK/serve.log" 2>&1 &
 PIDS+=("$!")
