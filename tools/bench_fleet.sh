@@ -31,6 +31,7 @@ trap stop_workers EXIT INT TERM
 
 # start_worker STAGE PORT THREADS: returns once the worker listens
 start_worker() {
+    : > "$OUT/worker-$1.log" # emptied first: the last run's "listening" must not end the wait
     "$CASCADIA" worker --shard "$EXPORT/stage-$1.shard" --listen "127.0.0.1:$2" $LINK --threads "$3" \
         --ctx $((N + 64)) > "$OUT/worker-$1.log" 2>&1 &
     PIDS="$PIDS $!"
