@@ -113,6 +113,28 @@ if err=$("$CASCADIA" run "$WORK/exp" -p hi -n 2 2>&1); then fail "run on a 2-sta
 has "$err" "an export in 2 stages" "2-stage export"
 if err=$("$CASCADIA" run "$WORK/auto" --precision int8 -p hi -n 2 2>&1); then fail "--precision int8 on an int4 export accepted"; fi
 has "$err" "the export is int4" "precision mismatch"
+# A shard that is not the one the manifest lists (another export's stage 0, without the head) is
+# refused before its shapes are trusted: read as this export's, its hidden states became logits.
+cp -r "$WORK/auto" "$WORK/swap"
+cp "$WORK/exp/stage-0.shard" "$WORK/swap/stage-0.shard"
+if err=$("$CASCADIA" run "$WORK/swap" -p hi -n 2 2>&1); then fail "a swapped shard ran"; fi
+has "$err" "the manifest lists stage 0 of 1" "swapped shard"
+ok
+
+# inspect on a safetensors file with an empty tensor whose other dimensions multiply past 64 bits
+# (the reader accepts it: it holds no bytes): the parameter count must not overflow.
+mkdir "$WORK/empty" && cp "$M"/*.json "$WORK/empty/"
+/usr/bin/python3 - "$M/model.safetensors" "$WORK/empty/model.safetensors" <<'PY'
+import json, struct, sys
+data = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+header["x"] = {"dtype": "F32", "shape": [2**62, 4, 0], "data_offsets": [0, 0]}
+text = json.dumps(header).encode()
+open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data[8 + n:])
+PY
+out=$("$CASCADIA" inspect "$WORK/empty" 2>&1) || fail "inspect of a model with an empty tensor: $out"
+has "$out" "tensors" "inspect with an empty tensor"
 ok
 
 # run --logit-bias: +100 forces a token, -100 bans the greedy one; bad values are refused

@@ -351,6 +351,9 @@ static void test_bad_fields(void **state) {
     expect_refused(llama2_json, "rms_norm_eps", "1e-60", "rms_norm_eps"); /* 0 as a float */
     expect_refused(llama2_json, "rope_theta", "\"10000\"", "rope_theta");
     expect_refused(llama2_json, "rope_theta", "1e300", "rope_theta");
+    /* small enough that 1 / theta**x overflows: every logit would be NaN */
+    expect_refused(llama2_json, "rope_theta", "1e-45", "rope_theta");
+    expect_refused(llama2_json, "rope_theta", "0.5", "rope_theta");
     expect_refused(llama2_json, "rope_scaling", "{\"rope_type\": \"llama3\", \"factor\": 8.0,"
                                                 " \"high_freq_factor\": 4.0,"
                                                 " \"original_max_position_embeddings\": 8192}",
@@ -361,6 +364,8 @@ static void test_bad_fields(void **state) {
                                                 " \"original_max_position_embeddings\": 8192}",
                    "high_freq_factor");
     expect_refused(llama2_json, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": -2}",
+                   "factor");
+    expect_refused(llama2_json, "rope_scaling", "{\"rope_type\": \"linear\", \"factor\": 1e-45}",
                    "factor");
     expect_refused(llama2_json, "rope_scaling", "[1]", "rope_scaling");
     /* Token ids. */

@@ -1,7 +1,9 @@
 /* test_model_load_hf: a Hugging Face directory whose tensors do not match its config.json is
  * refused with the tensor named: one missing, one of the wrong shape, and tensors the
  * architecture does not define (a layer past the last one, a layer index too large for any
- * integer, a zero-padded index, an unknown suffix). The untouched directory loads. */
+ * integer, a zero-padded index, an unknown suffix), and a weight that is NaN or infinite. The
+ * untouched directory loads. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,17 +40,25 @@ typedef struct {
     const char *drop;       /* a tensor left out */
     const char *reshape;    /* a tensor whose first dimension is cut by one row */
     const char *extra_name; /* a copy of the final norm under this name */
+    const char *poison;     /* a tensor whose element 3 becomes poison_value */
+    float poison_value;
 } edit;
 
 typedef struct {
     const csd_st_set *src;
     const int *from; /* descriptor i takes its bytes from source tensor from[i] */
+    const edit *e;
 } copy_ctx;
 
 static int copy_fill(void *ctx, int index, void *dst, size_t nbytes, csd_err *err) {
     (void)err;
     const copy_ctx *c = ctx;
-    memcpy(dst, csd_st_at(c->src, c->from[index])->data, nbytes);
+    const csd_st_tensor *t = csd_st_at(c->src, c->from[index]);
+    memcpy(dst, t->data, nbytes);
+    if (c->e->poison && !strcmp(t->name, c->e->poison)) {
+        assert_int_equal(t->dtype, CSD_DTYPE_F32); /* as csd_test_write_tiny writes them */
+        memcpy((float *)dst + 3, &c->e->poison_value, sizeof(float));
+    }
     return 0;
 }
 
@@ -83,7 +93,7 @@ static void apply_edit(const char *dir, const edit *e) {
         d[k].shape[0] = t->shape[0];
         from[k++] = norm;
     }
-    copy_ctx c = {st, from};
+    copy_ctx c = {st, from, e};
     if (csd_st_write(tmp, d, k, copy_fill, &c, &err)) fail_msg("write: %s", err.msg);
     csd_st_close(st);
     csd_free(d);
@@ -156,12 +166,27 @@ static void test_unexpected_tensors_are_named(void **state) {
     }
 }
 
+/* A NaN or infinite weight is refused naming the tensor (quantizing it is undefined, and at any
+ * precision every logit would be NaN). */
+static void test_non_finite_weight_is_named(void **state) {
+    (void)state;
+    expect_refused(&(edit){.poison = "model.layers.0.self_attn.q_proj.weight",
+                           .poison_value = NAN},
+                   "tensor 'model.layers.0.self_attn.q_proj.weight' holds NaN at element 3");
+    expect_refused(&(edit){.poison = "model.layers.1.mlp.down_proj.weight",
+                           .poison_value = -INFINITY},
+                   "tensor 'model.layers.1.mlp.down_proj.weight' holds an infinity at element 3");
+    expect_refused(&(edit){.poison = "model.norm.weight", .poison_value = INFINITY},
+                   "tensor 'model.norm.weight' holds an infinity");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_untouched_model_loads),
         cmocka_unit_test(test_missing_tensor_is_named),
         cmocka_unit_test(test_wrong_shape_is_named),
         cmocka_unit_test(test_unexpected_tensors_are_named),
+        cmocka_unit_test(test_non_finite_weight_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

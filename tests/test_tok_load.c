@@ -1,6 +1,7 @@
 /* test_tok_load: tokenizer.json parsing from memory: both merge formats, added tokens with
  * lstrip/rstrip, template BOS/EOS vs config flags, and malformed or unsupported files refused with
- * a clean error (code + message, nothing leaked; run under ASan in CI). */
+ * a clean error (code + message, nothing leaked; run under ASan in CI), including a token too long
+ * for the detokenizer's buffer and an added BOS the vocabulary lacks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -237,6 +238,60 @@ static void malformed_refused(void **state) {
     csd_tok_destroy(NULL);
 }
 
+/* The tiny tokenizer with an added token (id 8) of n copies of 'Y'; the caller frees it. */
+static char *with_long_token(size_t n) {
+    char *y = csd_alloc(n + 1), *json = csd_alloc(n + 4096);
+    assert_non_null(y);
+    assert_non_null(json);
+    memset(y, 'Y', n);
+    y[n] = '\0';
+    snprintf(json, n + 4096, TINY("[]", SPECIALS ", {\"id\": 8, \"content\": \"%s\"}", ""), y);
+    csd_free(y);
+    return json;
+}
+
+/* A token's text always fits the detokenizer's buffer (CSD_DETOK_PIECE_MAX), so a stream never
+ * drops one: a 4000-byte token decodes whole, a tokenizer with one of 5000 bytes is refused. */
+static void long_tokens_bounded(void **state) {
+    (void)state;
+    char *json = with_long_token(4000);
+    csd_tok *tok = load_ok(json, NULL);
+    csd_detok d;
+    csd_detok_init(&d, tok, true);
+    static char piece[CSD_DETOK_PIECE_MAX];
+    size_t n = 0;
+    assert_int_equal(csd_detok_push(&d, 3, piece, sizeof piece, &n), 0); /* "a" first */
+    assert_int_equal(csd_detok_push(&d, 8, piece, sizeof piece, &n), 0);
+    assert_int_equal(n, 4000);
+    assert_int_equal(strspn(piece, "Y"), 4000);
+    csd_tok_destroy(tok);
+    csd_free(json);
+    json = with_long_token(5000);
+    expect_refused(json, CSD_EUNSUPPORTED, "token 8 decodes to more than");
+    csd_free(json);
+}
+
+/* A config that adds a BOS (or EOS) to every prompt must name a token the vocabulary has. */
+static void added_bos_must_exist(void **state) {
+    (void)state;
+    const char *json = TINY("[]", SPECIALS, "");
+    const char *cfgs[] = {"{\"bos_token\": \"<bos>\", \"add_bos_token\": true}",
+                          "{\"eos_token\": \"</e>\", \"add_eos_token\": true}"};
+    const char *want[] = {"bos_token '<bos>' is not in the vocabulary",
+                          "eos_token '</e>' is not in the vocabulary"};
+    for (int i = 0; i < 2; i++) {
+        csd_tok *tok = NULL;
+        csd_err err = {0};
+        assert_int_equal(csd_tok_load_mem(&tok, json, strlen(json), cfgs[i], strlen(cfgs[i]),
+                                          &err),
+                         CSD_EFORMAT);
+        assert_null(tok);
+        if (!strstr(err.msg, want[i])) fail_msg("message '%s' lacks '%s'", err.msg, want[i]);
+    }
+    /* not added: a name the vocabulary lacks is only unused */
+    csd_tok_destroy(load_ok(json, "{\"bos_token\": \"<bos>\", \"add_bos_token\": false}"));
+}
+
 /* A tokenizer whose normalizer is a Sequence of NORMS. */
 #define NORM_TOK(NORMS)                                                                    \
     "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [" NORMS "]}, "            \
@@ -272,6 +327,7 @@ int main(void) {
         cmocka_unit_test(added_tokens_strip), cmocka_unit_test(regex_case_folding),
         cmocka_unit_test(metaspace),
         cmocka_unit_test(malformed_refused), cmocka_unit_test(normalizer_growth_bounded),
+        cmocka_unit_test(long_tokens_bounded), cmocka_unit_test(added_bos_must_exist),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

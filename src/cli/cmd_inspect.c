@@ -54,8 +54,11 @@ static void print_tensors(const csd_st_set *st) {
     int64_t params = 0;
     for (int i = 0; i < csd_st_count(st); i++) {
         const csd_st_tensor *t = csd_st_at(st, i);
+        /* a zero dim makes the product 0 before any other may overflow (the reader checks the
+         * products of tensors that are not empty) */
         int64_t n = 1;
-        for (int d = 0; d < t->n_dims; d++) n *= t->shape[d];
+        for (int d = 0; d < t->n_dims; d++) n = t->shape[d] == 0 ? 0 : n;
+        for (int d = 0; d < t->n_dims && n; d++) n *= t->shape[d];
         params += n;
         bytes += t->nbytes;
     }

@@ -167,7 +167,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
 typedef struct run_output {
     bool print_ids;
     csd_detok detok;
-    char buf[1024];
+    char buf[CSD_DETOK_PIECE_MAX]; /* one token's text: never fills (tokenizer.h) */
 } run_output;
 
 static bool on_token(void *ctx, int32_t id, const float *logits) {

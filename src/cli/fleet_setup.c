@@ -166,6 +166,7 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
         if (csd_path_join(path, sizeof path, m->dir, m->stages[0].file))
             rc = csd_err_set(err, CSD_ERANGE, "path too long");
         if (!rc) rc = csd_model_shard_open(&f->shard0, path, err);
+        if (!rc) rc = csd_manifest_check_stage(m, 0, f->shard0->file, path, err);
         if (!rc)
             rc = csd_model_create(&f->model0, &f->shard0->cfg, &f->shard0->weights, mopts, err);
     }

@@ -297,8 +297,8 @@ int csd_manifest_load(csd_manifest **out, const char *path, csd_err *err) {
 
 /* ---- validation ---- */
 
-static int check_stage(const csd_manifest *m, int i, const csd_shard *f, const char *path,
-                       const char **json0, size_t *json0_len, csd_err *err) {
+int csd_manifest_check_stage(const csd_manifest *m, int i, const csd_shard *f, const char *path,
+                             csd_err *err) {
     const csd_manifest_stage *s = &m->stages[i];
     const csd_shard_header *h = csd_shard_hdr(f);
     if (h->stage_index != (uint32_t)i || h->stage_count != (uint32_t)m->n_stages ||
@@ -323,6 +323,14 @@ static int check_stage(const csd_manifest *m, int i, const csd_shard *f, const c
     if (!csd_model_config_equal(csd_shard_config(f), &m->cfg))
         return csd_err_set(err, CSD_EMISMATCH, "%s: embedded config differs from the manifest's",
                            path);
+    return 0;
+}
+
+/* csd_manifest_check_stage, and every stage's config text the same as stage 0's */
+static int check_stage(const csd_manifest *m, int i, const csd_shard *f, const char *path,
+                       const char **json0, size_t *json0_len, csd_err *err) {
+    int rc = csd_manifest_check_stage(m, i, f, path, err);
+    if (rc) return rc;
     size_t len;
     const char *json = csd_shard_config_json(f, &len);
     if (i == 0) {

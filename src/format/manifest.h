@@ -61,6 +61,12 @@ void csd_manifest_destroy(csd_manifest *m);
  * shards' tensor tables. deep: also verify every tensor checksum (reads all the data). */
 int csd_manifest_validate(const csd_manifest *m, bool deep, csd_err *err);
 
+/* Checks one opened shard against the manifest's stage i: its stage fields, header checksum, model
+ * hash and embedded config as listed (what a process that loads a stage itself, not through a
+ * worker's handshake, must know before trusting the shard's shapes). path names it in errors. */
+int csd_manifest_check_stage(const csd_manifest *m, int i, const csd_shard *f, const char *path,
+                             csd_err *err);
+
 /* Writes dir/manifest.json atomically. */
 int csd_manifest_write(const csd_manifest *m, const char *dir, csd_err *err);
 

@@ -21,6 +21,10 @@
 /* Bounds on float fields: beyond these a value is a typo or an attack, not a model. */
 #define ROPE_THETA_MAX 1e12
 #define ROPE_FACTOR_MAX 1024.0
+/* Below these the frequencies overflow (1 / theta**x, f / factor) and every logit is NaN; real
+ * models use theta 10^4-10^7 and factors 1-64. */
+#define ROPE_THETA_MIN 1.0
+#define ROPE_FACTOR_MIN 1e-3
 #define CONFIG_PATH_MAX 4096
 
 /* ---- field readers: absent and null mean "use the default" unless the field is required ---- */
@@ -127,7 +131,7 @@ static int parse_rope_scaling(csd_model_config *cfg, const json_t *root, csd_err
     if (strcmp(type, "default") == 0) return 0;
     if (strcmp(type, "linear") == 0) {
         cfg->rope_scaling = CSD_ROPE_SCALING_LINEAR;
-        return get_float(rs, "rope_scaling.", "factor", true, 1.0, 0.0, ROPE_FACTOR_MAX,
+        return get_float(rs, "rope_scaling.", "factor", true, 1.0, ROPE_FACTOR_MIN, ROPE_FACTOR_MAX,
                          &cfg->rope_factor, err);
     }
     if (strcmp(type, "llama3") != 0)
@@ -135,7 +139,7 @@ static int parse_rope_scaling(csd_model_config *cfg, const json_t *root, csd_err
                            "config: rope_scaling type '%.40s' is not supported (llama3, linear)",
                            type);
     cfg->rope_scaling = CSD_ROPE_SCALING_LLAMA3;
-    if ((rc = get_float(rs, "rope_scaling.", "factor", true, 1.0, 0.0, ROPE_FACTOR_MAX,
+    if ((rc = get_float(rs, "rope_scaling.", "factor", true, 1.0, ROPE_FACTOR_MIN, ROPE_FACTOR_MAX,
                         &cfg->rope_factor, err)) != 0 ||
         (rc = get_float(rs, "rope_scaling.", "low_freq_factor", true, 1.0, 0.0, ROPE_FACTOR_MAX,
                         &cfg->rope_low_freq_factor, err)) != 0 ||
@@ -232,7 +236,7 @@ static int parse_root(csd_model_config *cfg, const json_t *root, csd_err *err) {
                       &cfg->max_seq_len, err)) != 0 ||
         (rc = get_float(root, "", "rms_norm_eps", false, 1e-6, 0.0, 1.0, &cfg->norm_eps, err)) !=
             0 ||
-        (rc = get_float(root, "", "rope_theta", false, 10000.0, 0.0, ROPE_THETA_MAX,
+        (rc = get_float(root, "", "rope_theta", false, 10000.0, ROPE_THETA_MIN, ROPE_THETA_MAX,
                         &cfg->rope_theta, err)) != 0 ||
         (rc = parse_rope_scaling(cfg, root, err)) != 0 ||
         (rc = get_bool(root, "tie_word_embeddings", false, &cfg->tie_embeddings, err)) != 0 ||

@@ -20,9 +20,6 @@
 #include "tok/tokenizer.h"
 #include "tool_calls.h"
 
-/* Bytes the detokenizer may produce for one token (a piece plus held-back UTF-8 bytes). */
-#define CSD_HTTP_PIECE_MAX 4096
-
 
 typedef struct csd_http_job csd_http_job;
 
@@ -34,7 +31,7 @@ typedef struct csd_http_choice {
     /* touched only by the engine's callbacks (one request's callbacks never run concurrently) */
     csd_detok detok;
     csd_http_stop stop;
-    char piece[CSD_HTTP_PIECE_MAX];
+    char piece[CSD_DETOK_PIECE_MAX]; /* one token's text: never fills (tokenizer.h) */
     int64_t text_offset; /* completions logprobs: bytes of text so far */
     csd_think_split think; /* chat: the thinking split from the answer (job->think) */
     csd_tool_split tools; /* chat with tools (auto, or "required" among several): the calls */

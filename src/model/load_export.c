@@ -25,7 +25,9 @@ static int open_stage0(csd_model_shard **shard, const csd_manifest *m, const csd
     char path[4096];
     if (csd_path_join(path, sizeof path, m->dir, m->stages[0].file))
         return csd_err_set(err, CSD_ERANGE, "path too long");
-    return csd_model_shard_open(shard, path, err);
+    int rc = csd_model_shard_open(shard, path, err);
+    if (!rc) rc = csd_manifest_check_stage(m, 0, (*shard)->file, path, err);
+    return rc;
 }
 
 int csd_model_load_export(csd_model **out, const char *dir, const csd_model_opts *opts,

@@ -3,6 +3,7 @@
  * architecture does not know are named in the error. Matrices are converted to the requested
  * precision (quantized at load, deterministically); norms and biases stay f32. Under int4 the
  * embeddings and output head stay at 8 bits, as NNCF does. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -52,17 +53,24 @@ static int find_tensor(loader *ld, const char *name, int64_t rows, int64_t cols,
     return 0;
 }
 
-static void to_f32(const csd_st_tensor *t, float *dst, int64_t n) {
+/* t's n values as f32 into dst. A NaN or infinity is refused, naming the tensor: quantizing one
+ * is undefined (its scale is not a number), and at any precision it would make every logit NaN. */
+static int to_f32(const csd_st_tensor *t, const char *name, float *dst, int64_t n, csd_err *err) {
     if (t->dtype == CSD_DTYPE_F32) {
         memcpy(dst, t->data, (size_t)n * sizeof(float));
-        return;
+    } else {
+        const uint8_t *src = t->data; /* possibly unaligned: read element by element */
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * i, 2);
+            dst[i] = t->dtype == CSD_DTYPE_F16 ? csd_f16_to_f32(h) : csd_bf16_to_f32(h);
+        }
     }
-    const uint8_t *src = t->data; /* possibly unaligned: read element by element */
-    for (int64_t i = 0; i < n; i++) {
-        uint16_t h;
-        memcpy(&h, src + 2 * i, 2);
-        dst[i] = t->dtype == CSD_DTYPE_F16 ? csd_f16_to_f32(h) : csd_bf16_to_f32(h);
-    }
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(dst[i]))
+            return csd_err_set(err, CSD_EFORMAT, "tensor '%s' holds %s at element %lld", name,
+                               isnan(dst[i]) ? "NaN" : "an infinity", (long long)i);
+    return 0;
 }
 
 static int load_vector(loader *ld, const char *name, int64_t n, const float **out, csd_err *err) {
@@ -71,7 +79,8 @@ static int load_vector(loader *ld, const char *name, int64_t n, const float **ou
     if (rc) return rc;
     float *dst = own(ld->m, (size_t)n * sizeof(float));
     if (!dst) return csd_err_set(err, CSD_ENOMEM, "tensor '%s'", name);
-    to_f32(t, dst, n);
+    rc = to_f32(t, name, dst, n, err);
+    if (rc) return rc;
     *out = dst;
     return 0;
 }
@@ -88,7 +97,8 @@ static int load_matrix(loader *ld, const char *name, int64_t rows, int64_t cols,
         ld->f32_cap = ld->f32 ? n : 0;
         if (!ld->f32) return csd_err_set(err, CSD_ENOMEM, "conversion buffer for '%s'", name);
     }
-    to_f32(t, ld->f32, (int64_t)n);
+    rc = to_f32(t, name, ld->f32, (int64_t)n, err);
+    if (rc) return rc;
     size_t bytes = csd_qmat_bytes(dtype, rows, cols);
     void *dst = own(ld->m, bytes);
     if (!dst) return csd_err_set(err, CSD_ENOMEM, "tensor '%s' (%zu bytes)", name, bytes);

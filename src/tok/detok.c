@@ -226,3 +226,26 @@ int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_s
     *text = b.p;
     return 0;
 }
+
+int csd_tok_check_pieces(const csd_tok *tok, csd_err *err) {
+    /* each id alone, into a buffer short of CSD_DETOK_PIECE_MAX by more than an earlier token's
+     * unfinished character (one U+FFFD) and a separating space can add */
+    size_t cap = CSD_DETOK_PIECE_MAX - 16;
+    char *text = csd_alloc(cap);
+    if (!text) return csd_err_set(err, CSD_ENOMEM, "tokenizer piece check");
+    int rc = 0;
+    for (int32_t id = 0; id < tok->n_ids && !rc; id++) {
+        if (tok->id_sym[id] < 0) continue;
+        csd_detok d;
+        csd_detok_init(&d, tok, false);
+        d.at_start = false;
+        sink s = {.p = text, .cap = cap};
+        if (step(&d, id, &s) == CSD_EFULL)
+            rc = csd_err_set(err, CSD_EUNSUPPORTED,
+                             "tokenizer.json: token %d decodes to more than %zu bytes (the most "
+                             "supported)",
+                             id, cap - 1);
+    }
+    csd_free(text);
+    return rc;
+}

@@ -215,4 +215,7 @@ int csd_tok_bpe_word(const csd_tok *tok, const char *w, size_t n, csd_tok_bpe_sc
                      csd_tok_ids *out);
 void csd_tok_bpe_scratch_free(csd_tok_bpe_scratch *s);
 
+/* Refuses a vocabulary with a token whose text would not fit CSD_DETOK_PIECE_MAX (detok.c). */
+int csd_tok_check_pieces(const csd_tok *tok, csd_err *err);
+
 #endif

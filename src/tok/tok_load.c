@@ -586,6 +586,17 @@ static int parse_config(csd_tok *tok, const char *cfg, size_t cfg_len, bool *exp
     if (!rc) rc = dup_str(eos ? eos : "", &tok->eos_text, err);
     tok->bos = bos ? csd_tok_find(tok, bos) : -1;
     tok->eos = eos ? csd_tok_find(tok, eos) : -1;
+    /* a token the config adds to every prompt must exist, or every prompt silently lacks it */
+    if (!rc && *add_bos && bos && tok->bos < 0)
+        rc = csd_err_set(err, CSD_EFORMAT,
+                         "tokenizer_config.json: add_bos_token is true but bos_token '%.64s' is "
+                         "not in the vocabulary",
+                         bos);
+    if (!rc && *add_eos && eos && tok->eos < 0)
+        rc = csd_err_set(err, CSD_EFORMAT,
+                         "tokenizer_config.json: add_eos_token is true but eos_token '%.64s' is "
+                         "not in the vocabulary",
+                         eos);
     json_decref(root);
     return rc;
 }
@@ -709,7 +720,8 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
     if (json_is_string(unk)) tok->unk_id = csd_tok_find(tok, json_string_value(unk));
     if ((rc = parse_pretok(tok, json_object_get(root, "pre_tokenizer"), 0, err)) ||
         (rc = parse_decoder(tok, json_object_get(root, "decoder"), err)) ||
-        (rc = parse_post(tok, json_object_get(root, "post_processor"), 0, err)))
+        (rc = parse_post(tok, json_object_get(root, "post_processor"), 0, err)) ||
+        (rc = csd_tok_check_pieces(tok, err)))
         goto fail;
     bool explicit_flags, add_bos, add_eos;
     if ((rc = parse_config(tok, config_json, config_len, &explicit_flags, &add_bos, &add_eos, err)))

@@ -64,6 +64,10 @@ const char *csd_tok_eos_text(const csd_tok *tok);
  * that the decode would skip). Caller-provided storage. */
 #define CSD_DETOK_MAX_PENDING 64
 #define CSD_DETOK_MAX_KEEP 8
+/* Bytes one csd_detok_push or csd_detok_flush writes at most, NUL included: a tokenizer with a
+ * token that decodes to more (csd_tok_load refuses it; real vocabularies stay under 300 bytes) is
+ * not loaded, so a buffer of this size never fills and no token's text is ever dropped. */
+#define CSD_DETOK_PIECE_MAX 4096
 
 typedef struct csd_detok {
     const csd_tok *tok;
