@@ -7,7 +7,7 @@
  * ThreadSanitizer pass of scripts/test reports that walk as a race here). The KV memory cap: a
  * request that could never fit is refused without evicting the requests that are open. The stage
  * is a whole tiny synthetic model, served in this process on a free port; the clients speak the
- * wire protocol in insecure mode. */
+ * wire protocol in insecure mode. The frames waiting to be computed are bounded in bytes. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -331,6 +331,44 @@ static void test_gone_or_quiet_coordinator_replaced(void **state) {
     csd_conn_destroy(next);
 }
 
+/* The frames waiting for the compute thread are bounded in bytes: a frame over the bound (16 MiB
+ * here, where the bound is a few MiB: 32 full batches of this model's hidden rows) is refused
+ * with an ERROR for its request instead of being copied, and the worker goes on serving. */
+static void test_queue_bounded(void **state) {
+    fixture *f = *state;
+    csd_conn *c = connect_coord(f);
+    send_open(c, 7);
+    size_t big = 16u << 20;
+    uint8_t *junk = calloc(1, big);
+    assert_non_null(junk);
+    csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_FORWARD, CSD_WIRE_FLAG_OUT_SAMPLE, 7, 0,
+                                       (uint32_t)big);
+    csd_err err = {0};
+    assert_int_equal(csd_conn_send(c, &h, junk, big, &err), 0);
+    free(junk);
+    csd_netbuf buf = {0};
+    if (csd_conn_recv(c, &h, &buf, 5000, &err)) fail_msg("no ERROR: %s", err.msg);
+    assert_int_equal(h.type, CSD_WIRE_ERROR);
+    assert_int_equal(h.request_id, 7);
+    csd_wire_error e;
+    assert_int_equal(csd_wire_decode_error(buf.data, h.payload_len, &e, &err), 0);
+    if (!strstr(e.text, "a FORWARD frame of 16777216 bytes was dropped"))
+        fail_msg("ERROR '%s'", e.text);
+    /* a frame of a proper size is computed */
+    const uint32_t ids[2] = {1, 2};
+    uint8_t payload[64];
+    size_t len = 0;
+    assert_int_equal(
+        csd_wire_encode_ids(payload, sizeof payload, CSD_WIRE_ACT_TOKENS, ids, 2, &len, &err), 0);
+    h = csd_wire_hdr_make(CSD_WIRE_FORWARD, CSD_WIRE_FLAG_OUT_SAMPLE, 7, 0, (uint32_t)len);
+    assert_int_equal(csd_conn_send(c, &h, payload, len, &err), 0);
+    if (csd_conn_recv(c, &h, &buf, 5000, &err)) fail_msg("no RESULT: %s", err.msg);
+    assert_int_equal(h.type, CSD_WIRE_RESULT);
+    assert_int_equal(h.request_id, 7);
+    csd_netbuf_fini(&buf);
+    csd_conn_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_stats_follow_open_and_close, setup, teardown),
@@ -338,6 +376,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_request_over_cap_evicts_nobody, setup_small_cap,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_links_beyond_limit_closed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_queue_bounded, setup, teardown),
         cmocka_unit_test_setup_teardown(test_second_coordinator_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_gone_or_quiet_coordinator_replaced, setup_short_idle,
                                         teardown),

@@ -263,12 +263,18 @@ static void close_links(fleet *f) {
     for (int i = 0; i < f->opts.n_addrs; i++)
         if (f->conns[i]) csd_conn_shutdown(f->conns[i]);
     pthread_rwlock_wrlock(&f->links_lock); /* no sender is inside a link any more */
+    /* every reader is joined before any link is destroyed: a reader that fails marks the fleet
+     * broken, which shuts down every link, the others' included */
     for (int i = 0; i < f->opts.n_addrs; i++) {
         if (f->readers[i].started) pthread_join(f->readers[i].thread, NULL);
         f->readers[i].started = false;
+    }
+    pthread_mutex_lock(&f->mu); /* mark_broken reads conns[] under mu */
+    for (int i = 0; i < f->opts.n_addrs; i++) {
         csd_conn_destroy(f->conns[i]);
         f->conns[i] = NULL;
     }
+    pthread_mutex_unlock(&f->mu);
     pthread_rwlock_unlock(&f->links_lock);
 }
 

@@ -7,8 +7,13 @@
 #include "core/dtype.h"
 #include "quant.h"
 
-/* Round to nearest, ties to even, like cvtps2dq under the default MXCSR. */
-static inline int32_t round_even(float v) { return (int32_t)nearbyintf(v); }
+/* Round to nearest, ties to even, like cvtps2dq under the default MXCSR, including its answer for
+ * NaN and values out of range (INT32_MIN): a plain cast of those is undefined, and a NaN can
+ * arrive in the hidden states a previous stage sends. */
+static inline int32_t round_even(float v) {
+    float r = nearbyintf(v);
+    return r >= -2147483648.0f && r < 2147483648.0f ? (int32_t)r : INT32_MIN;
+}
 
 static void ref_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     int64_t ng = csd_quant_groups(cols);

@@ -22,6 +22,13 @@
  * stranger's place costs little now that a handshake reads at most 1 KB. */
 #define MAX_PEERS 128
 #define ACCEPT_RETRY_MS 100     /* after a failed accept (out of descriptors): no busy loop */
+/* The frames queued for the compute thread are bounded in bytes (payloads plus this much per
+ * frame): a peer that sends faster than the stage computes (a coordinator run amok, or anyone on
+ * an --insecure link) gets ERRORs for the frames over the bound instead of the worker's memory.
+ * The bound is QUEUE_STEPS of the largest steps this stage takes, more than a coordinator keeps
+ * in flight (16 steps); copies kept for reuse are bounded by the same. */
+#define QUEUE_ITEM_COST 256
+#define QUEUE_STEPS 32
 
 typedef struct peer {
     struct peer *next;
@@ -59,6 +66,8 @@ struct csd_stage_server {
     pthread_mutex_t send_mu;    /* held while sending on the output link */
     pthread_cond_t cv;
     item *q_head, *q_tail, *free_items;
+    size_t queued_bytes, free_bytes; /* charged (item_cost) in the queue; copies in free_items */
+    size_t queue_cap;           /* bound of each (see QUEUE_STEPS) */
     peer *peers;
     peer *coord;                /* the coordinator's link: where the last stage answers */
     csd_conn *down;             /* the next stage (non-last stages, after ROUTE) */
@@ -112,6 +121,26 @@ static uint64_t kv_bytes(const csd_stage_server *s, const stage_req *r) {
     return (uint64_t)csd_kv_capacity(r->kv) * csd_model_kv_bytes_per_token(s->model);
 }
 
+/* The link to the next stage failed (send_mu held): it is closed, and the coordinator is told with
+ * a link-level ERROR (request 0), which makes it fail the steps in flight and connect the chain
+ * again (ROUTE included). Nothing reads that link, so a send is where its failure shows; without
+ * this the coordinator, which hears every stage answer its PINGs, would wait for results that can
+ * no longer come. Until the next ROUTE, results that would go down fail, each with an ERROR to
+ * the coordinator (run_batch). */
+static void drop_down_link(csd_stage_server *s, const char *why) {
+    pthread_mutex_lock(&s->mu);
+    csd_conn *old = s->down;
+    s->down = NULL;
+    csd_conn *coord = s->coord ? s->coord->conn : NULL;
+    pthread_mutex_unlock(&s->mu);
+    csd_conn_destroy(old);
+    char text[CSD_WIRE_MAX_ERROR_TEXT];
+    snprintf(text, sizeof text, "stage %u: the link to the next stage failed: %s",
+             s->opts.stage_index, why);
+    CSD_LOGW("%s", text);
+    if (coord) csd_conn_send_error(coord, 0, CSD_ECLOSED, text, NULL);
+}
+
 /* Sends a frame where this stage's output goes: the next stage, or (last stage, or no next stage
  * yet) the coordinator. send_mu keeps the link alive while we use it: the accept loop and ROUTE
  * take it before they close or replace a link. */
@@ -120,10 +149,14 @@ static int send_out(csd_stage_server *s, const csd_wire_hdr *h, const void *payl
     pthread_mutex_lock(&s->send_mu);
     pthread_mutex_lock(&s->mu);
     csd_conn *c = w_of(s)->has_head ? (s->coord ? s->coord->conn : NULL) : s->down;
+    bool down = c && c == s->down;
     if (!c && errors_to_coord && s->coord) c = s->coord->conn;
     pthread_mutex_unlock(&s->mu);
+    csd_err local = {0};
+    if (!err) err = &local;
     int rc = c ? csd_conn_send(c, h, payload, len, err)
                : csd_err_set(err, CSD_ECLOSED, "no link to the next stage or the coordinator");
+    if (rc && down) drop_down_link(s, err->msg);
     pthread_mutex_unlock(&s->send_mu);
     return rc;
 }
@@ -225,11 +258,14 @@ static void handle_control(csd_stage_server *s, item *it) {
     } else if (it->hdr.type == CSD_WIRE_TRUNCATE) {
         uint32_t keep = 0;
         csd_err err = {0};
-        if (csd_wire_decode_truncate(it->data, it->hdr.payload_len, &keep, &err))
-            send_req_error(s, it->hdr.request_id, CSD_EPROTO, err.msg);
-        else if (r && csd_kv_truncate(r->kv, keep))
-            send_req_error(s, it->hdr.request_id, CSD_ERANGE,
-                           "truncate beyond the request's length");
+        int rc = csd_wire_decode_truncate(it->data, it->hdr.payload_len, &keep, &err);
+        if (!rc && r && csd_kv_truncate(r->kv, keep))
+            rc = csd_err_set(&err, CSD_ERANGE, "truncate beyond the request's length");
+        if (rc) { /* answered once, here: the later stages' answers would be matched to the
+                     request's next steps */
+            send_req_error(s, it->hdr.request_id, rc, err.msg);
+            return;
+        }
     } else if (it->hdr.type == CSD_WIRE_COPY_PREFIX) {
         uint32_t src = 0, n = 0;
         csd_err err = {0};
@@ -261,6 +297,10 @@ static int load_rows(csd_stage_server *s, item *it, stage_req *r, int64_t *fill,
     csd_wire_act act;
     int rc = csd_wire_decode_act(it->data, it->hdr.payload_len, &act, err);
     if (rc) return rc;
+    if (w_of(s)->has_head &&
+        (it->hdr.flags & CSD_WIRE_FLAG_OUT_MASK) == CSD_WIRE_FLAG_OUT_HIDDEN)
+        return csd_err_set(err, CSD_EUNSUPPORTED,
+                           "the last stage returns logits or sampled ids, not hidden states");
     int64_t n = act.n_tokens, dim = cfg_of(s)->dim;
     if (*fill + n > csd_model_max_batch(s->model))
         return csd_err_set(err, CSD_ERANGE,
@@ -393,20 +433,39 @@ static void run_batch(csd_stage_server *s, item **items, int n) {
     int rc = csd_model_forward(s->model, &b, w_of(s)->has_head ? s->logits : s->out, &err);
     atomic_fetch_add(&s->forward_ns, csd_now_ns() - t0);
     atomic_fetch_add(&s->forward_tokens, (uint64_t)fill);
+    /* The frames sent on form the next stage's group: the last of them ends it, even when the
+     * group's last frame failed here (else the next stage would wait BATCH_WAIT_MS for it). */
+    int last_ok = n - 1;
+    while (last_ok >= 0 && !ok[last_ok]) last_ok--;
     for (int k = 0; k < n; k++) {
         if (!ok[k]) continue;
         int64_t end = ends[k], rows = 0;
         for (int64_t i = starts[k]; i < end; i++) rows += s->want[i];
+        if (k == last_ok) items[k]->hdr.flags &= (uint16_t)~CSD_WIRE_FLAG_BATCH_MORE;
+        csd_err send_err = {0};
         if (rc) send_req_error(s, items[k]->hdr.request_id, err.code, err.msg);
         else if (send_output(s, items[k], reqs[k], starts[k], end - starts[k], rows_before, rows,
-                             &err))
-            CSD_LOGW("stage=%u req=%u cannot send: %s", s->opts.stage_index,
-                     items[k]->hdr.request_id, err.msg);
+                             &send_err))
+            send_req_error(s, items[k]->hdr.request_id, send_err.code, send_err.msg);
         rows_before += rows;
     }
 }
 
 /* ---- the compute thread ---- */
+
+static size_t item_cost(const csd_wire_hdr *h) { return (size_t)h->payload_len + QUEUE_ITEM_COST; }
+
+/* Keeps it for reuse while the copies kept stay within queue_cap, else frees it (mu held). */
+static void stash_locked(csd_stage_server *s, item *it) {
+    if (s->free_bytes + it->cap > s->queue_cap) {
+        csd_free(it->data);
+        csd_free(it);
+        return;
+    }
+    s->free_bytes += it->cap;
+    it->next = s->free_items;
+    s->free_items = it;
+}
 
 static item *pop_item(csd_stage_server *s, int wait_ms) {
     pthread_mutex_lock(&s->mu);
@@ -419,6 +478,7 @@ static item *pop_item(csd_stage_server *s, int wait_ms) {
     if (it) {
         s->q_head = it->next;
         if (!s->q_head) s->q_tail = NULL;
+        s->queued_bytes -= item_cost(&it->hdr);
     }
     pthread_mutex_unlock(&s->mu);
     return it;
@@ -433,8 +493,7 @@ static bool queue_empty(csd_stage_server *s) {
 
 static void recycle(csd_stage_server *s, item *it) {
     pthread_mutex_lock(&s->mu);
-    it->next = s->free_items;
-    s->free_items = it;
+    stash_locked(s, it);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -479,7 +538,10 @@ static void *compute_main(void *arg) {
 static item *new_item(csd_stage_server *s, size_t len) {
     pthread_mutex_lock(&s->mu);
     item *it = s->free_items;
-    if (it) s->free_items = it->next;
+    if (it) {
+        s->free_items = it->next;
+        s->free_bytes -= it->cap;
+    }
     pthread_mutex_unlock(&s->mu);
     if (!it && !(it = csd_alloc(sizeof *it))) return NULL;
     if (it->cap < len) {
@@ -495,10 +557,39 @@ static item *new_item(csd_stage_server *s, size_t len) {
     return it;
 }
 
+/* Charges a frame to the queue's bound before it is copied; false (and the frame refused with an
+ * ERROR for its request) when it would go over. */
+static bool reserve_queue(csd_stage_server *s, const csd_wire_hdr *h) {
+    pthread_mutex_lock(&s->mu);
+    size_t cost = item_cost(h), queued = s->queued_bytes;
+    bool fits = queued + cost <= s->queue_cap;
+    if (fits) s->queued_bytes += cost;
+    pthread_mutex_unlock(&s->mu);
+    if (!fits) {
+        char text[200];
+        snprintf(text, sizeof text,
+                 "stage %u: %.1f MiB of frames already wait to be computed (at most %.1f MiB): "
+                 "a %s frame of %u bytes was dropped",
+                 s->opts.stage_index, (double)queued / (1 << 20),
+                 (double)s->queue_cap / (1 << 20), csd_wire_type_name(h->type), h->payload_len);
+        send_req_error(s, h->request_id, CSD_EFULL, text);
+    }
+    return fits;
+}
+
+static void unreserve_queue(csd_stage_server *s, const csd_wire_hdr *h) {
+    pthread_mutex_lock(&s->mu);
+    s->queued_bytes -= item_cost(h);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void enqueue(csd_stage_server *s, peer *p, const csd_wire_hdr *h, const uint8_t *data) {
+    if (!reserve_queue(s, h)) return;
     item *it = new_item(s, h->payload_len);
     if (!it) {
+        unreserve_queue(s, h);
         CSD_LOGE("stage=%u out of memory queueing a frame", s->opts.stage_index);
+        send_req_error(s, h->request_id, CSD_ENOMEM, "the stage is out of memory");
         return;
     }
     it->src = p;
@@ -506,8 +597,8 @@ static void enqueue(csd_stage_server *s, peer *p, const csd_wire_hdr *h, const u
     if (h->payload_len) memcpy(it->data, data, h->payload_len);
     pthread_mutex_lock(&s->mu);
     if (atomic_load(&p->superseded)) { /* from a coordinator replaced meanwhile: not its turn */
-        it->next = s->free_items;
-        s->free_items = it;
+        s->queued_bytes -= item_cost(h);
+        stash_locked(s, it);
     } else {
         if (s->q_tail) s->q_tail->next = it;
         else s->q_head = it;
@@ -525,8 +616,8 @@ static void drop_queued_from(csd_stage_server *s, const peer *p) {
         item *it = *pp;
         if (it->src == p) {
             *pp = it->next;
-            it->next = s->free_items;
-            s->free_items = it;
+            s->queued_bytes -= item_cost(&it->hdr);
+            stash_locked(s, it);
         } else {
             s->q_tail = it;
             pp = &it->next;
@@ -753,6 +844,8 @@ int csd_stage_server_create(csd_stage_server **out, csd_model *model, const csd_
     pthread_cond_init(&s->cv, NULL);
     int64_t mb = csd_model_max_batch(model), dim = csd_model_cfg(model)->dim;
     s->n_reqs = s->opts.max_requests;
+    /* the largest step: a full batch of hidden rows in f32 */
+    s->queue_cap = QUEUE_STEPS * ((size_t)mb * (size_t)dim * sizeof(float) + (64u << 10));
     s->reqs = csd_alloc_array((size_t)s->n_reqs, sizeof(stage_req));
     s->ids = csd_alloc_array((size_t)mb, sizeof(int32_t));
     s->hidden = csd_alloc_array((size_t)(mb * dim), sizeof(float));
