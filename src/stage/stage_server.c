@@ -154,7 +154,11 @@ static int send_out(csd_stage_server *s, const csd_wire_hdr *h, const void *payl
     pthread_mutex_unlock(&s->mu);
     csd_err local = {0};
     if (!err) err = &local;
-    int rc = c ? csd_conn_send(c, h, payload, len, err)
+    int rc;
+    if (down && csd_conn_peer_gone(c)) /* hung up: a send may still be taken by the socket */
+        rc = csd_err_set(err, CSD_ECLOSED, "the next stage closed the link");
+    else
+        rc = c ? csd_conn_send(c, h, payload, len, err)
                : csd_err_set(err, CSD_ECLOSED, "no link to the next stage or the coordinator");
     if (rc && down) drop_down_link(s, err->msg);
     pthread_mutex_unlock(&s->send_mu);
