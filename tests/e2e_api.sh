@@ -367,6 +367,26 @@ st, err = post("/tokenize", {"prompt": text}, key="wrong")
 assert st == 401, err
 st, err = post("/tokenize", None, method="GET")
 assert st == 405, err
+# null is absent here too; the chat form is bounded as the text form is
+st, nulled = post("/tokenize", {"prompt": None, "content": text})
+assert st == 200 and nulled["tokens"] == plain["tokens"], nulled
+st, nulled = post("/tokenize", {"messages": None, "prompt": text})
+assert st == 200 and nulled["tokens"] == tok["tokens"], nulled
+st, err = post("/tokenize", {"messages": [{"role": "user", "content": "x" * 1100000}]})
+assert st == 400 and err["error"]["param"] == "messages" and "at most 1048576" in err["error"]["message"], err
+# a NUL byte is text like any other: it survives /detokenize, echo and logprobs
+st, nul = post("/tokenize", {"content": "a\u0000b"})
+st, back = post("/detokenize", {"tokens": nul["tokens"]})
+assert back["content"] == "a\u0000b" and back["prompt"] == "a\u0000b", (nul, back)
+for prompt in ("a\u0000b", nul["tokens"]):
+    st, echoed = post("/v1/completions", {"prompt": prompt, "echo": True, "max_tokens": 1})
+    assert st == 200 and echoed["choices"][0]["text"].startswith("a\u0000b"), echoed
+nul_id = next(p["id"] for p in post("/tokenize", {"content": "\u0000", "with_pieces": True})[1]["tokens"]
+              if p["piece"] == "\u0000")
+st, lp = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1,
+                                       "logprobs": True, "logit_bias": {str(nul_id): 100}})
+c = lp["choices"][0]["logprobs"]["content"][0]
+assert st == 200 and c["token"] == "\u0000" and c["bytes"] == [0], c
 print("ok   /tokenize and /detokenize")
 
 # logit_bias: +100 forces a token, -100 bans one, through the whole server
@@ -498,6 +518,12 @@ assert "/properties/mail" in err["error"]["message"] and "format" in err["error"
 st, err = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "response_format":
                                         {"type": "json_schema", "json_schema": {"schema": {"type": "array"}}}})
 assert st == 400 and "root" in err["error"]["message"], err
+# true is any value, as {} is (an object here); false allows nothing
+for schema, status in ((True, 200), ({}, 200), (False, 400)):
+    st, r = post("/v1/completions", dict(greedy, max_tokens=4, response_format={
+        "type": "json_schema", "json_schema": {"name": "any", "schema": schema}}))
+    assert st == status, (schema, r)
+    assert status == 400 or r["choices"][0]["text"].lstrip().startswith("{"), (schema, r)
 print("ok   response_format json_schema: %d and %d of 6 answers closed (completions, chat), each one"
       " valid against the schema" % tuple(closed_schema))
 # tool calls: a named tool_choice answers with one call whose arguments are valid against the

@@ -300,20 +300,29 @@ int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
 /* The text of one token for logprobs (special tokens included, as OpenAI shows them). */
 static json_t *token_text(const csd_tok *tok, int32_t id) {
     char *s = NULL;
-    if (csd_tok_decode(tok, &id, 1, false, &s, NULL) != 0 || !s) return json_string("");
-    json_t *v = json_string(s); /* NULL when the token alone is not valid UTF-8 */
+    size_t n = 0;
+    if (csd_tok_decode_len(tok, &id, 1, false, &s, &n, NULL) != 0 || !s) return json_string("");
+    json_t *v = json_stringn(s, n); /* NUL bytes included; NULL when the token alone is not
+                                       valid UTF-8 */
     if (!v) v = json_string("\xef\xbf\xbd");
     csd_free(s);
     return v;
 }
 
+/* The token's own bytes, as OpenAI gives them: a piece of a multi-byte character is its part of
+ * that character's bytes (its text alone is U+FFFD). A special token, which has no bytes of its
+ * own, gives those of its text. */
 static json_t *token_bytes(const csd_tok *tok, int32_t id) {
-    char *s = NULL;
+    uint8_t raw[CSD_DETOK_PIECE_MAX];
+    size_t n = 0;
+    char *text = NULL;
+    const uint8_t *b = raw;
+    if (csd_tok_token_bytes(tok, id, raw, sizeof raw, &n) != 0) n = 0;
+    if (n == 0 && csd_tok_decode_len(tok, &id, 1, false, &text, &n, NULL) == 0)
+        b = (const uint8_t *)text;
     json_t *arr = json_array();
-    if (csd_tok_decode(tok, &id, 1, false, &s, NULL) == 0 && s)
-        for (const unsigned char *p = (const unsigned char *)s; *p; p++)
-            json_array_append_new(arr, json_integer(*p));
-    csd_free(s);
+    for (size_t i = 0; arr && b && i < n; i++) json_array_append_new(arr, json_integer(b[i]));
+    csd_free(text);
     return arr;
 }
 

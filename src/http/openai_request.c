@@ -334,9 +334,15 @@ static int parse_json_schema(const json_t *v, csd_http_req *r, csd_http_error *e
     if (strict && !json_is_boolean(strict) && !json_is_null(strict))
         return csd_http_bad_type(e, "response_format.json_schema.strict", "a boolean");
     json_t *schema = json_object_get(js, "schema");
-    if (!json_is_object(schema))
-        return csd_http_bad_type(e, "response_format.json_schema.schema", "an object");
-    return csd_http_compile_schema(r, schema, "response_format.json_schema.schema", e);
+    if (!json_is_object(schema) && !json_is_true(schema))
+        return csd_http_bad_type(e, "response_format.json_schema.schema", "an object or true");
+    json_t *any = json_is_true(schema) ? json_object() : NULL; /* true: any value, as {} is */
+    if (json_is_true(schema) && !any)
+        return csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    int rc =
+        csd_http_compile_schema(r, any ? any : schema, "response_format.json_schema.schema", e);
+    json_decref(any);
+    return rc;
 }
 
 /* response_format: plain text, one JSON object, or one object valid against a JSON schema

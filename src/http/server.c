@@ -477,9 +477,15 @@ static char *tokenize_chat(const csd_http_server *s, const json_t *root, int64_t
     int32_t *ids = NULL;
     size_t n = 0;
     char *out = NULL;
-    if (chat_prompt(s, &req, &ids, &n, e) == 0 &&
-        !(out = csd_http_tokens_json(s->tok, ids, n, false, max_ctx)))
+    if (chat_prompt(s, &req, &ids, &n, e) != 0) {
+        /* e is set */
+    } else if (n > CSD_HTTP_MAX_PROMPT_IDS) { /* the bound the text form has (tokenize_api.c) */
+        csd_http_error_set(e, 400, NULL, "messages", "invalid_value",
+                           "the rendered messages are %zu tokens; /tokenize answers at most %d",
+                           n, CSD_HTTP_MAX_PROMPT_IDS);
+    } else if (!(out = csd_http_tokens_json(s->tok, ids, n, false, max_ctx))) {
         csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
     csd_free(ids);
     csd_http_req_fini(&req);
     return out;
@@ -610,13 +616,18 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         goto done;
     }
     /* completions echo: the prompt text before the generated text */
-    char *echo = NULL;
-    if (req.echo && req.prompt)
-        echo = csd_strdup(req.prompt);
-    else if (req.echo)
-        csd_tok_decode(s->tok, ids, n_ids, false, &echo, NULL);
-    rc = csd_http_job_begin(j, echo ? echo : "", echo ? strlen(echo) : 0);
-    csd_free(echo);
+    char *decoded = NULL;
+    const char *echo = "";
+    size_t echo_len = 0;
+    if (req.echo && req.prompt) {
+        echo = req.prompt;
+        echo_len = req.prompt_len; /* NUL bytes included */
+    } else if (req.echo && !csd_tok_decode_len(s->tok, ids, n_ids, false, &decoded, &echo_len,
+                                               NULL)) {
+        echo = decoded;
+    }
+    rc = csd_http_job_begin(j, echo, echo_len);
+    csd_free(decoded);
     if (rc) {
         ret = send_error_msg(s, c, 500, "server_error", NULL, NULL, "out of memory", NULL, NULL);
         goto done;

@@ -50,7 +50,7 @@ static json_t *ids_list(const int32_t *ids, size_t n) {
 }
 
 bool csd_http_tokenize_is_chat(const json_t *root) {
-    return json_is_object(root) && json_object_get(root, "messages");
+    return json_is_object(root) && csd_http_member(root, "messages"); /* null is absent */
 }
 
 char *csd_http_tokens_json(const csd_tok *tok, const int32_t *ids, size_t n, bool with_pieces,
@@ -76,8 +76,8 @@ char *csd_http_tokenize(const csd_tok *tok, const char *body, size_t len, int64_
 
 char *csd_http_tokenize_object(const csd_tok *tok, const json_t *root, int64_t max_ctx,
                                csd_http_error *e) {
-    const json_t *prompt = json_object_get(root, "prompt"),
-                 *content = json_object_get(root, "content");
+    const json_t *prompt = csd_http_member(root, "prompt"), /* null is absent, as elsewhere */
+        *content = csd_http_member(root, "content");
     bool llama_style = !prompt && content;
     const char *field = llama_style ? "content" : "prompt";
     const json_t *text = llama_style ? content : prompt;
@@ -138,14 +138,16 @@ char *csd_http_detokenize(const csd_tok *tok, const char *body, size_t len, csd_
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL, *out = NULL;
+    size_t text_len = 0;
     csd_err err = {0};
     if (read_token_list(root, csd_tok_vocab_size(tok), &ids, &n, e) == 0) {
-        if (csd_tok_decode(tok, ids, n, false, &text, &err)) {
+        if (csd_tok_decode_len(tok, ids, n, false, &text, &text_len, &err)) {
             csd_http_error_set(e, 400, NULL, "tokens", "invalid_value", "could not decode: %s",
                                err.msg);
         } else {
             /* decoded text is whole UTF-8: bytes that form no character came out as U+FFFD */
-            json_t *res = json_pack("{s:s, s:s}", "prompt", text, "content", text);
+            json_t *res = json_pack("{s:s#, s:s#}", "prompt", text, text_len, "content", text,
+                                    text_len); /* NUL bytes included */
             out = res ? json_dumps(res, JSON_COMPACT) : NULL;
             json_decref(res);
             if (!out) csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");

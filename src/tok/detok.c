@@ -200,7 +200,13 @@ int csd_tok_token_bytes(const csd_tok *tok, int32_t id, uint8_t *out, size_t cap
 
 int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special, char **text,
                    csd_err *err) {
+    return csd_tok_decode_len(tok, ids, n, skip_special, text, NULL, err);
+}
+
+int csd_tok_decode_len(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special,
+                       char **text, size_t *len, csd_err *err) {
     *text = NULL;
+    if (len) *len = 0;
     csd_detok d;
     csd_detok_init(&d, tok, skip_special);
     csd_tok_buf b = {0};
@@ -224,6 +230,7 @@ int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_s
     }
     b.p[b.len] = '\0';
     *text = b.p;
+    if (len) *len = b.len;
     return 0;
 }
 

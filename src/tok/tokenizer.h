@@ -35,6 +35,9 @@ int csd_tok_encode(const csd_tok *tok, const char *text, size_t len, bool add_sp
  * tokens (BOS, EOS, ...) from the text. */
 int csd_tok_decode(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special, char **text,
                    csd_err *err);
+/* The same, with *len the text's length: the text may hold NUL bytes (a <0x00> piece, say). */
+int csd_tok_decode_len(const csd_tok *tok, const int32_t *ids, size_t n, bool skip_special,
+                       char **text, size_t *len, csd_err *err);
 
 int32_t csd_tok_vocab_size(const csd_tok *tok);       /* including added tokens */
 int32_t csd_tok_bos(const csd_tok *tok);              /* -1 when none */
