@@ -387,6 +387,12 @@ st, lp = post("/v1/chat/completions", {"messages": [{"role": "user", "content": 
                                        "logprobs": True, "logit_bias": {str(nul_id): 100}})
 c = lp["choices"][0]["logprobs"]["content"][0]
 assert st == 200 and c["token"] == "\u0000" and c["bytes"] == [0], c
+# a stop string that only the detokenizer's last flush completes (a lone lead byte becomes U+FFFD
+# at the end) cuts the answer: "stop", although max_tokens ended it too
+lead = json.load(open("tiny/tokenizer.json"))["model"]["vocab"]["<0xE2>"]
+st, cut = post("/v1/completions", {"prompt": text, "max_tokens": 1, "logit_bias": {str(lead): 100},
+                                   "stop": ["\ufffd"]})
+assert st == 200 and cut["choices"][0]["text"] == "" and cut["choices"][0]["finish_reason"] == "stop", cut
 print("ok   /tokenize and /detokenize")
 
 # logit_bias: +100 forces a token, -100 bans one, through the whole server

@@ -483,11 +483,13 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     return stopped == 1 || rc != 0 || called;
 }
 
-/* "length" when max_tokens cut the answer; "stop" when a stop string cut a named call (its
- * arguments are then incomplete); else "tool_calls" when the answer is or holds a call (the calls
- * split out of it are whole), and "stop" when it is not. */
+/* "length" when max_tokens cut the answer (and no stop string did); "stop" when a stop string cut
+ * a named call (its arguments are then incomplete); else "tool_calls" when the answer is or holds
+ * a call (the calls split out of it are whole), and "stop" when it is not. */
 static const char *finish_reason(const csd_http_job *j, const csd_http_choice *ch) {
-    if (ch->res.end == CSD_REQ_END_LENGTH) return "length";
+    /* a stop string that the last token (or the detokenizer's final flush) completed cut the
+     * answer, even when that token was also the last max_tokens allowed */
+    if (ch->res.end == CSD_REQ_END_LENGTH && !ch->stop.stopped) return "length";
     if (ch->stop.stopped && j->tool_mode == CSD_HTTP_TOOLS_NAMED) return "stop";
     bool called = j->tool_mode == CSD_HTTP_TOOLS_NAMED || ch->tools.n_calls > 0;
     return called ? "tool_calls" : "stop";
