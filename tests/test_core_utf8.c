@@ -58,10 +58,23 @@ static void test_scrub(void **state) {
     assert_string_equal(bad, "n\\?' x???y?z??");
 }
 
+/* Characters as a decoder shows them: a sequence is one, a stray byte is one (its U+FFFD). */
+static void test_chars(void **state) {
+    (void)state;
+    assert_int_equal(csd_utf8_chars("", 0), 0);
+    assert_int_equal(csd_utf8_chars("abc", 3), 3);
+    assert_int_equal(csd_utf8_chars("a\xC3\xA9" "b", 4), 3);            /* a, U+00E9, b */
+    assert_int_equal(csd_utf8_chars("\xF0\x9F\x98\x80\xE2\x82\xAC", 7), 2); /* U+1F600, U+20AC */
+    assert_int_equal(csd_utf8_chars("\x80\x80", 2), 2);                  /* two stray bytes */
+    assert_int_equal(csd_utf8_chars("\xE2\x82", 2), 2);                  /* cut short: two */
+    assert_int_equal(csd_utf8_chars("a\0b", 3), 3);                       /* NUL is a character */
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sequence_lengths),
         cmocka_unit_test(test_scrub),
+        cmocka_unit_test(test_chars),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -777,6 +777,7 @@ static int ids_of(const char *text, int32_t *ids) {
 
 /* The thinking split the server would set for the next run_job (it depends on the prompt). */
 static int job_think = CSD_HTTP_THINK_OFF;
+static int job_kind = CSD_HTTP_KIND_CHAT; /* the route the body came to */
 static int job_tool_format = CSD_TOOL_SPLIT_TAGS; /* what the server would set */
 static bool job_oom_at_end; /* every allocation fails while the answer ends */
 
@@ -784,7 +785,9 @@ static bool job_oom_at_end; /* every allocation fails while the answer ends */
  * events as an array (each "data:" JSON; "[DONE]" as the string). */
 static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int end) {
     csd_http_req req;
-    parse_ok(body, &req);
+    csd_http_error perr;
+    if (csd_http_req_parse(&req, job_kind, body, strlen(body), 0, &perr))
+        fail_msg("%s: %s", body, perr.message);
     req.think = job_think;
     req.tool_format = job_tool_format;
     csd_http_job *j = NULL;
@@ -1035,6 +1038,11 @@ static void test_job_auto_special_tags(void **state) {
     assert_call(json_array_get(json_object_get(msg, "tool_calls"), 0), "get_weather",
                 "{\"city\": \"Paris\"}");
     json_decref(r);
+    /* without the split (--reasoning-format none), special-marked thinking tags stay content */
+    r = run_job(tok, "{" USER "}", "<think>x</think>y", CSD_REQ_END_STOP);
+    msg = json_object_get(json_array_get(json_object_get(r, "choices"), 0), "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "<think>x</think>y");
+    json_decref(r);
 }
 
 /* "required" among several tools: the answer is {"name", "arguments"}, one call, also streamed. */
@@ -1101,6 +1109,73 @@ static void test_job_think_then_call(void **state) {
     assert_string_equal(json_string_value(json_object_get(msg, "content")), "<think>x</think>y");
     assert_null(json_object_get(msg, "reasoning_content"));
     json_decref(r);
+}
+
+/* A stream keeps only what waits to be sent: each token's chunk is read, and what was read is
+ * gone from the job's buffer, whatever the answer's length; every token's text was sent. */
+static void test_job_stream_forgets_sent(void **state) {
+    csd_tok *tok = *state;
+    csd_http_req req;
+    csd_http_error perr;
+    const char *body = "{" USER ",\"stream\":true}";
+    if (csd_http_req_parse(&req, CSD_HTTP_KIND_CHAT, body, strlen(body), 0, &perr))
+        fail_msg("%s", perr.message);
+    csd_http_job *j = NULL;
+    assert_int_equal(csd_http_job_create(&j, &req, tok, "m", NULL, 5), 0);
+    assert_int_equal(csd_http_job_begin(j, "", 0), 0);
+    j->n_submitted = 1;
+    j->refs++; /* the engine's */
+    atomic_int stopping = 0;
+    char buf[65536];
+    size_t as = 0, largest = 0;
+    for (int i = 0; i < 3000; i++) {
+        csd_token_event ev = {.id = 'a'};
+        assert_false(csd_http_job_on_token(&j->choices[0], &ev));
+        ssize_t n = csd_http_job_read(j, buf, sizeof buf - 1, -1, &stopping);
+        assert_true(n > 0);
+        buf[n] = 0;
+        for (const char *p = strstr(buf, "\"content\":\""); p; p = strstr(p + 1, "\"content\":\""))
+            for (p += 11; *p == 'a'; p++) as++;
+        if (j->out.len > largest) largest = j->out.len;
+    }
+    assert_int_equal(as, 3000);
+    assert_true(largest < 4096); /* at most the chunks not yet read, never the whole stream */
+    csd_req_result res = {.end = CSD_REQ_END_STOP, .prompt_tokens = 5, .completion_tokens = 3000};
+    csd_http_job_on_done(&j->choices[0], &res);
+    csd_http_job_release(j);
+    csd_http_req_fini(&req);
+}
+
+/* Completions' text_offset is where each token's text starts, in characters, also when a stop
+ * string held a token's text back until the next one (streamed or not). */
+static void test_job_completion_text_offset(void **state) {
+    csd_tok *tok = *state;
+    job_kind = CSD_HTTP_KIND_COMPLETION;
+    const char *body = "{\"prompt\":\"x\",\"logprobs\":1,\"stop\":[\"zz\"]";
+    char stream_body[128];
+    snprintf(stream_body, sizeof stream_body, "%s,\"stream\":true}", body);
+    char plain_body[128];
+    snprintf(plain_body, sizeof plain_body, "%s}", body);
+    json_t *r = run_job(tok, plain_body, "abzq", CSD_REQ_END_STOP); /* "z" waits for "q" */
+    json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(choice, "text")), "abzq");
+    json_t *offsets = json_object_get(json_object_get(choice, "logprobs"), "text_offset");
+    assert_int_equal(json_array_size(offsets), 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(json_integer_value(json_array_get(offsets, (size_t)i)), i);
+    json_decref(r);
+    json_t *evs = run_job(tok, stream_body, "abzq", CSD_REQ_END_STOP);
+    int seen = 0;
+    for (size_t i = 0; i < json_array_size(evs); i++) {
+        json_t *lp = json_object_get(json_array_get(json_object_get(json_array_get(evs, i),
+                                                                    "choices"), 0), "logprobs");
+        json_t *o = json_object_get(lp, "text_offset");
+        for (size_t k = 0; k < json_array_size(o); k++, seen++)
+            assert_int_equal(json_integer_value(json_array_get(o, k)), seen);
+    }
+    assert_int_equal(seen, 4);
+    json_decref(evs);
+    job_kind = CSD_HTTP_KIND_CHAT;
 }
 
 /* Each token's logprobs come exactly once, with its thinking or its content, streamed or not. */
@@ -1235,6 +1310,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_job_mistral, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_then_call, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_think_logprobs, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_completion_text_offset, setup_tok, teardown_tok),
+        cmocka_unit_test_setup_teardown(test_job_stream_forgets_sent, setup_tok, teardown_tok),
         cmocka_unit_test_setup_teardown(test_job_auto_special_tags, setup_tok_special,
                                         teardown_tok),
     };

@@ -271,15 +271,19 @@ static void long_tokens_bounded(void **state) {
     csd_free(json);
 }
 
-/* A config that adds a BOS (or EOS) to every prompt must name a token the vocabulary has. */
+/* A config that adds a BOS (or EOS) to every prompt must name a token the vocabulary has; a
+ * config with a NUL in a string (a chat template cut short) is refused. */
 static void added_bos_must_exist(void **state) {
     (void)state;
     const char *json = TINY("[]", SPECIALS, "");
     const char *cfgs[] = {"{\"bos_token\": \"<bos>\", \"add_bos_token\": true}",
-                          "{\"eos_token\": \"</e>\", \"add_eos_token\": true}"};
+                          "{\"eos_token\": \"</e>\", \"add_eos_token\": true}",
+                          /* a NUL (which would cut the template short) is refused by the parser */
+                          "{\"chat_template\": \"{{ a }}\\u0000{{ b }}\"}"};
     const char *want[] = {"bos_token '<bos>' is not in the vocabulary",
-                          "eos_token '</e>' is not in the vocabulary"};
-    for (int i = 0; i < 2; i++) {
+                          "eos_token '</e>' is not in the vocabulary",
+                          "tokenizer_config.json: line 1: \\u0000 is not allowed"};
+    for (int i = 0; i < 3; i++) {
         csd_tok *tok = NULL;
         csd_err err = {0};
         assert_int_equal(csd_tok_load_mem(&tok, json, strlen(json), cfgs[i], strlen(cfgs[i]),

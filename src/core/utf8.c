@@ -25,6 +25,15 @@ size_t csd_utf8_seq_len(const char *s, size_t n) {
     return len;
 }
 
+size_t csd_utf8_chars(const char *s, size_t n) {
+    size_t chars = 0;
+    for (size_t i = 0; i < n; chars++) {
+        size_t len = csd_utf8_seq_len(s + i, n - i);
+        i += len ? len : 1;
+    }
+    return chars;
+}
+
 size_t csd_utf8_scrub(char *s) {
     size_t n = strlen(s), replaced = 0;
     for (size_t i = 0; i < n;) {

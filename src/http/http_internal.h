@@ -32,7 +32,9 @@ typedef struct csd_http_choice {
     csd_detok detok;
     csd_http_stop stop;
     char piece[CSD_DETOK_PIECE_MAX]; /* one token's text: never fills (tokenizer.h) */
-    int64_t text_offset; /* completions logprobs: bytes of text so far */
+    /* completions logprobs: characters of text before the next token's (the detokenized pieces,
+     * counted whether or not a stop string holds them back), and before the current token's */
+    int64_t text_offset, token_offset;
     csd_think_split think; /* chat: the thinking split from the answer (job->think) */
     csd_tool_split tools; /* chat with tools (auto, or "required" among several): the calls */
     int n_streamed;       /* of those, how many the stream has sent */
@@ -69,7 +71,7 @@ struct csd_http_job {
     int n_submitted;           /* choices given to the engine (the rest are never started) */
     csd_http_choice *choices;  /* n_choices */
     /* results, under mu */
-    csd_http_buf out; /* stream: SSE bytes; out_sent of them already sent */
+    csd_http_buf out; /* stream: SSE bytes; out_sent of them already sent (dropped as it goes) */
     size_t out_sent;
     int n_done;       /* submitted choices finished */
     bool failed;      /* a choice ended in an error: the others are stopped, the answer is it */

@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/log.h"
+#include "core/utf8.h"
 #include "http_internal.h"
 
 /* How often a waiting connection thread checks its socket and the stop flag (ms). */
@@ -49,7 +50,9 @@ static int choice_init(csd_http_job *j, int i) {
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<tool_call>"));
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</tool_call>"));
     }
-    if (j->think != CSD_HTTP_THINK_OFF) {
+    /* the thinking tags are part of a chat answer's text whether or not it is split off
+     * (--reasoning-format none shows them in the content, as llama-server does) */
+    if (j->kind == CSD_HTTP_KIND_CHAT) {
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "<think>"));
         csd_detok_keep(&ch->detok, csd_tok_find(j->tok, "</think>"));
     }
@@ -289,7 +292,7 @@ int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
         } else if (echo_len) {
             rc = csd_http_buf_append(&j->choices[i].text, echo, echo_len);
         }
-        j->choices[i].text_offset = (int64_t)echo_len;
+        j->choices[i].text_offset = (int64_t)csd_utf8_chars(echo, echo_len);
     }
     pthread_mutex_unlock(&j->mu);
     return rc;
@@ -369,7 +372,7 @@ static int add_text(csd_http_choice *ch, const char *text, size_t len,
             } else {
                 lp = json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
                                "top_logprobs", "text_offset");
-                if (lp) completion_lp_add(j, lp, ev, ch->text_offset);
+                if (lp) completion_lp_add(j, lp, ev, ch->token_offset);
             }
         }
         if (len || lp) rc = emit_choice(j, ch->index, text, len, lp, NULL, false);
@@ -378,11 +381,10 @@ static int add_text(csd_http_choice *ch, const char *text, size_t len,
             if (j->kind == CSD_HTTP_KIND_CHAT)
                 json_array_append_new(ch->lp, chat_lp_entry(j, ev));
             else
-                completion_lp_add(j, ch->lp, ev, ch->text_offset);
+                completion_lp_add(j, ch->lp, ev, ch->token_offset);
         }
         rc = csd_http_buf_append(&ch->text, text, len);
     }
-    ch->text_offset += (int64_t)len;
     return rc;
 }
 
@@ -472,6 +474,8 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     size_t emit_len = 0;
     int stopped = 0;
     if (csd_detok_push(&ch->detok, ev->id, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
+    ch->token_offset = ch->text_offset;
+    ch->text_offset += (int64_t)csd_utf8_chars(ch->piece, n);
     stopped = csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len);
     if (stopped < 0) return true; /* out of memory: end the request rather than lose text */
     pthread_mutex_lock(&j->mu);
@@ -623,6 +627,15 @@ bool csd_http_job_wait(csd_http_job *j, int fd, const atomic_int *stopping) {
     return true;
 }
 
+/* Drops the SSE bytes already sent (mu held), so that a long stream holds only what waits to be
+ * sent: at once when all of it went (no copy), else once the sent part is the larger half. */
+static void forget_sent(csd_http_job *j) {
+    if (j->out_sent == j->out.len || (j->out_sent >= 65536 && j->out_sent >= j->out.len / 2)) {
+        csd_http_buf_drop(&j->out, j->out_sent);
+        j->out_sent = 0;
+    }
+}
+
 ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
                           const atomic_int *stopping) {
     pthread_mutex_lock(&j->mu);
@@ -632,6 +645,7 @@ ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
             if (n > max) n = max;
             memcpy(buf, j->out.data + j->out_sent, n);
             j->out_sent += n;
+            forget_sent(j);
             pthread_mutex_unlock(&j->mu);
             return (ssize_t)n;
         }

@@ -11,6 +11,7 @@
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sodium.h>
@@ -75,6 +76,7 @@ typedef struct conn_state {
     int route;
     bool too_large;
     bool replied; /* a response was queued on the first call (401, 413, ...) */
+    size_t body_seen; /* bytes of body received so far, kept or not (saturating) */
     csd_http_buf body;
 } conn_state;
 
@@ -733,6 +735,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
+        cs->body_seen = *upload_size > SIZE_MAX - cs->body_seen ? SIZE_MAX
+                                                                 : cs->body_seen + *upload_size;
+        /* the same bound as a declared length: a body without one (chunked) that goes on
+         * beyond 16 times the limit is not read to its end, the connection is closed */
+        if (cs->body_seen / 16 > s->max_body) return MHD_NO;
         if (!cs->too_large && cs->body.len + *upload_size > s->max_body) {
             cs->too_large = true;
             csd_http_buf_fini(&cs->body);

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "format/safetensors.h"
 #include "model_internal.h"
 
@@ -214,6 +215,9 @@ static int load_weights(loader *ld, const csd_model_opts *opts, csd_err *err) {
         rc = load_matrix(ld, CSD_TN_EMBED, c->vocab_size, c->dim, outer, &w->embed, err);
     if (!rc && w->has_head) {
         rc = load_vector(ld, CSD_TN_FINAL_NORM, c->dim, &w->final_norm, err);
+        if (!rc && c->tie_embeddings && csd_st_find(ld->st, CSD_TN_LM_HEAD))
+            CSD_LOGI("tie_word_embeddings is true: the output head is the embedding and the "
+                     "file's '%s' is not used (as transformers does)", CSD_TN_LM_HEAD);
         if (!rc && c->tie_embeddings && w->has_embed) w->head = w->embed;
         else if (!rc)
             rc = load_matrix(ld, c->tie_embeddings ? CSD_TN_EMBED : CSD_TN_LM_HEAD, c->vocab_size,
