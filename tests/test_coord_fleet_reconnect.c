@@ -169,7 +169,7 @@ static void test_timing_read_while_fleet_reconnects(void **state) {
         uint64_t t0 = csd_now_ns();
         csd_fleet_timing t;
         csd_fleet_pipeline_timing(p, &t);
-        assert_true(csd_now_ns() - t0 < 1000000000ull);
+        assert_true(csd_now_ns() - t0 < 5000000000ull);
         if (i == 0) { /* the reconnector's next attempt stalls in the handshake */
             int silent = silent_listener(port);
             sleep_ms(RECONNECT_WAIT_MS);

@@ -197,32 +197,35 @@ static void test_barrier_orders_phases(void **state) {
 }
 
 /* csd_pool_barrier_wait_idle: a waiting thread calls idle until it returns false and then no
- * more, and the barrier still orders the phases. One chunk arrives 20 ms late, so whoever
- * arrives first waits long enough for every call; the last to arrive never waits. */
+ * more, and the barrier still orders the phases. Chunk 1 arrives only once chunk 0 has made every
+ * call (made so, not timed: a preempted chunk 0 cannot be overtaken); the last to arrive never
+ * waits. */
 #define IDLE_CALLS_WANTED 5
 
 typedef struct idle_job {
     csd_pool_barrier barrier;
     _Atomic int slot[2];
-    int calls[2];
+    atomic_int calls[2];
     atomic_int bad;
 } idle_job;
 
 typedef struct idle_ctx {
-    int *calls;
+    atomic_int *calls;
 } idle_ctx;
 
 static bool count_idle(void *ctx) {
     idle_ctx *c = ctx;
-    return ++*c->calls < IDLE_CALLS_WANTED;
+    return atomic_fetch_add(c->calls, 1) + 1 < IDLE_CALLS_WANTED;
 }
 
 static void idle_chunk(void *ctx, int ith, int nth) {
     idle_job *j = ctx;
     int64_t passed = 0;
-    if (ith == 1) {
-        struct timespec late = {0, 20 * 1000 * 1000};
-        nanosleep(&late, NULL);
+    /* chunk 1 waits (up to 30 s) for chunk 0's calls before it arrives */
+    for (int waited = 0; ith == 1 && waited < 30000; waited++) {
+        if (atomic_load(&j->calls[0]) >= IDLE_CALLS_WANTED) break;
+        struct timespec ms = {0, 1000 * 1000};
+        nanosleep(&ms, NULL);
     }
     atomic_store_explicit(&j->slot[ith], 1 + ith, memory_order_relaxed);
     idle_ctx c = {&j->calls[ith]};
@@ -240,10 +243,9 @@ static void test_barrier_idle_work(void **state) {
     memset(&job, 0, sizeof job);
     csd_pool_run(pool, idle_chunk, &job);
     assert_int_equal(atomic_load(&job.bad), 0);
-    int most = job.calls[0] > job.calls[1] ? job.calls[0] : job.calls[1];
-    int least = job.calls[0] < job.calls[1] ? job.calls[0] : job.calls[1];
-    assert_int_equal(most, IDLE_CALLS_WANTED); /* the first to arrive: every call, then no more */
-    assert_int_equal(least, 0);                /* the last never waits */
+    /* the first to arrive: every call, then no more; the last never waits */
+    assert_int_equal(atomic_load(&job.calls[0]), IDLE_CALLS_WANTED);
+    assert_int_equal(atomic_load(&job.calls[1]), 0);
     csd_pool_destroy(pool);
 }
 

@@ -732,7 +732,7 @@ static void test_server_handshake_timeout_and_wrong_first_frame(void **state) {
     uint64_t t0 = csd_now_ns();
     server_join(&s);
     assert_int_equal(s.hs_rc, CSD_ETIMEOUT);
-    assert_true(csd_now_ns() - t0 < 3000000000ull);
+    assert_true(csd_now_ns() - t0 < 10000000000ull); /* ended by the 200 ms timeout, not hung */
     csd_conn_destroy(c);
 }
 

@@ -509,7 +509,9 @@ await test('a client that disconnects from a non-streaming request frees it', as
   const pending = busyClient.completions
     .create(longRequest, { signal: ac.signal })
     .then(() => 'finished', (e) => `${e.constructor.name}: ${e.message}`);
-  await new Promise((res) => setTimeout(res, 100));
+  // abort once the server runs it (a fixed wait could abort before the request was sent)
+  for (let i = 0; i < 600 && (await metrics(busy)).cascadia_active_requests < 1; i++)
+    await new Promise((res) => setTimeout(res, 50));
   ac.abort();
   const how = await pending;
   assert(/abort/i.test(how), `the client saw its own abort, not: ${how}`);
@@ -564,7 +566,7 @@ await test('load: N requests at concurrency C, every one answered correctly', as
   assert(wrong === 0 && errors === 0, firstErr.join(' ; '));
   // the engine's gauges are updated by its worker loop: allow it a moment after the last answer
   let m;
-  for (let i = 0; i < 40; i++) {
+  for (let i = 0; i < 600; i++) {
     m = await metrics();
     if (m.cascadia_active_requests === 0 && m.cascadia_queue_depth === 0) break;
     await new Promise((res) => setTimeout(res, 50));
