@@ -65,8 +65,14 @@ static void test_chars(void **state) {
     assert_int_equal(csd_utf8_chars("abc", 3), 3);
     assert_int_equal(csd_utf8_chars("a\xC3\xA9" "b", 4), 3);            /* a, U+00E9, b */
     assert_int_equal(csd_utf8_chars("\xF0\x9F\x98\x80\xE2\x82\xAC", 7), 2); /* U+1F600, U+20AC */
-    assert_int_equal(csd_utf8_chars("\x80\x80", 2), 2);                  /* two stray bytes */
-    assert_int_equal(csd_utf8_chars("\xE2\x82", 2), 2);                  /* cut short: two */
+    /* as Python's len(b.decode("utf-8", "replace")) */
+    assert_int_equal(csd_utf8_chars("\x80\x80", 2), 2);         /* two stray bytes */
+    assert_int_equal(csd_utf8_chars("\xE2\x82", 2), 1);         /* cut short: one U+FFFD */
+    assert_int_equal(csd_utf8_chars("\xF0\x9F\x98", 3), 1);
+    assert_int_equal(csd_utf8_chars("\xC3" "b", 2), 2);         /* broken by 'b' */
+    assert_int_equal(csd_utf8_chars("\xE0\x80", 2), 2);         /* overlong: no start */
+    assert_int_equal(csd_utf8_chars("\xED\xA0\x80", 3), 3);     /* a surrogate: no start */
+    assert_int_equal(csd_utf8_chars("\xF4\x90", 2), 2);         /* past U+10FFFF */
     assert_int_equal(csd_utf8_chars("a\0b", 3), 3);                       /* NUL is a character */
 }
 

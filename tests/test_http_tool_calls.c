@@ -728,7 +728,7 @@ static void test_request_refusals(void **state) {
  * as other vocabularies have them. */
 static csd_tok *char_tokenizer(bool tags_special) {
     char vocab[4096] = "\"<unk>\": 0, \"<s>\": 1, \"\\n\": 2, \"<tool_call>\": 3, "
-                       "\"</tool_call>\": 4, \"<think>\": 5, \"</think>\": 6";
+                       "\"</tool_call>\": 4, \"<think>\": 5, \"</think>\": 6, \"\\u00e9\": 200";
     for (int c = 32; c < 127; c++) {
         size_t at = strlen(vocab);
         if (c == '"' || c == '\\')
@@ -756,7 +756,7 @@ static csd_tok *char_tokenizer(bool tags_special) {
     return tok;
 }
 
-/* Token ids of text: a tag is one token, every other byte one. */
+/* Token ids of text: a tag is one token, and so is U+00E9; every other byte one. */
 static int ids_of(const char *text, int32_t *ids) {
     static const char *const tags[] = {"<tool_call>", "</tool_call>", "<think>", "</think>"};
     int n = 0;
@@ -768,8 +768,9 @@ static int ids_of(const char *text, int32_t *ids) {
             ids[n++] = 3 + tag;
             p += strlen(tags[tag]);
         } else {
-            ids[n++] = *p == '\n' ? 2 : (unsigned char)*p;
-            p++;
+            bool e_acute = !strncmp(p, "\xC3\xA9", 2); /* U+00E9, one token */
+            ids[n++] = e_acute ? 200 : *p == '\n' ? 2 : (unsigned char)*p;
+            p += e_acute ? 2 : 1;
         }
     }
     return n;
@@ -778,6 +779,7 @@ static int ids_of(const char *text, int32_t *ids) {
 /* The thinking split the server would set for the next run_job (it depends on the prompt). */
 static int job_think = CSD_HTTP_THINK_OFF;
 static int job_kind = CSD_HTTP_KIND_CHAT; /* the route the body came to */
+static const char *job_echo = "";         /* the prompt a completion echoes */
 static int job_tool_format = CSD_TOOL_SPLIT_TAGS; /* what the server would set */
 static bool job_oom_at_end; /* every allocation fails while the answer ends */
 
@@ -792,7 +794,7 @@ static json_t *run_job(csd_tok *tok, const char *body, const char *answer, int e
     req.tool_format = job_tool_format;
     csd_http_job *j = NULL;
     assert_int_equal(csd_http_job_create(&j, &req, tok, "m", NULL, 5), 0);
-    assert_int_equal(csd_http_job_begin(j, "", 0), 0);
+    assert_int_equal(csd_http_job_begin(j, job_echo, strlen(job_echo)), 0);
     j->n_submitted = 1;
     j->refs++; /* the engine's */
     int32_t ids[2048];
@@ -1111,8 +1113,17 @@ static void test_job_think_then_call(void **state) {
     json_decref(r);
 }
 
-/* A stream keeps only what waits to be sent: each token's chunk is read, and what was read is
- * gone from the job's buffer, whatever the answer's length; every token's text was sent. */
+/* Counts the a's of the content deltas in a stream's text. */
+static size_t count_content_as(const char *text) {
+    size_t as = 0;
+    for (const char *p = strstr(text, "\"content\":\""); p; p = strstr(p + 1, "\"content\":\""))
+        for (p += 11; *p == 'a'; p++) as++;
+    return as;
+}
+
+/* A stream keeps only what waits to be sent, whatever the answer's length: read as it comes,
+ * what was read is gone at once; read slowly from a backlog, the sent part is dropped once it is
+ * the larger half. Every token's text is sent either way. */
 static void test_job_stream_forgets_sent(void **state) {
     csd_tok *tok = *state;
     csd_http_req req;
@@ -1126,21 +1137,40 @@ static void test_job_stream_forgets_sent(void **state) {
     j->n_submitted = 1;
     j->refs++; /* the engine's */
     atomic_int stopping = 0;
-    char buf[65536];
+    enum { TOKENS = 3000 };
+    csd_token_event ev = {.id = 'a'};
+    char buf[1001];
     size_t as = 0, largest = 0;
-    for (int i = 0; i < 3000; i++) {
-        csd_token_event ev = {.id = 'a'};
+    for (int i = 0; i < TOKENS; i++) { /* a reader that keeps up */
         assert_false(csd_http_job_on_token(&j->choices[0], &ev));
+        if (j->out.len > largest) largest = j->out.len; /* what waits to be sent */
+        while (j->out_sent < j->out.len) {
+            ssize_t n = csd_http_job_read(j, buf, sizeof buf - 1, -1, &stopping);
+            assert_true(n > 0);
+            buf[n] = 0;
+            as += count_content_as(buf);
+        }
+    }
+    assert_int_equal(as, TOKENS);
+    assert_true(largest < 4096); /* one token's chunks (and the first's role), never the stream */
+    for (int i = 0; i < TOKENS; i++) /* a reader that fell behind */
+        assert_false(csd_http_job_on_token(&j->choices[0], &ev));
+    size_t backlog = j->out.len;
+    assert_true(backlog > 4 * 65536);
+    csd_http_buf read = {0};
+    bool dropped_early = false;
+    while (j->out_sent < j->out.len) {
         ssize_t n = csd_http_job_read(j, buf, sizeof buf - 1, -1, &stopping);
         assert_true(n > 0);
-        buf[n] = 0;
-        for (const char *p = strstr(buf, "\"content\":\""); p; p = strstr(p + 1, "\"content\":\""))
-            for (p += 11; *p == 'a'; p++) as++;
-        if (j->out.len > largest) largest = j->out.len;
+        assert_int_equal(csd_http_buf_append(&read, buf, (size_t)n), 0);
+        if (j->out_sent < j->out.len && j->out.len < backlog) dropped_early = true;
     }
-    assert_int_equal(as, 3000);
-    assert_true(largest < 4096); /* at most the chunks not yet read, never the whole stream */
-    csd_req_result res = {.end = CSD_REQ_END_STOP, .prompt_tokens = 5, .completion_tokens = 3000};
+    assert_true(dropped_early); /* the sent half went before the rest was read */
+    assert_int_equal(read.len, backlog);
+    assert_int_equal(count_content_as(read.data), TOKENS); /* nothing lost or repeated */
+    csd_http_buf_fini(&read);
+    csd_req_result res = {.end = CSD_REQ_END_STOP, .prompt_tokens = 5,
+                          .completion_tokens = 2 * TOKENS};
     csd_http_job_on_done(&j->choices[0], &res);
     csd_http_job_release(j);
     csd_http_req_fini(&req);
@@ -1156,26 +1186,28 @@ static void test_job_completion_text_offset(void **state) {
     snprintf(stream_body, sizeof stream_body, "%s,\"stream\":true}", body);
     char plain_body[128];
     snprintf(plain_body, sizeof plain_body, "%s}", body);
-    json_t *r = run_job(tok, plain_body, "abzq", CSD_REQ_END_STOP); /* "z" waits for "q" */
+    /* "z" waits for "q"; "é" is one character of two bytes, in the echoed prompt and the answer */
+    job_echo = "x\xC3\xA9";
+    json_t *r = run_job(tok, plain_body, "a\xC3\xA9" "bzq", CSD_REQ_END_STOP);
     json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
-    assert_string_equal(json_string_value(json_object_get(choice, "text")), "abzq");
+    assert_string_equal(json_string_value(json_object_get(choice, "text")),
+                        "x\xC3\xA9" "a\xC3\xA9" "bzq");
     json_t *offsets = json_object_get(json_object_get(choice, "logprobs"), "text_offset");
-    assert_int_equal(json_array_size(offsets), 4);
-    for (int i = 0; i < 4; i++)
-        assert_int_equal(json_integer_value(json_array_get(offsets, (size_t)i)), i);
+    assert_int_equal(json_array_size(offsets), 5);
+    for (int i = 0; i < 5; i++) /* a, é, b, z, q: characters 2 to 6 of the text */
+        assert_int_equal(json_integer_value(json_array_get(offsets, (size_t)i)), 2 + i);
     json_decref(r);
-    json_t *evs = run_job(tok, stream_body, "abzq", CSD_REQ_END_STOP);
+    json_t *evs = run_job(tok, stream_body, "a\xC3\xA9" "bzq", CSD_REQ_END_STOP);
     int seen = 0;
     for (size_t i = 0; i < json_array_size(evs); i++) {
         json_t *lp = json_object_get(json_array_get(json_object_get(json_array_get(evs, i),
                                                                     "choices"), 0), "logprobs");
         json_t *o = json_object_get(lp, "text_offset");
         for (size_t k = 0; k < json_array_size(o); k++, seen++)
-            assert_int_equal(json_integer_value(json_array_get(o, k)), seen);
+            assert_int_equal(json_integer_value(json_array_get(o, k)), 2 + seen);
     }
-    assert_int_equal(seen, 4);
+    assert_int_equal(seen, 5);
     json_decref(evs);
-    job_kind = CSD_HTTP_KIND_CHAT;
 }
 
 /* Each token's logprobs come exactly once, with its thinking or its content, streamed or not. */
@@ -1265,12 +1297,23 @@ static void test_job_named(void **state) {
     json_decref(r);
 }
 
+/* The job settings back to their defaults, whatever a failed test left. */
+static void job_defaults(void) {
+    job_think = CSD_HTTP_THINK_OFF;
+    job_kind = CSD_HTTP_KIND_CHAT;
+    job_echo = "";
+    job_tool_format = CSD_TOOL_SPLIT_TAGS;
+    job_oom_at_end = false;
+}
+
 static int setup_tok(void **state) {
+    job_defaults();
     *state = char_tokenizer(false);
     return 0;
 }
 
 static int setup_tok_special(void **state) {
+    job_defaults();
     *state = char_tokenizer(true);
     return 0;
 }

@@ -9,8 +9,9 @@
 /* Bytes of the well-formed sequence at s[0..n): 1 to 4, or 0 when s does not start one (including
  * a sequence cut short by n). n == 0 returns 0. */
 size_t csd_utf8_seq_len(const char *s, size_t n);
-/* Characters in s[0..n): each well-formed sequence counts one, and so does each byte outside one
- * (a decoder would show it as U+FFFD). Python's len() of the decoded text, as OpenAI's
+/* Characters in s[0..n) as a decoder that replaces bad bytes shows them: a well-formed sequence
+ * is one, and so is each maximal start of one that is cut short or broken, and each byte that
+ * starts nothing (each a U+FFFD). Python's len(b.decode("utf-8", "replace")), as OpenAI's
  * text_offset counts. */
 size_t csd_utf8_chars(const char *s, size_t n);
 /* Replaces, in place, every byte of the NUL-terminated s that does not belong to a well-formed
