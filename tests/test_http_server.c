@@ -74,14 +74,20 @@ static int teardown(void **state) {
 
 /* Sends req (a whole HTTP/1.1 request) and reads the response until the server closes. The status,
  * or 0 when the server closed the connection without an answer. */
-static int roundtrip(int port, const char *req, char *resp, size_t cap) {
+/* A TCP connection to the server on port (loopback). */
+static int connect_local(int port) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     assert_true(fd >= 0);
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static int roundtrip(int port, const char *req, char *resp, size_t cap) {
+    int fd = connect_local(port);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     size_t len = strlen(req);
     size_t n = 0;
     bool sent = send(fd, req, len, MSG_NOSIGNAL) == (ssize_t)len; /* no: closed unanswered */
@@ -232,11 +238,7 @@ static csd_http_server *limited_server(const fixture *f, int max_conns, int per_
 
 /* A connection that has sent the start of a request and then nothing more. */
 static int idle_client(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = connect_local(port);
     assert_int_equal(send(fd, "GET /health HTTP/1.1\r\n", 22, MSG_NOSIGNAL), 22);
     return fd;
 }
@@ -267,11 +269,7 @@ static int roundtrip_retry(int port, const char *req, char *resp, size_t cap) {
 
 /* Connects to the test server and sends the head of a chunked POST. */
 static int chunked_client(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    int fd = connect_local(port);
     const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                        "Authorization: Bearer k3y\r\nTransfer-Encoding: chunked\r\n\r\n";
     assert_int_equal(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
