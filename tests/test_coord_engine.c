@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -507,10 +508,117 @@ static void test_json_schema(void **state) {
     csd_vocab_bytes_destroy(v);
 }
 
+/* A pipeline that lets two steps overlap, as a fleet with two micro-batches does: each step is
+ * computed by the in-process pipeline when it begins and handed back when it ends, in order. It
+ * counts the tokens it is sent, and those sent after `cancelled` is set. */
+typedef struct overlap_pipe {
+    csd_pipeline base;
+    csd_pipeline *in;
+    int rc[2];
+    csd_err err[2];
+    int head, count;
+    atomic_bool cancelled;     /* set by the test when it cancels the watched one */
+    atomic_long sent, sent_after_cancel;
+} overlap_pipe;
+
+static int overlap_open(csd_pipeline *p, uint32_t r, int64_t max_ctx, csd_err *err) {
+    overlap_pipe *o = (overlap_pipe *)p;
+    return o->in->ops->open(o->in, r, max_ctx, err);
+}
+
+static int overlap_begin(csd_pipeline *p, const csd_step_entry *en, int n, float *logits,
+                         csd_err *err) {
+    (void)err;
+    overlap_pipe *o = (overlap_pipe *)p;
+    assert_true(o->count < 2); /* the engine keeps to max_in_flight */
+    for (int i = 0; i < n; i++) {
+        atomic_fetch_add(&o->sent, en[i].n);
+        if (atomic_load(&o->cancelled)) atomic_fetch_add(&o->sent_after_cancel, en[i].n);
+    }
+    int slot = (o->head + o->count++) % 2;
+    csd_err_clear(&o->err[slot]);
+    int rc = o->in->ops->step_begin(o->in, en, n, logits, &o->err[slot]);
+    o->rc[slot] = rc ? rc : o->in->ops->step_end(o->in, NULL, &o->err[slot]);
+    return 0;
+}
+
+static int overlap_end(csd_pipeline *p, csd_err *entry_err, csd_err *err) {
+    (void)entry_err;
+    overlap_pipe *o = (overlap_pipe *)p;
+    int slot = o->head;
+    o->head = (o->head + 1) % 2;
+    o->count--;
+    if (o->rc[slot] && err) *err = o->err[slot];
+    return o->rc[slot];
+}
+
+static int overlap_truncate(csd_pipeline *p, uint32_t r, int64_t pos, csd_err *err) {
+    overlap_pipe *o = (overlap_pipe *)p;
+    return o->in->ops->truncate(o->in, r, pos, err);
+}
+
+static int overlap_copy(csd_pipeline *p, uint32_t src, uint32_t dst, int64_t n, csd_err *err) {
+    overlap_pipe *o = (overlap_pipe *)p;
+    return o->in->ops->copy_prefix(o->in, src, dst, n, err);
+}
+
+static void overlap_close(csd_pipeline *p, uint32_t r) {
+    overlap_pipe *o = (overlap_pipe *)p;
+    o->in->ops->close(o->in, r);
+}
+
+static const csd_pipeline_ops overlap_ops = {.open = overlap_open,
+                                             .step_begin = overlap_begin,
+                                             .step_end = overlap_end,
+                                             .truncate = overlap_truncate,
+                                             .copy_prefix = overlap_copy,
+                                             .close = overlap_close};
+
+/* A client that goes away while its long prompt is being computed, over a pipeline with two
+ * steps in flight: the rest of the prompt is not computed (at most the chunks the engine had
+ * already picked), and no token is generated for it. (A prompt whose chunks always had one in
+ * flight used to be computed to its end, then sampled, for nobody.) */
+static void test_cancel_mid_prompt_with_steps_in_flight(void **state) {
+    fixture *f = *state;
+    overlap_pipe o;
+    memset(&o, 0, sizeof o);
+    o.base = *f->pipe;
+    o.base.ops = &overlap_ops;
+    o.base.max_in_flight = 2;
+    o.in = f->pipe;
+    csd_pipeline *pipe = &o.base;
+    csd_engine_opts opts;
+    csd_engine_opts_default(&opts);
+    opts.prefill_chunk = 2;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &opts, &err), 0);
+    int32_t prompt[120];
+    for (int i = 0; i < 120; i++) prompt[i] = 1 + (i * 7) % 290;
+    csd_req_params p = params_for(0, 4);
+    csd_req_callbacks cb = {on_token, on_done};
+    collected c;
+    collected_init(&c);
+    uint64_t id = 0;
+    assert_int_equal(csd_engine_submit(e, prompt, 120, &p, &cb, &c, &id, &err), 0);
+    while (atomic_load(&o.sent) < 6) usleep(100);
+    atomic_store(&o.cancelled, true);
+    csd_engine_cancel(e, id);
+    wait_done(&c);
+    assert_int_equal(c.end, CSD_REQ_END_CANCELLED);
+    assert_int_equal(c.n, 0);
+    long after = atomic_load(&o.sent_after_cancel);
+    if (after > 2 * opts.prefill_chunk)
+        fail_msg("%ld prompt tokens computed after the cancel (of %ld sent)", after,
+                 atomic_load(&o.sent));
+    csd_engine_destroy(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_equals_alone),
         cmocka_unit_test(test_stop_eog_and_cancel),
+        cmocka_unit_test(test_cancel_mid_prompt_with_steps_in_flight),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_group_all_or_none),
         cmocka_unit_test(test_group_shares_prompt),

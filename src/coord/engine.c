@@ -368,9 +368,11 @@ static void prepare_requests(worker *w) {
 
 /* A request can join a new step when no step carries it, or while its prompt still has tokens no
  * step carries yet: chunks of one long prompt then travel the pipeline back to back, so stage k+1
- * computes chunk i while stage k computes chunk i+1. */
+ * computes chunk i while stage k computes chunk i+1. A cancelled one joins none: its steps in
+ * flight drain and prepare_requests ends it (else a prompt that always has a chunk in flight
+ * would be computed to its end for a client that has gone). */
 static bool can_step(const req *r) {
-    if (!r->opened || r->fail_code) return false;
+    if (!r->opened || r->fail_code || atomic_load(&r->cancel)) return false;
     if (r->state == REQ_PREFILL) return r->n_sent < r->n_prompt;
     return r->in_flight == 0;
 }
@@ -493,7 +495,8 @@ static void emit_token(worker *w, req *r, float *logits) {
     csd_sampler_accept(r->sampler, ev.id);
     if (r->params.logprobs) {
         ev.logprob = csd_logprob_of(w->scratch_logits, vocab, ev.id);
-        ev.n_top = r->params.top_logprobs;
+        /* a vocabulary smaller than the asked count has only so many alternatives */
+        ev.n_top = r->params.top_logprobs < vocab ? r->params.top_logprobs : (int)vocab;
         csd_top_logprobs(w->scratch_logits, vocab, ev.n_top, ev.top_ids, ev.top_logprobs);
     }
     uint64_t now = csd_now_ns();
