@@ -280,17 +280,24 @@ static void test_links_beyond_limit_closed(void **state) {
     for (int i = 0; i < LINKS_MAX; i++) close(fds[i]);
 }
 
+/* The next frame on c is an ERROR for request_id: its text in e (borrowing buf). */
+static void recv_error(csd_conn *c, uint32_t request_id, csd_netbuf *buf, csd_wire_error *e) {
+    csd_wire_hdr h;
+    csd_err err = {0};
+    if (csd_conn_recv(c, &h, buf, 5000, &err)) fail_msg("no ERROR: %s", err.msg);
+    assert_int_equal(h.type, CSD_WIRE_ERROR);
+    assert_int_equal(h.request_id, request_id);
+    assert_int_equal(csd_wire_decode_error(buf->data, h.payload_len, e, &err), 0);
+}
+
 /* The next ERROR on c (request 0): its text. */
 static void expect_error(csd_conn *c, const char *text) {
     csd_netbuf buf = {0};
+    csd_wire_error e;
+    recv_error(c, 0, &buf, &e);
+    if (!strstr(e.text, text)) fail_msg("ERROR '%s' does not say '%s'", e.text, text);
     csd_wire_hdr h;
     csd_err err = {0};
-    if (csd_conn_recv(c, &h, &buf, 5000, &err)) fail_msg("no ERROR: %s", err.msg);
-    assert_int_equal(h.type, CSD_WIRE_ERROR);
-    assert_int_equal(h.request_id, 0);
-    csd_wire_error e;
-    assert_int_equal(csd_wire_decode_error(buf.data, h.payload_len, &e, &err), 0);
-    if (!strstr(e.text, text)) fail_msg("ERROR '%s' does not say '%s'", e.text, text);
     assert_int_equal(csd_conn_recv(c, &h, &buf, 5000, &err), CSD_ECLOSED); /* then closed */
     csd_netbuf_fini(&buf);
 }
@@ -347,11 +354,8 @@ static void test_queue_bounded(void **state) {
     assert_int_equal(csd_conn_send(c, &h, junk, big, &err), 0);
     free(junk);
     csd_netbuf buf = {0};
-    if (csd_conn_recv(c, &h, &buf, 5000, &err)) fail_msg("no ERROR: %s", err.msg);
-    assert_int_equal(h.type, CSD_WIRE_ERROR);
-    assert_int_equal(h.request_id, 7);
     csd_wire_error e;
-    assert_int_equal(csd_wire_decode_error(buf.data, h.payload_len, &e, &err), 0);
+    recv_error(c, 7, &buf, &e);
     if (!strstr(e.text, "a FORWARD frame of 16777216 bytes was dropped"))
         fail_msg("ERROR '%s'", e.text);
     /* a frame of a proper size is computed */

@@ -479,15 +479,13 @@ static char *tokenize_chat(const csd_http_server *s, const json_t *root, int64_t
     int32_t *ids = NULL;
     size_t n = 0;
     char *out = NULL;
-    if (chat_prompt(s, &req, &ids, &n, e) != 0) {
-        /* e is set */
-    } else if (n > CSD_HTTP_MAX_PROMPT_IDS) { /* the bound the text form has (tokenize_api.c) */
+    bool rendered = chat_prompt(s, &req, &ids, &n, e) == 0; /* else e is set */
+    if (rendered && n > CSD_HTTP_MAX_PROMPT_IDS) /* the bound of the text form (tokenize_api.c) */
         csd_http_error_set(e, 400, NULL, "messages", "invalid_value",
                            "the rendered messages are %zu tokens; /tokenize answers at most %d",
                            n, CSD_HTTP_MAX_PROMPT_IDS);
-    } else if (!(out = csd_http_tokens_json(s->tok, ids, n, false, max_ctx))) {
+    else if (rendered && !(out = csd_http_tokens_json(s->tok, ids, n, false, max_ctx)))
         csd_http_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    }
     csd_free(ids);
     csd_http_req_fini(&req);
     return out;
