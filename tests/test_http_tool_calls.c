@@ -728,7 +728,8 @@ static void test_request_refusals(void **state) {
  * as other vocabularies have them. */
 static csd_tok *char_tokenizer(bool tags_special) {
     char vocab[4096] = "\"<unk>\": 0, \"<s>\": 1, \"\\n\": 2, \"<tool_call>\": 3, "
-                       "\"</tool_call>\": 4, \"<think>\": 5, \"</think>\": 6, \"\\u00e9\": 200";
+                       "\"</tool_call>\": 4, \"<think>\": 5, \"</think>\": 6, \"\\u00e9\": 200, "
+                       "\"<0xC3>\": 201";
     for (int c = 32; c < 127; c++) {
         size_t at = strlen(vocab);
         if (c == '"' || c == '\\')
@@ -747,8 +748,8 @@ static csd_tok *char_tokenizer(bool tags_special) {
              "{\"added_tokens\": [{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, "
              "{\"id\": 1, \"content\": \"<s>\", \"special\": true}%s], \"normalizer\": null, "
              "\"pre_tokenizer\": null, \"decoder\": {\"type\": \"Sequence\", \"decoders\": "
-             "[{\"type\": \"Fuse\"}]}, \"model\": {\"type\": \"BPE\", "
-             "\"unk_token\": \"<unk>\", \"vocab\": {%s}, \"merges\": []}}",
+             "[{\"type\": \"ByteFallback\"}, {\"type\": \"Fuse\"}]}, \"model\": "
+             "{\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": {%s}, \"merges\": []}}",
              tags, vocab);
     csd_tok *tok = NULL;
     csd_err err = {0};
@@ -756,7 +757,8 @@ static csd_tok *char_tokenizer(bool tags_special) {
     return tok;
 }
 
-/* Token ids of text: a tag is one token, and so is U+00E9; every other byte one. */
+/* Token ids of text: a tag is one token, and so is U+00E9; every other byte one (0xC3 alone is
+ * the byte token <0xC3>). */
 static int ids_of(const char *text, int32_t *ids) {
     static const char *const tags[] = {"<tool_call>", "</tool_call>", "<think>", "</think>"};
     int n = 0;
@@ -769,7 +771,8 @@ static int ids_of(const char *text, int32_t *ids) {
             p += strlen(tags[tag]);
         } else {
             bool e_acute = !strncmp(p, "\xC3\xA9", 2); /* U+00E9, one token */
-            ids[n++] = e_acute ? 200 : *p == '\n' ? 2 : (unsigned char)*p;
+            int byte = (unsigned char)*p; /* <0xC3> alone: a byte token */
+            ids[n++] = e_acute ? 200 : byte == '\n' ? 2 : byte == 0xC3 ? 201 : byte;
             p += e_acute ? 2 : 1;
         }
     }
@@ -1177,37 +1180,42 @@ static void test_job_stream_forgets_sent(void **state) {
 }
 
 /* Completions' text_offset is where each token's text starts, in characters, also when a stop
- * string held a token's text back until the next one (streamed or not). */
-static void test_job_completion_text_offset(void **state) {
-    csd_tok *tok = *state;
+ * string held a token's text back until the next one (streamed or not), and when a token's text
+ * begins with the U+FFFD of a character the token before began (a byte token) and it broke. */
+static void check_text_offsets(csd_tok *tok, const char *answer, const char *text) {
     job_kind = CSD_HTTP_KIND_COMPLETION;
     const char *body = "{\"prompt\":\"x\",\"logprobs\":1,\"stop\":[\"zz\"]";
     char stream_body[128];
     snprintf(stream_body, sizeof stream_body, "%s,\"stream\":true}", body);
     char plain_body[128];
     snprintf(plain_body, sizeof plain_body, "%s}", body);
-    /* "z" waits for "q"; "é" is one character of two bytes, in the echoed prompt and the answer */
     job_echo = "x\xC3\xA9";
-    json_t *r = run_job(tok, plain_body, "a\xC3\xA9" "bzq", CSD_REQ_END_STOP);
+    json_t *r = run_job(tok, plain_body, answer, CSD_REQ_END_STOP);
     json_t *choice = json_array_get(json_object_get(r, "choices"), 0);
-    assert_string_equal(json_string_value(json_object_get(choice, "text")),
-                        "x\xC3\xA9" "a\xC3\xA9" "bzq");
+    assert_string_equal(json_string_value(json_object_get(choice, "text")), text);
     json_t *offsets = json_object_get(json_object_get(choice, "logprobs"), "text_offset");
     assert_int_equal(json_array_size(offsets), 5);
-    for (int i = 0; i < 5; i++) /* a, é, b, z, q: characters 2 to 6 of the text */
+    for (int i = 0; i < 5; i++) /* five tokens of one character each: characters 2 to 6 */
         assert_int_equal(json_integer_value(json_array_get(offsets, (size_t)i)), 2 + i);
     json_decref(r);
-    json_t *evs = run_job(tok, stream_body, "a\xC3\xA9" "bzq", CSD_REQ_END_STOP);
+    json_t *evs = run_job(tok, stream_body, answer, CSD_REQ_END_STOP);
     int seen = 0;
     for (size_t i = 0; i < json_array_size(evs); i++) {
-        json_t *lp = json_object_get(json_array_get(json_object_get(json_array_get(evs, i),
-                                                                    "choices"), 0), "logprobs");
+        json_t *ch = json_array_get(json_object_get(json_array_get(evs, i), "choices"), 0);
+        json_t *lp = json_object_get(ch, "logprobs");
         json_t *o = json_object_get(lp, "text_offset");
         for (size_t k = 0; k < json_array_size(o); k++, seen++)
             assert_int_equal(json_integer_value(json_array_get(o, k)), 2 + seen);
     }
     assert_int_equal(seen, 5);
     json_decref(evs);
+}
+
+static void test_job_completion_text_offset(void **state) {
+    /* "z" waits for "q"; "é" is one character of two bytes, in the echoed prompt and the answer */
+    check_text_offsets(*state, "a\xC3\xA9" "bzq", "x\xC3\xA9" "a\xC3\xA9" "bzq");
+    /* the lone byte token <0xC3>: "b" breaks its character, whose U+FFFD is the byte token's */
+    check_text_offsets(*state, "a\xC3" "bzq", "x\xC3\xA9" "a\xEF\xBF\xBD" "bzq");
 }
 
 /* Each token's logprobs come exactly once, with its thinking or its content, streamed or not. */

@@ -88,6 +88,7 @@ static void byte_fallback_split_character(void **state) {
     assert_int_equal(csd_detok_push(&d, ids[4], out, sizeof out, &got), 0);
     assert_int_equal(got, 4);
     assert_memory_equal(out, "\xF0\x9F\x98\x80", 4);
+    assert_int_equal(d.carried, 0); /* completed, not broken: the whole character is this id's */
     stream_equals_decode(tok, ids, n, false);
     /* an unfinished character followed by a word: U+FFFD, then the word */
     int32_t broken[] = {ids[1], ids[2], 403};
@@ -101,6 +102,18 @@ static void byte_fallback_split_character(void **state) {
     }
     assert_int_equal(len, 3 + 5);
     assert_memory_equal(all, "\xEF\xBF\xBD Once", 8);
+    assert_int_equal(d.carried, 3); /* the U+FFFD is the byte tokens' text, " Once" the word's */
+    /* broken by a byte token: U+FFFD then "A", the U+FFFD still the earlier token's */
+    int32_t byte_a = ids[1] - 0xF0 + 'A'; /* <0x00>..<0xFF> are consecutive ids */
+    assert_string_equal(csd_tok_piece(tok, byte_a), "<0x41>");
+    csd_detok_init(&d, tok, false);
+    assert_int_equal(csd_detok_push(&d, ids[1], out, sizeof out, &got), 0);
+    assert_int_equal(csd_detok_push(&d, byte_a, out, sizeof out, &got), 0);
+    assert_int_equal(got, 4);
+    assert_memory_equal(out, "\xEF\xBF\xBD" "A", 4);
+    assert_int_equal(d.carried, 3);
+    assert_int_equal(csd_detok_push(&d, byte_a, out, sizeof out, &got), 0);
+    assert_int_equal(d.carried, 0); /* nothing was held */
     stream_equals_decode(tok, broken, 3, false);
     /* flush of a dangling prefix gives one U+FFFD */
     csd_detok_init(&d, tok, false);

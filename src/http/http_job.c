@@ -474,7 +474,9 @@ bool csd_http_job_on_token(void *ctx, const csd_token_event *ev) {
     size_t emit_len = 0;
     int stopped = 0;
     if (csd_detok_push(&ch->detok, ev->id, ch->piece, sizeof ch->piece, &n) != 0) n = 0;
-    ch->token_offset = ch->text_offset;
+    /* the token's text starts after what only ended an earlier token (its broken character) */
+    size_t carried = n ? ch->detok.carried : 0;
+    ch->token_offset = ch->text_offset + (int64_t)csd_utf8_chars(ch->piece, carried);
     ch->text_offset += (int64_t)csd_utf8_chars(ch->piece, n);
     stopped = csd_http_stop_push(&ch->stop, ch->piece, n, &emit, &emit_len);
     if (stopped < 0) return true; /* out of memory: end the request rather than lose text */

@@ -15,6 +15,8 @@ typedef struct sink {
     size_t len, cap;
     csd_tok_buf *grow; /* when set, text goes here instead of p */
     bool raw;          /* bytes as they are, not UTF-8 decoded (csd_tok_token_bytes) */
+    bool earlier;      /* the step began with an earlier id's unfinished character */
+    size_t carried;    /* bytes at the start of p that ended it (csd_detok.carried) */
     int rc;
 } sink;
 
@@ -45,9 +47,16 @@ static void emit(csd_detok *d, sink *s, const char *t, size_t n) {
     put(s, t, n);
 }
 
+/* An earlier id's unfinished character was broken: its U+FFFD, the first text of this step, is
+ * that id's text, not this one's. */
+static void note_broken(sink *s) {
+    if (s->earlier && s->len == 0) s->carried = 3;
+}
+
 static void flush_pending(csd_detok *d, sink *s) {
     if (d->n_pending == 0) return;
     d->n_pending = 0;
+    note_broken(s);
     emit(d, s, "\xEF\xBF\xBD", 3); /* an unfinished character at the end of a byte run */
 }
 
@@ -60,7 +69,10 @@ static void feed_byte(csd_detok *d, sink *s, uint8_t b) {
     csd_tok_u8dec_init(&dec);
     char tmp[16];
     for (size_t i = 0; i < d->n_pending; i++) csd_tok_u8dec_feed(&dec, d->pending[i], tmp);
+    uint32_t errors = dec.errors;
+    bool open = dec.needed > 0;
     size_t n = csd_tok_u8dec_feed(&dec, b, tmp);
+    if (open && dec.errors > errors) note_broken(s); /* b did not continue it */
     if (dec.needed) {
         /* the unfinished character is its lead byte and the continuation bytes seen so far */
         uint8_t all[CSD_DETOK_MAX_PENDING + 1];
@@ -103,6 +115,7 @@ static int step(csd_detok *d, int32_t id, sink *s) {
     if (id < 0 || id >= tok->n_ids || tok->id_sym[id] < 0) return CSD_ERANGE;
     uint8_t flags = tok->id_flags[id];
     if (d->skip_special && (flags & CSD_TOK_ID_SPECIAL) && !kept(d, id)) return 0;
+    s->earlier = d->n_pending > 0;
     const char *piece = csd_tok_strtab_get(&tok->syms, (uint32_t)tok->id_sym[id]);
     size_t plen = tok->syms.slen[tok->id_sym[id]];
     switch (tok->dec_kind) {
@@ -162,11 +175,13 @@ int csd_detok_push(csd_detok *d, int32_t id, char *out, size_t cap, size_t *out_
     int rc = step(d, id, &s);
     if (rc) {
         *d = saved; /* nothing consumed: the caller may retry with more room */
+        d->carried = 0;
         out[0] = '\0';
         return rc;
     }
     out[s.len] = '\0';
     *out_len = s.len;
+    d->carried = s.carried;
     return 0;
 }
 
@@ -176,6 +191,7 @@ int csd_detok_flush(csd_detok *d, char *out, size_t cap, size_t *out_len) {
     csd_detok saved = *d;
     sink s = {.p = out, .cap = cap};
     flush_pending(d, &s);
+    d->carried = 0; /* the text is earlier ids' alone */
     if (s.rc) {
         *d = saved;
         out[0] = '\0';

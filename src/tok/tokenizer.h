@@ -79,6 +79,9 @@ typedef struct csd_detok {
     bool at_start;                         /* for leading-space rules of the decoder */
     size_t n_pending;
     uint8_t pending[CSD_DETOK_MAX_PENDING]; /* bytes of an incomplete UTF-8 sequence */
+    /* Bytes at the start of the last push's text that belong to earlier ids: the U+FFFD of a
+     * character they began and this id broke (0 or 3). Where this id's own text starts. */
+    size_t carried;
 } csd_detok;
 
 void csd_detok_init(csd_detok *d, const csd_tok *tok, bool skip_special);
