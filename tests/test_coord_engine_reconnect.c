@@ -1,9 +1,9 @@
 /* The serving engine over a pipeline that goes down and comes back, as a fleet does when a worker
  * dies and the reconnector brings the chain back: requests that waited in the queue meanwhile
  * start on their own once it is up (nothing else needs to arrive), a cancelled one leaves the
- * queue at once, the prefix cache forgets what the stages held before the reconnect, and
- * /metrics can read the engine's figures while the cache changes (a data race that the
- * ThreadSanitizer pass of scripts/test reports).
+ * queue at once, a replica that is down lends no slots to admission, the prefix cache forgets
+ * what the stages held before the reconnect, and /metrics can read the engine's figures while the
+ * cache changes (a data race that the ThreadSanitizer pass of scripts/test reports).
  * The pipeline is a fake one: it always answers token 5, and counts what the engine asks of it. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -222,7 +222,7 @@ static void test_cancel_frees_queue_place(void **state) {
     static fake_pipe f; /* static: a failed test leaves its engine running */
     fake_init(&f);
     atomic_store(&f.up, false);
-    csd_engine *e = engine_over(&f, 1, 1, 0); /* with the one free slot, two requests may wait */
+    csd_engine *e = engine_over(&f, 1, 2, 0); /* the pipeline down: the queue's two may wait */
     int32_t prompt[3] = {1, 2, 3};
     static outcome a, b, c;
     uint64_t id_a = submit(e, prompt, 3, 4, &a);
@@ -240,6 +240,57 @@ static void test_cancel_frees_queue_place(void **state) {
     assert_true(wait_done_ms(&c, 3000));
     assert_int_equal(b.end, CSD_REQ_END_LENGTH);
     assert_int_equal(c.end, CSD_REQ_END_LENGTH);
+    csd_engine_destroy(e);
+}
+
+/* Submits a group of two greedy requests; 0 or the engine's refusal. */
+static int try_submit_pair(csd_engine *e, const int32_t *prompt, int n, outcome *o) {
+    csd_req_params p[2];
+    memset(p, 0, sizeof p);
+    for (int i = 0; i < 2; i++) {
+        csd_sampler_params_default(&p[i].sampling);
+        p[i].sampling.temperature = 0.0f;
+        p[i].max_tokens = 4;
+        p[i].ignore_eos = true;
+        outcome_init(&o[i]);
+    }
+    csd_req_callbacks cb = {on_token, on_done};
+    void *ctx[2] = {&o[0], &o[1]};
+    uint64_t ids[2];
+    csd_err err = {0};
+    return csd_engine_submit_group(e, prompt, n, p, 2, &cb, ctx, ids, &err);
+}
+
+/* Two replicas of one slot each, no queue: while one is down (reconnecting) only the other's slot
+ * takes a request, so two at once are refused at once rather than left waiting beyond --queue;
+ * once it is back, both replicas' slots take them. */
+static void test_down_replica_slots_not_counted(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    atomic_store(&f[1].up, false);
+    csd_pipeline *pipes[2] = {&f[0].base, &f[1].base};
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 1;
+    o.queue_max = 0;
+    o.prefix_cache = 0;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, pipes, 2, NULL, 0, &o, &err), 0);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome pair[2], one, both[2];
+    assert_int_equal(try_submit_pair(e, prompt, 3, pair), CSD_EFULL);
+    submit(e, prompt, 3, 4, &one); /* the live replica's slot */
+    assert_true(wait_done_ms(&one, 3000));
+    assert_int_equal(one.end, CSD_REQ_END_LENGTH);
+    atomic_store(&f[1].up, true);
+    assert_int_equal(try_submit_pair(e, prompt, 3, both), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_true(wait_done_ms(&both[i], 3000));
+        assert_int_equal(both[i].end, CSD_REQ_END_LENGTH);
+    }
     csd_engine_destroy(e);
 }
 
@@ -324,6 +375,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_queued_request_starts_after_reconnect),
         cmocka_unit_test(test_cancel_frees_queue_place),
+        cmocka_unit_test(test_down_replica_slots_not_counted),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),
     };

@@ -767,14 +767,25 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     return 0;
 }
 
+/* Free slots on the pipelines that are up (lock held). A replica that is down (reconnecting)
+ * admits nothing, so its slots would only let requests wait beyond --queue. */
+static int free_ready_slots(csd_engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->n_workers; i++)
+        if (pipe_ready(e->workers[i].pipe)) n += e->opts.parallel - e->workers[i].n_active;
+    return n;
+}
+
 /* Queues rs[0..n) together, or none of them (lock held): CSD_EFULL when the free slots and the
  * queue cannot take all n. */
 static int enqueue_all(csd_engine *e, req **rs, int n, uint64_t *ids, csd_err *err) {
-    int free_slots = e->stats.slots - e->stats.active;
+    int free_slots = free_ready_slots(e);
     if (e->stopping || e->queue_len + n > e->opts.queue_max + (free_slots > 0 ? free_slots : 0)) {
         e->stats.requests_rejected += n;
-        return csd_err_set(err, CSD_EFULL, "server is at capacity (%d slots, %d queued)",
-                           e->stats.slots, e->opts.queue_max);
+        return csd_err_set(err, CSD_EFULL,
+                           "server is at capacity (%d slots, %d free on the pipelines that are "
+                           "up, %d may wait)",
+                           e->stats.slots, free_slots > 0 ? free_slots : 0, e->opts.queue_max);
     }
     for (int i = 0; i < n; i++) {
         req *r = rs[i];
