@@ -306,6 +306,63 @@ static void test_context_object_order(void **state) {
     free(want);
 }
 
+/* The time budget stops what the step budget cannot see: here a million `|length` of an 8 MB
+ * string, five steps each (about an hour and a half of scanning without the time budget). */
+static void test_time_budget(void **state) {
+    (void)state;
+    char *out = NULL;
+    csd_err err = {0};
+    csd_chat_render_opts o = {.max_ms = 300};
+    assert_int_equal(render_opts("{% set ns = namespace(s='ab') %}{% for i in range(22) %}"
+                                 "{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+                                 "{% for i in range(1000000) %}{% if ns.s | length %}{% endif %}"
+                                 "{% endfor %}",
+                                 NULL, &o, &out, &err),
+                     CSD_ERANGE);
+    assert_non_null(strstr(err.msg, "time budget of 300 ms"));
+}
+
+/* A {% macro %} statement costs a step, not a walk of its body: a 420 KB body defined 100,000
+ * times renders well within the time budget (looking for `kwargs` in the body at each definition
+ * took about 30 s). Whether a body names kwargs or varargs is found while it is parsed, nested
+ * macros included; a macro declares at most 255 parameters. */
+static void test_macro_definition_cost(void **state) {
+    (void)state;
+    char *body = repeat("{{ a }}", 60000, "", "");
+    size_t cap = strlen(body) + 256;
+    char *tpl = malloc(cap);
+    snprintf(tpl, cap,
+             "{%% for i in range(100000) %%}{%% macro m(a) %%}%s{%% endmacro %%}"
+             "{%% if loop.last %%}{{ m('x') | length }}{%% endif %%}{%% endfor %%}",
+             body);
+    csd_chat_render_opts o = {.max_ms = 10000};
+    char *out = NULL;
+    csd_err err = {0};
+    if (render_opts(tpl, NULL, &o, &out, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(out, "60000");
+    csd_free(out);
+    free(tpl);
+    free(body);
+    expect_render("{% macro outer() %}{% macro inner() %}{{ kwargs.k }}{{ varargs | length }}"
+                  "{% endmacro %}{{ inner(1, k=2) }}{% endmacro %}{{ outer() }}",
+                  NULL, "21");
+    expect_error("{% macro f() %}{{ kwargs }}{% endmacro %}{{ f(1) }}", NULL, CSD_EINVAL, NULL,
+                 NULL);
+    char params[256 * 8] = "";
+    for (int i = 0; i < 256; i++)
+        snprintf(params + strlen(params), sizeof params - strlen(params), "%sp%d", i ? "," : "", i);
+    char many[sizeof params + 255 * 4 + 64];
+    snprintf(many, sizeof many, "{%% macro f(%s) %%}{%% endmacro %%}", params);
+    expect_error(many, NULL, CSD_EFORMAT, "more than 255 parameters", NULL);
+    *strrchr(params, ',') = '\0'; /* 255 */
+    char args[255 * 4] = "";
+    for (int i = 0; i < 255; i++)
+        snprintf(args + strlen(args), sizeof args - strlen(args), "%s%d", i ? "," : "", i);
+    snprintf(many, sizeof many, "{%% macro f(%s) %%}{{ p254 }}{%% endmacro %%}{{ f(%s) }}",
+             params, args);
+    expect_render(many, NULL, "254");
+}
+
 static void test_limits(void **state) {
     (void)state;
     /* parser depth */
@@ -548,6 +605,8 @@ int main(void) {
         cmocka_unit_test(test_syntax_errors),
         cmocka_unit_test(test_runtime_errors),
         cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_time_budget),
+        cmocka_unit_test(test_macro_definition_cost),
         cmocka_unit_test(test_builtins),
         cmocka_unit_test(test_apply_validation),
         cmocka_unit_test(test_api_edges),

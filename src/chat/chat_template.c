@@ -8,6 +8,7 @@
 
 #include "chat/tmpl_internal.h"
 #include "core/alloc.h"
+#include "core/clock.h"
 
 struct csd_chat_template {
     csd_chat_fail fail;       /* only used while parsing */
@@ -131,6 +132,8 @@ int csd_chat_template_render_opts(const csd_chat_template *t, const json_t *ctx,
     st->rt.fail = &st->fail;
     st->rt.max_str = o.max_output ? o.max_output : CSD_CHAT_DEFAULT_MAX_OUTPUT;
     st->rt.max_steps = o.max_steps ? o.max_steps : CSD_CHAT_DEFAULT_MAX_STEPS;
+    st->rt.max_ms = o.max_ms ? o.max_ms : CSD_CHAT_DEFAULT_MAX_MS;
+    st->rt.deadline_ns = csd_now_ns() + st->rt.max_ms * 1000000ull;
     st->rt.now = o.now;
     csd_chat_buf_init(&st->out, &st->arena, st->rt.max_str);
     st->rt.out = &st->out;

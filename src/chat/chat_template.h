@@ -20,6 +20,7 @@
 #define CSD_CHAT_DEFAULT_MAX_OUTPUT (16u << 20) /* bytes of rendered text (and any one string) */
 #define CSD_CHAT_DEFAULT_MAX_MEMORY (256u << 20)    /* bytes the interpreter may allocate */
 #define CSD_CHAT_DEFAULT_MAX_STEPS 20000000ull      /* statements + expression nodes evaluated */
+#define CSD_CHAT_DEFAULT_MAX_MS 5000ull             /* a render's time (real ones take < 50 ms) */
 
 typedef struct csd_chat_template csd_chat_template;
 
@@ -27,6 +28,7 @@ typedef struct csd_chat_render_opts {
     size_t max_output;        /* 0: CSD_CHAT_DEFAULT_MAX_OUTPUT */
     size_t max_memory;        /* 0: CSD_CHAT_DEFAULT_MAX_MEMORY */
     uint64_t max_steps;       /* 0: CSD_CHAT_DEFAULT_MAX_STEPS */
+    uint64_t max_ms;          /* 0: CSD_CHAT_DEFAULT_MAX_MS */
     const struct tm *now; /* time seen by strftime_now(); NULL: the local clock (tests fix it) */
 } csd_chat_render_opts;
 

@@ -1,11 +1,14 @@
 /* tmpl_eval: the interpreter: statements stream into rt->out, expressions evaluate to values with
  * the semantics of @huggingface/jinja (JS loose ==, string + anything, undefined tolerated in
- * attribute access, dynamic macro scope). Bounded by a step budget, a recursion depth limit, the
- * arena byte limit and a per-string size limit, so any template terminates with bounded memory. */
+ * attribute access, dynamic macro scope). Bounded by a step and a time budget, a recursion depth
+ * limit, the arena byte limit and a per-string size limit, so any template terminates with bounded
+ * memory. */
 #include "chat/tmpl_internal.h"
 
 #include <math.h>
 #include <string.h>
+
+#include "core/clock.h"
 
 enum flow { FLOW_NORMAL = 0, FLOW_BREAK, FLOW_CONTINUE };
 
@@ -13,10 +16,16 @@ static int exec_block(csd_chat_rt *rt, csd_chat_node *const *list, size_t n, csd
 
 #define RAISE(rt, pos, ...) csd_chat_raise((rt)->fail, CSD_EINVAL, (pos), __VA_ARGS__)
 
+/* Counts a step against the budgets. The time budget stops what steps do not measure: one step
+ * may scan a string of megabytes or an object of many keys. Read every 64 steps, the clock costs
+ * a few percent of a render. */
 void csd_chat_step(csd_chat_rt *rt, uint32_t pos) {
     if (++rt->steps > rt->max_steps)
         csd_chat_raise(rt->fail, CSD_ERANGE, pos, "template exceeded its budget of %llu steps",
                        (unsigned long long)rt->max_steps);
+    if ((rt->steps & 63) == 0 && csd_now_ns() > rt->deadline_ns)
+        csd_chat_raise(rt->fail, CSD_ERANGE, pos, "template exceeded its time budget of %llu ms",
+                       (unsigned long long)rt->max_ms);
 }
 
 static void enter(csd_chat_rt *rt, uint32_t pos) {
@@ -597,26 +606,6 @@ static void exec_for(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *ou
     }
 }
 
-static bool mentions(const csd_chat_node *n, const char *name, int depth) {
-    if (!n || depth > CSD_CHAT_MAX_PARSE_DEPTH * 4) return false;
-    if (n->kind == CSD_CHAT_N_IDENT && n->slen == strlen(name) && memcmp(n->s, name, n->slen) == 0)
-        return true;
-    if (mentions(n->a, name, depth + 1) || mentions(n->b, name, depth + 1) ||
-        mentions(n->c, name, depth + 1))
-        return true;
-    for (size_t i = 0; i < n->nlist; i++)
-        if (mentions(n->list[i], name, depth + 1)) return true;
-    for (size_t i = 0; i < n->nlist2; i++)
-        if (mentions(n->list2[i], name, depth + 1)) return true;
-    return false;
-}
-
-static bool block_mentions(csd_chat_node *const *list, size_t n, const char *name) {
-    for (size_t i = 0; i < n; i++)
-        if (mentions(list[i], name, 0)) return true;
-    return false;
-}
-
 static void exec_macro(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *s) {
     csd_chat_func *f = csd_chat_arena_alloc(rt->arena, sizeof *f);
     f->kind = CSD_CHAT_FN_MACRO;
@@ -627,8 +616,8 @@ static void exec_macro(csd_chat_rt *rt, const csd_chat_node *n, csd_chat_scope *
         if (n->list2[i]->slen == 6 && memcmp(n->list2[i]->s, "kwargs", 6) == 0) kw_param = true;
         if (n->list2[i]->slen == 7 && memcmp(n->list2[i]->s, "varargs", 7) == 0) va_param = true;
     }
-    f->uses_kwargs = !kw_param && block_mentions(n->list, n->nlist, "kwargs");
-    f->uses_varargs = !va_param && block_mentions(n->list, n->nlist, "varargs");
+    f->uses_kwargs = !kw_param && (n->op & CSD_CHAT_MENTIONS_KWARGS);
+    f->uses_varargs = !va_param && (n->op & CSD_CHAT_MENTIONS_VARARGS);
     csd_chat_val v = {.type = CSD_CHAT_V_FUNC};
     v.u.fn = f;
     csd_chat_scope_set(rt, s, n->s, n->slen, v);

@@ -20,6 +20,8 @@
 #define CSD_CHAT_MAX_PARSE_DEPTH 200
 /* Interpreter recursion limit (statement + expression + macro frames). */
 #define CSD_CHAT_MAX_EVAL_DEPTH 400
+/* Parameters one macro may declare (their duplicate check is quadratic; real ones have < 10). */
+#define CSD_CHAT_MAX_PARAMS 255
 /* Nesting limit when converting JSON in or out (also breaks namespace self-reference cycles). */
 #define CSD_CHAT_MAX_JSON_DEPTH 128
 
@@ -137,13 +139,18 @@ enum csd_chat_node_kind {
     CSD_CHAT_N_IF,            /* a = test, list = body, list2 = alternate */
     CSD_CHAT_N_FOR,           /* a = loopvar, b = iterable, list = body, list2 = else */
     CSD_CHAT_N_SET,           /* a = assignee, b = value or NULL, list = body */
-    CSD_CHAT_N_MACRO,         /* s = name, list = body, list2 = params */
+    CSD_CHAT_N_MACRO,         /* s = name, list = body, list2 = params, op = CSD_CHAT_MENTIONS_* */
     CSD_CHAT_N_BREAK,
     CSD_CHAT_N_CONTINUE,
     CSD_CHAT_N_COMMENT,
     CSD_CHAT_N_FILTER_STMT,   /* b = filter (IDENT or CALL), list = body */
     CSD_CHAT_N_COUNT
 };
+
+/* A macro's op: its body (nested macros included) names `kwargs` / `varargs`, found while it is
+ * parsed so that running the {% macro %} statement does not walk the body again. */
+#define CSD_CHAT_MENTIONS_KWARGS 1
+#define CSD_CHAT_MENTIONS_VARARGS 2
 
 /* Binary / unary operators. */
 enum csd_chat_op {
@@ -313,6 +320,8 @@ struct csd_chat_rt {
     csd_chat_buf *out;        /* where statements currently write */
     size_t max_str;           /* limit for any single string (and the output) */
     uint64_t steps, max_steps;
+    uint64_t deadline_ns;     /* csd_now_ns() past which the render fails (its time budget) */
+    uint64_t max_ms;          /* that budget, for the message */
     int depth;
     const struct tm *now;     /* fixed time for strftime_now, or NULL for the clock */
 };

@@ -14,6 +14,7 @@ typedef struct parser {
     const csd_chat_tok *t;
     size_t n, cur;
     int depth;
+    csd_chat_node *macro; /* the innermost macro whose body is being parsed, or NULL */
 } parser;
 
 typedef struct nvec {
@@ -193,6 +194,8 @@ static void parse_args(parser *P, nvec *out, bool params) {
             if (params) {
                 if (arg->kind != CSD_CHAT_N_IDENT && arg->kind != CSD_CHAT_N_KWARG)
                     perr(P, "expected identifier for parameter declaration", NULL);
+                if (out->n >= CSD_CHAT_MAX_PARAMS)
+                    perr(P, "a macro with more than 255 parameters", NULL);
                 for (size_t i = 0; i < out->n; i++)
                     if (out->p[i]->slen == arg->slen &&
                         memcmp(out->p[i]->s, arg->s, arg->slen) == 0)
@@ -534,6 +537,13 @@ static csd_chat_node *parse_object(parser *P, const csd_chat_tok *tk) {
     return x;
 }
 
+/* CSD_CHAT_MENTIONS_* for an identifier in a macro's body. */
+static int mentions(const csd_chat_tok *tk) {
+    if (tk->n == 6 && memcmp(tk->p, "kwargs", 6) == 0) return CSD_CHAT_MENTIONS_KWARGS;
+    if (tk->n == 7 && memcmp(tk->p, "varargs", 7) == 0) return CSD_CHAT_MENTIONS_VARARGS;
+    return 0;
+}
+
 static csd_chat_node *parse_primary(parser *P) {
     if (P->cur >= P->n) perr(P, "expected an expression", NULL);
     const csd_chat_tok *tk = &P->t[P->cur++];
@@ -550,6 +560,7 @@ static csd_chat_node *parse_primary(parser *P) {
         csd_chat_node *x = mk(P, CSD_CHAT_N_IDENT, tk->pos);
         x->s = tk->p;
         x->slen = tk->n;
+        if (P->macro) P->macro->op |= mentions(tk);
         return x;
     }
     case CSD_CHAT_T_LPAREN: {
@@ -635,7 +646,11 @@ static csd_chat_node *parse_macro(parser *P, uint32_t pos) {
     nvec params = {0};
     parse_args(P, &params, true);
     set_list2(x, &params);
+    csd_chat_node *outer = P->macro;
+    P->macro = x;
     parse_block(P, x, "endmacro", "{% endmacro %}");
+    P->macro = outer;
+    if (outer) outer->op |= x->op; /* the outer body holds this one's */
     return x;
 }
 
