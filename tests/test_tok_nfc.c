@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "tok/tok_internal.h"
@@ -44,7 +45,35 @@ static void nfc_rules(void **state) {
     assert_false(csd_tok_nfc_quick_ok("e\xCC\x81", 3));
 }
 
+/* NFC of "a" followed by n pairs U+0301 (class 230) U+0316 (class 220), built the slow way: the
+ * marks sort by class (all U+0316 first, stably), then the first U+0301 composes with "a". A run
+ * of 100,000 marks takes the counting sort (insertion was quadratic there: seconds). */
+static void long_mark_runs(void **state) {
+    (void)state;
+    size_t sizes[] = {1, 10, 50000};
+    for (size_t k = 0; k < 3; k++) {
+        size_t n = sizes[k];
+        char *in = malloc(1 + 4 * n + 1), *want = malloc(2 + 4 * n + 1);
+        assert_non_null(in);
+        assert_non_null(want);
+        size_t a = 0, w = 0;
+        in[a++] = 'a';
+        memcpy(want + w, "\xC3\xA1", 2); /* U+00E1 */
+        w += 2;
+        for (size_t i = 0; i < n; i++, a += 4) memcpy(in + a, "\xCC\x81\xCC\x96", 4);
+        for (size_t i = 0; i < n; i++, w += 2) memcpy(want + w, "\xCC\x96", 2);
+        for (size_t i = 1; i < n; i++, w += 2) memcpy(want + w, "\xCC\x81", 2);
+        in[a] = want[w] = '\0';
+        expect_nfc(in, want);
+        free(in);
+        free(want);
+    }
+}
+
 int main(void) {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(nfc_rules)};
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(nfc_rules),
+        cmocka_unit_test(long_mark_runs),
+    };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
