@@ -119,6 +119,33 @@ static void added_tokens_strip(void **state) {
     csd_tok_destroy(tok);
 }
 
+/* Added tokens that are prefixes of each other: the longest usable one wins at each place (a
+ * special one only with parse_special), and a string registered twice takes the last id. */
+static void added_tokens_longest(void **state) {
+    (void)state;
+#define RAW "\"normalized\": false"
+#define SP "\"special\": true, "
+    const char *json = TINY("[]",
+                            SPECIALS ", {\"id\": 8, \"content\": \"<a\", " SP RAW "}, "
+                                     "{\"id\": 9, \"content\": \"<ab\", " RAW "}, "
+                                     "{\"id\": 10, \"content\": \"<abb\", " SP RAW "}, "
+                                     "{\"id\": 11, \"content\": \"b<\", " RAW "}, "
+                                     "{\"id\": 12, \"content\": \"b<\", " RAW "}",
+                            "");
+    csd_tok *tok = load_ok(json, NULL);
+    /* as the reference: <abb, b< (id 12), "_a" "b" as text, b< again, then "_a" "b" */
+    const int32_t with_special[] = {10, 12, 2, 3, 12, 2, 3, 4};
+    encode_expect(tok, "<abbb<ab<ab", false, with_special, 8);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(csd_tok_encode(tok, "<abbb<ab", 8, false, false, &ids, &n, NULL), 0);
+    const int32_t plain[] = {9, 2, 4, 12, 2, 3, 4}; /* <ab (the special <abb unused), "_b", ... */
+    assert_int_equal(n, 7);
+    for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], plain[i]);
+    csd_free(ids);
+    csd_tok_destroy(tok);
+}
+
 /* (?i:...) folds ASCII only, as the reference does, and leaves \p{...} names alone */
 static void regex_case_folding(void **state) {
     (void)state;
@@ -323,6 +350,31 @@ static void normalizer_growth_bounded(void **state) {
     expect_refused(NORM_TOK(REPLACE_SPACE("a a a a a") ", " REPLACE_SPACE("a a a a a")),
                    CSD_EUNSUPPORTED, "81-fold");
     expect_refused(NORM_TOK(REPLACE_SPACE(X64 "x")), CSD_EUNSUPPORTED, "65-fold");
+    /* a Prepend goes before every section between added tokens: 16 bytes at most */
+#define X16 "xxxxxxxxxxxxxxxx"
+    tok = load_ok(NORM_TOK("{\"type\": \"Prepend\", \"prepend\": \"" X16 "\"}"), NULL);
+    csd_tok_destroy(tok);
+    expect_refused(NORM_TOK("{\"type\": \"Prepend\", \"prepend\": \"" X16 "x\"}"),
+                   CSD_EUNSUPPORTED, "Prepend of 17 bytes (at most 16)");
+}
+
+/* A post-processor template naming an id that no token has (a hole below the largest id) is
+ * refused: every prompt would carry an id nothing can decode. */
+static void template_id_must_exist(void **state) {
+    (void)state;
+    const char *post =
+        "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": "
+        "{\"id\": \"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}], "
+        "\"special_tokens\": {\"<s>\": {\"id\": \"<s>\", \"ids\": [%d], \"tokens\": [\"<s>\"]}}}, ";
+    char extra[1024], json[4096];
+    snprintf(extra, sizeof extra, post, 1);
+    snprintf(json, sizeof json, TINY("[]", SPECIALS ", {\"id\": 20, \"content\": \"<Z>\"}", "%s"),
+             extra);
+    csd_tok_destroy(load_ok(json, NULL));
+    snprintf(extra, sizeof extra, post, 15); /* ids 9 to 19 are holes */
+    snprintf(json, sizeof json, TINY("[]", SPECIALS ", {\"id\": 20, \"content\": \"<Z>\"}", "%s"),
+             extra);
+    expect_refused(json, CSD_EFORMAT, "bad template token '<s>'");
 }
 
 int main(void) {
@@ -332,6 +384,7 @@ int main(void) {
         cmocka_unit_test(metaspace),
         cmocka_unit_test(malformed_refused), cmocka_unit_test(normalizer_growth_bounded),
         cmocka_unit_test(long_tokens_bounded), cmocka_unit_test(added_bos_must_exist),
+        cmocka_unit_test(template_id_must_exist), cmocka_unit_test(added_tokens_longest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -43,40 +43,6 @@ static int sec_push(sections *s, size_t off, size_t len, int32_t id) {
     return 0;
 }
 
-static bool usable(const csd_tok_added *a, bool parse_special) {
-    return parse_special || !a->special;
-}
-
-/* The string matched for a in the raw (normalized == false) or the normalized splitter. */
-static bool added_string(const csd_tok *tok, const csd_tok_added *a, bool normalized,
-                         const char **s, size_t *n) {
-    bool in_norm = a->norm_sym >= 0;
-    if (in_norm != normalized) return false;
-    uint32_t sym = in_norm ? (uint32_t)a->norm_sym : a->sym;
-    *s = csd_tok_strtab_get(&tok->syms, sym);
-    *n = tok->syms.slen[sym];
-    return true;
-}
-
-/* Id of an added token whose content (or normalized content) is exactly s, else -1. */
-static int32_t added_exact(const csd_tok *tok, const char *s, size_t n, bool parse_special) {
-    int64_t sym = csd_tok_strtab_find(&tok->syms, s, n);
-    if (sym < 0) return -1;
-    for (size_t i = 0; i < tok->n_added; i++) {
-        const csd_tok_added *a = &tok->added[i];
-        if ((a->sym == sym || a->norm_sym == sym) && usable(a, parse_special)) {
-            /* the map keeps the last token registered under a string */
-            int32_t id = a->id;
-            for (size_t j = i + 1; j < tok->n_added; j++)
-                if ((tok->added[j].sym == sym || tok->added[j].norm_sym == sym) &&
-                    usable(&tok->added[j], parse_special))
-                    id = tok->added[j].id;
-            return id;
-        }
-    }
-    return -1;
-}
-
 static size_t trim_end(const char *s, size_t n) {
     while (n > 0) {
         size_t k = n - 1;
@@ -105,59 +71,28 @@ static size_t trim_start(const char *s, size_t n) {
 static int split_added(const csd_tok *tok, const char *s, size_t n, bool normalized,
                        bool parse_special, sections *out) {
     out->n = 0;
-    bool first[256] = {false};
-    bool any = false;
-    for (size_t k = 0; k < tok->n_added; k++) {
-        const char *c;
-        size_t cl;
-        if (usable(&tok->added[k], parse_special) &&
-            added_string(tok, &tok->added[k], normalized, &c, &cl) && cl > 0) {
-            first[(uint8_t)c[0]] = true;
-            any = true;
-        }
-    }
+    const csd_tok_trie *trie = normalized ? &tok->added_norm : &tok->added_raw;
     size_t start = 0, i = 0;
-    while (any && i < n) {
-        if (!first[(uint8_t)s[i]]) {
+    while (trie->n > 1 && i < n) {
+        int32_t id = -1;
+        size_t len = csd_tok_trie_longest(tok, trie, s + i, n - i, parse_special, &id);
+        if (len == 0) {
             i++;
             continue;
         }
-        size_t best_len = 0;
-        int32_t best_id = -1;
-        for (size_t k = 0; k < tok->n_added; k++) {
-            const char *c;
-            size_t cl;
-            if (!usable(&tok->added[k], parse_special) ||
-                !added_string(tok, &tok->added[k], normalized, &c, &cl))
-                continue;
-            if (cl > best_len && cl <= n - i && memcmp(s + i, c, cl) == 0) {
-                best_len = cl;
-                best_id = tok->added[k].id;
-            }
-        }
-        if (best_len == 0) {
-            i++;
-            continue;
-        }
-        /* the id a matched string maps to is the last one registered for it */
-        int32_t exact = added_exact(tok, s + i, best_len, parse_special);
-        if (exact >= 0) best_id = exact;
         if (i > start && sec_push(out, start, i - start, -1)) return CSD_ENOMEM;
-        if (sec_push(out, i, best_len, best_id)) return CSD_ENOMEM;
-        i += best_len;
+        if (sec_push(out, i, len, id)) return CSD_ENOMEM;
+        i += len;
         start = i;
     }
     if (start < n && sec_push(out, start, n - start, -1)) return CSD_ENOMEM;
     for (size_t k = 0; k < out->n; k++) {
         int32_t id = out->p[k].id;
         if (id < 0) continue;
-        const csd_tok_added *a = NULL;
-        for (size_t j = 0; j < tok->n_added; j++)
-            if (tok->added[j].id == id) a = &tok->added[j];
-        if (!a) continue;
-        if (a->lstrip && k > 0)
+        uint8_t flags = tok->id_flags[id];
+        if ((flags & CSD_TOK_ID_LSTRIP) && k > 0)
             out->p[k - 1].len = trim_end(s + out->p[k - 1].off, out->p[k - 1].len);
-        if (a->rstrip && k + 1 < out->n) {
+        if ((flags & CSD_TOK_ID_RSTRIP) && k + 1 < out->n) {
             size_t cut = trim_start(s + out->p[k + 1].off, out->p[k + 1].len);
             out->p[k + 1].off += cut;
             out->p[k + 1].len -= cut;
@@ -213,7 +148,8 @@ static int encode_text_section(enc_ctx *c, const char *s, size_t n) {
     for (size_t i = 0; i < subs.n && !rc; i++) {
         const section *q = &subs.p[i];
         if (q->len == 0) continue;
-        int32_t id = q->id >= 0 ? q->id : added_exact(tok, s + q->off, q->len, c->parse_special);
+        int32_t id =
+            q->id >= 0 ? q->id : csd_tok_added_exact(tok, s + q->off, q->len, c->parse_special);
         rc = id >= 0 ? csd_tok_ids_push(c->out, id) : encode_model(c, s + q->off, q->len);
     }
 done:
@@ -247,7 +183,8 @@ int csd_tok_encode(const csd_tok *tok, const char *text, size_t len, bool add_sp
     for (size_t i = 0; i < secs.n && !rc; i++) {
         const section *q = &secs.p[i];
         if (q->len == 0) continue;
-        int32_t id = q->id >= 0 ? q->id : added_exact(tok, text + q->off, q->len, parse_special);
+        int32_t id =
+            q->id >= 0 ? q->id : csd_tok_added_exact(tok, text + q->off, q->len, parse_special);
         c.first_section = i == 0;
         rc = id >= 0 ? csd_tok_ids_push(&out, id) : encode_text_section(&c, text + q->off, q->len);
     }

@@ -19,6 +19,7 @@
 #define CSD_TOK_MAX_PATTERN 4096            /* bytes of a pre-tokenizer regex */
 #define CSD_TOK_MAX_STEPS 16                /* normalizer / pre-tokenizer steps in a Sequence */
 #define CSD_TOK_MAX_NORM_GROWTH 64          /* how many times the normalizers may lengthen text */
+#define CSD_TOK_MAX_PREPEND 16              /* bytes a Prepend normalizer adds per section */
 #define CSD_TOK_MAX_INPUT ((size_t)1 << 30) /* bytes of text one encode call accepts */
 
 /* ---- growable buffers (csd_alloc based) ---- */
@@ -135,6 +136,21 @@ typedef struct csd_tok_added {
     bool lstrip, rstrip, normalized, special;
 } csd_tok_added;
 
+/* A byte trie of added tokens' strings (added_trie.c). Node 0 is the root. */
+#define CSD_TOK_TRIE_SPECIAL 1u /* a special token's string ends here */
+#define CSD_TOK_TRIE_PLAIN 2u   /* a non-special token's string ends here */
+typedef struct csd_tok_trie_node {
+    int32_t child, sibling; /* first child and next sibling, -1 for none */
+    int32_t sym;            /* the symbol of the string ending here (when ends) */
+    uint8_t byte;           /* the byte leading here from the parent */
+    uint8_t ends;           /* CSD_TOK_TRIE_* */
+} csd_tok_trie_node;
+
+typedef struct csd_tok_trie {
+    csd_tok_trie_node *p;
+    size_t n, cap;
+} csd_tok_trie;
+
 enum csd_tok_dec_kind { CSD_TOK_DEC_NONE = 0, CSD_TOK_DEC_BYTELEVEL = 1, CSD_TOK_DEC_SP = 2 };
 
 #define CSD_TOK_ID_SPECIAL 1u /* skipped by skip_special */
@@ -142,6 +158,8 @@ enum csd_tok_dec_kind { CSD_TOK_DEC_NONE = 0, CSD_TOK_DEC_BYTELEVEL = 1, CSD_TOK
     2u /* an added token: split out before the model, verbatim in ByteLevel decode */
 #define CSD_TOK_ID_EOG 4u  /* ends generation */
 #define CSD_TOK_ID_BYTE 8u /* a <0xXX> byte-fallback piece (SP decoder) */
+#define CSD_TOK_ID_LSTRIP 16u /* an added token that trims the text before it */
+#define CSD_TOK_ID_RSTRIP 32u /* an added token that trims the text after it */
 
 struct csd_tok {
     csd_tok_strtab syms;
@@ -160,6 +178,10 @@ struct csd_tok {
     csd_tok_added *added; /* (n_added) in file order */
     size_t n_added;
     bool any_normalized_added;
+    csd_tok_trie added_raw, added_norm; /* their strings, matched before / after normalizing */
+    /* (syms.n) the id of the last added token registered under a symbol (its content or its
+     * normalized content), with special tokens parsed (all) or not (plain); -1 for none */
+    int32_t *added_id_all, *added_id_plain;
 
     csd_tok_norm_step norm[CSD_TOK_MAX_STEPS];
     size_t n_norm;
@@ -179,6 +201,15 @@ struct csd_tok {
 };
 
 /* ---- internal entry points ---- */
+/* Indexes the added tokens (after their normalized forms and the ids are known). */
+int csd_tok_build_added_tries(csd_tok *tok, csd_err *err);
+/* The length of the longest added-token string usable with parse_special that s starts with,
+ * and its id in *id; 0 when none. */
+size_t csd_tok_trie_longest(const csd_tok *tok, const csd_tok_trie *t, const char *s, size_t n,
+                            bool parse_special, int32_t *id);
+/* The id of the added token whose content (or normalized content) is exactly s, else -1. */
+int32_t csd_tok_added_exact(const csd_tok *tok, const char *s, size_t n, bool parse_special);
+void csd_tok_free_added_index(csd_tok *tok);
 int csd_tok_nfc(const char *in, size_t n, csd_tok_buf *out);
 bool csd_tok_nfc_quick_ok(const char *s, size_t n); /* true when NFC cannot change s */
 int csd_tok_normalize(const csd_tok *tok, const char *in, size_t n, csd_tok_buf *out);

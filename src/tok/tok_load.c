@@ -101,6 +101,12 @@ static int parse_normalizer(csd_tok *tok, const json_t *n, int depth, csd_err *e
     const char *a, *b;
     if (strcmp(type, "Prepend") == 0) {
         if (get_str(n, "prepend", &a, "normalizer Prepend", err)) return CSD_EFORMAT;
+        /* it is added to every text section, and added tokens can cut a text into as many
+         * sections as it has bytes: a long one would multiply the text (real ones: "\u2581") */
+        if (strlen(a) > CSD_TOK_MAX_PREPEND)
+            return csd_err_set(err, CSD_EUNSUPPORTED,
+                               "tokenizer.json: normalizer Prepend of %zu bytes (at most %d)",
+                               strlen(a), CSD_TOK_MAX_PREPEND);
         st->kind = CSD_TOK_NORM_PREPEND;
         if (dup_str(a, &st->a, err)) return CSD_ENOMEM;
     } else if (strcmp(type, "Replace") == 0) {
@@ -127,7 +133,8 @@ static int parse_normalizer(csd_tok *tok, const json_t *n, int depth, csd_err *e
  * input: a Replace whose content holds its own pattern, chained, grows text exponentially (a
  * 2 KB tokenizer.json found by fuzzing took a minute and gigabytes to encode a line). Worst cases
  * per step: Replace multiplies by ceil(content / pattern), NFC by 3 (UAX #15's bound in UTF-8),
- * Prepend adds a constant. Real tokenizers grow text 3 to 9 times (Llama 2: " " -> "\u2581"). */
+ * Prepend adds at most CSD_TOK_MAX_PREPEND bytes per section. Real tokenizers grow text 3 to 9
+ * times (Llama 2: " " -> "\u2581"). */
 static int check_norm_growth(const csd_tok *tok, csd_err *err) {
     uint64_t growth = 1;
     for (size_t s = 0; s < tok->n_norm; s++) {
@@ -339,7 +346,8 @@ static int template_token(const csd_tok *tok, const json_t *specials, const char
     if (json_is_array(list) && json_array_size(list) > 0) {
         for (size_t i = 0; i < json_array_size(list); i++) {
             int32_t id;
-            if (get_id(json_array_get(list, i), &id) || id >= tok->n_ids || *n == 8)
+            if (get_id(json_array_get(list, i), &id) || id >= tok->n_ids ||
+                tok->id_sym[id] < 0 || *n == 8) /* an id of no token: none to encode */
                 return csd_err_set(err, CSD_EFORMAT, "tokenizer.json: bad template token '%.64s'",
                                    name);
             ids[(*n)++] = id;
@@ -621,6 +629,10 @@ static int build_ids(csd_tok *tok, const uint32_t *vsym, const int32_t *vid, siz
         tok->id_sym[a->id] = (int32_t)a->sym;
         tok->sym_id[a->sym] = a->id;
         tok->id_flags[a->id] |= CSD_TOK_ID_ADDED | (a->special ? CSD_TOK_ID_SPECIAL : 0);
+        /* the strips of the last token registered under the id */
+        uint8_t strip = (a->lstrip ? CSD_TOK_ID_LSTRIP : 0) | (a->rstrip ? CSD_TOK_ID_RSTRIP : 0);
+        tok->id_flags[a->id] &= (uint8_t)~(CSD_TOK_ID_LSTRIP | CSD_TOK_ID_RSTRIP);
+        tok->id_flags[a->id] |= strip;
     }
     for (int b = 0; b < 256; b++) {
         char name[8];
@@ -711,7 +723,8 @@ int csd_tok_load_mem(csd_tok **out, const char *tokenizer_json, size_t len, cons
         (rc = check_norm_growth(tok, err)) || (rc = normalize_added(tok, err)))
         goto fail;
     tok->n_ids = max_id + 1;
-    if ((rc = build_ids(tok, vsym, vid, nv, err))) goto fail;
+    if ((rc = build_ids(tok, vsym, vid, nv, err)) || (rc = csd_tok_build_added_tries(tok, err)))
+        goto fail;
     if ((rc = get_bool(model, "byte_fallback", false, &tok->byte_fallback, "model", err)) ||
         (rc = get_bool(model, "fuse_unk", false, &tok->fuse_unk, "model", err)) ||
         (rc = get_bool(model, "ignore_merges", false, &tok->ignore_merges, "model", err)))
@@ -828,6 +841,7 @@ void csd_tok_destroy(csd_tok *tok) {
     csd_free(tok->id_sym);
     csd_free(tok->id_flags);
     csd_free(tok->id_byte);
+    csd_tok_free_added_index(tok);
     csd_free(tok->added);
     csd_free(tok->dec_from);
     csd_free(tok->dec_to);
