@@ -32,6 +32,10 @@
     "{\"id\": 0, \"content\": \"<unk>\", \"special\": true}, {\"id\": 1, \"content\": \"<s>\", " \
     "\"special\": true}"
 
+/* Fields of an added token: matched before normalizing; special. */
+#define RAW "\"normalized\": false"
+#define SP "\"special\": true, "
+
 static csd_tok *load_ok(const char *json, const char *cfg) {
     csd_tok *tok = NULL;
     csd_err err = {0};
@@ -123,8 +127,6 @@ static void added_tokens_strip(void **state) {
  * special one only with parse_special), and a string registered twice takes the last id. */
 static void added_tokens_longest(void **state) {
     (void)state;
-#define RAW "\"normalized\": false"
-#define SP "\"special\": true, "
     const char *json = TINY("[]",
                             SPECIALS ", {\"id\": 8, \"content\": \"<a\", " SP RAW "}, "
                                      "{\"id\": 9, \"content\": \"<ab\", " RAW "}, "
@@ -143,6 +145,30 @@ static void added_tokens_longest(void **state) {
     assert_int_equal(n, 7);
     for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], plain[i]);
     csd_free(ids);
+    csd_tok_destroy(tok);
+}
+
+/* A strip that trims an added token next to it leaves text, read as text (as the reference):
+ * "a " loses its space to the lstrip of "b", "a" is text; " b" loses its to the rstrip of "a". */
+static void strip_trims_added_neighbour(void **state) {
+    (void)state;
+    const char *lstrip = TINY("[]",
+                              SPECIALS ", {\"id\": 8, \"content\": \"a \", " RAW "}, "
+                                       "{\"id\": 9, \"content\": \"b\", \"lstrip\": true, "
+                                       RAW "}",
+                              "");
+    csd_tok *tok = load_ok(lstrip, NULL);
+    encode_expect(tok, "a b", false, (const int32_t[]){2, 3, 9}, 3);
+    encode_expect(tok, "ab a  b", false, (const int32_t[]){2, 3, 9, 2, 2, 8, 9}, 7);
+    csd_tok_destroy(tok);
+    const char *rstrip = TINY("[]",
+                              SPECIALS ", {\"id\": 8, \"content\": \"a\", \"rstrip\": true, "
+                                       RAW "}, "
+                                       "{\"id\": 9, \"content\": \" b\", " RAW "}",
+                              "");
+    tok = load_ok(rstrip, NULL);
+    encode_expect(tok, "a b", false, (const int32_t[]){8, 2, 4}, 3);
+    encode_expect(tok, "ab a  b", false, (const int32_t[]){8, 2, 4, 2, 8, 9}, 6);
     csd_tok_destroy(tok);
 }
 
@@ -385,6 +411,7 @@ int main(void) {
         cmocka_unit_test(malformed_refused), cmocka_unit_test(normalizer_growth_bounded),
         cmocka_unit_test(long_tokens_bounded), cmocka_unit_test(added_bos_must_exist),
         cmocka_unit_test(template_id_must_exist), cmocka_unit_test(added_tokens_longest),
+        cmocka_unit_test(strip_trims_added_neighbour),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -67,7 +67,9 @@ static size_t trim_start(const char *s, size_t n) {
 }
 
 /* Splits s into text and added-token sections (leftmost, then longest match), then applies the
- * lstrip/rstrip of each matched token to its neighbours. */
+ * lstrip/rstrip of each matched token to its neighbours. A neighbour that is itself an added token
+ * and loses spaces becomes text (the caller still takes it as an added token if the shorter string
+ * names one), as the reference does. */
 static int split_added(const csd_tok *tok, const char *s, size_t n, bool normalized,
                        bool parse_special, sections *out) {
     out->n = 0;
@@ -90,12 +92,18 @@ static int split_added(const csd_tok *tok, const char *s, size_t n, bool normali
         int32_t id = out->p[k].id;
         if (id < 0) continue;
         uint8_t flags = tok->id_flags[id];
-        if ((flags & CSD_TOK_ID_LSTRIP) && k > 0)
-            out->p[k - 1].len = trim_end(s + out->p[k - 1].off, out->p[k - 1].len);
+        if ((flags & CSD_TOK_ID_LSTRIP) && k > 0) {
+            section *before = &out->p[k - 1];
+            size_t len = trim_end(s + before->off, before->len);
+            if (len < before->len) before->id = -1; /* an added token no more: read as text */
+            before->len = len;
+        }
         if ((flags & CSD_TOK_ID_RSTRIP) && k + 1 < out->n) {
-            size_t cut = trim_start(s + out->p[k + 1].off, out->p[k + 1].len);
-            out->p[k + 1].off += cut;
-            out->p[k + 1].len -= cut;
+            section *after = &out->p[k + 1];
+            size_t cut = trim_start(s + after->off, after->len);
+            if (cut) after->id = -1;
+            after->off += cut;
+            after->len -= cut;
         }
     }
     return 0;
