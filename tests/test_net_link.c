@@ -765,6 +765,12 @@ static void test_connect_errors(void **state) {
     assert_int_equal(csd_conn_connect(&c, "127.0.0.1:http", 100, &err), CSD_EINVAL);
     assert_int_equal(csd_conn_connect(&c, "[127.0.0.1:80", 100, &err), CSD_EINVAL);
     assert_int_equal(csd_listener_open(&l, ":0", &err), CSD_EINVAL);
+    /* a port past 65535 (getaddrinfo took 99999 as 34463) or 0 is not an address to connect to */
+    assert_int_equal(csd_conn_connect(&c, "127.0.0.1:99999", 100, &err), CSD_EINVAL);
+    assert_non_null(strstr(err.msg, "port above 65535"));
+    assert_int_equal(csd_listener_open(&l, "127.0.0.1:65536", &err), CSD_EINVAL);
+    assert_int_equal(csd_conn_connect(&c, "127.0.0.1:0", 100, &err), CSD_EINVAL);
+    assert_non_null(strstr(err.msg, "port 0"));
     /* a port nobody listens on: open and close a listener to find one */
     assert_int_equal(csd_listener_open(&l, "127.0.0.1:0", &err), 0);
     char addr[64];

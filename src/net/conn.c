@@ -17,6 +17,7 @@
 #include <sodium.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -128,6 +129,8 @@ static int split_host_port(const char *hp, char *host, size_t hcap, char *port, 
     for (size_t i = 0; i < pl; i++)
         if (colon[1 + i] < '0' || colon[1 + i] > '9')
             return csd_err_set(err, CSD_EINVAL, "address '%s': port is not a number", hp);
+    if (pl > 5 || atoi(colon + 1) > 65535) /* getaddrinfo would take it modulo 65536 */
+        return csd_err_set(err, CSD_EINVAL, "address '%s': port above 65535", hp);
     memcpy(host, hb, hl);
     host[hl] = '\0';
     memcpy(port, colon + 1, pl + 1);
@@ -239,6 +242,8 @@ int csd_conn_connect(csd_conn **out, const char *host_port, int timeout_ms, csd_
     *out = NULL;
     char host[256], port[16];
     int rc = split_host_port(host_port, host, sizeof host, port, sizeof port, err);
+    if (!rc && atoi(port) == 0) /* only a listener may ask for any free port */
+        rc = csd_err_set(err, CSD_EINVAL, "address '%s': port 0", host_port);
     if (rc) return rc;
     if (timeout_ms <= 0) timeout_ms = CSD_CONN_DEFAULT_TIMEOUT_MS;
     uint64_t deadline = csd_now_ns() + (uint64_t)timeout_ms * 1000000ull;
