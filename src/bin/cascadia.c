@@ -1,5 +1,6 @@
 /* cascadia: the one binary. Dispatches to a subcommand from cli/commands.c; nothing else lives
  * here. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,14 @@ static void usage(FILE *out) {
         "             up to 16384; default: the kernels' own, see build/stream_bench -a)\n");
 }
 
+/* A command's exit code, or 1 when what it printed could not all be written (a full disk, a
+ * closed pipe): stdio buffers, so a failed write shows only at the flush. */
+static int output_written(int rc) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
+    fprintf(stderr, "cascadia: writing the output failed: %s\n", strerror(errno));
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
     const char *level = getenv("CSD_LOG");
     if (level && *level) {
@@ -40,11 +49,12 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         usage(stdout);
-        return 0;
+        return output_written(0);
     }
-    if (strcmp(argv[1], "--version") == 0) return csd_cmd_version(argc - 1, argv + 1);
+    if (strcmp(argv[1], "--version") == 0)
+        return output_written(csd_cmd_version(argc - 1, argv + 1));
     for (const csd_command *c = csd_commands; c->name; c++)
-        if (strcmp(argv[1], c->name) == 0) return c->run(argc - 1, argv + 1);
+        if (strcmp(argv[1], c->name) == 0) return output_written(c->run(argc - 1, argv + 1));
     fprintf(stderr, "cascadia: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

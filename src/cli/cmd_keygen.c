@@ -26,7 +26,11 @@ int csd_cmd_keygen(int argc, char **argv) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             keygen_usage(stdout);
             return 0;
-        } else if ((strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--out") == 0) && i + 1 < argc) {
+        } else if (strcmp(argv[i], "-o") == 0 || strcmp(argv[i], "--out") == 0) {
+            if (i + 1 == argc) {
+                fprintf(stderr, "cascadia keygen: %s needs a value\n", argv[i]);
+                return 2;
+            }
             path = argv[++i];
         } else if (strcmp(argv[i], "-f") == 0 || strcmp(argv[i], "--force") == 0) {
             force = true;

@@ -62,10 +62,12 @@ int csd_cmd_logits(int argc, char **argv) {
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(logits_usage, stdout);
             return 0;
-        } else if (!strcmp(f, "--ids") && value) {
-            ids_text = argv[++i];
-        } else if (!strcmp(f, "--out") && value) {
-            out_path = argv[++i];
+        } else if (!strcmp(f, "--ids") || !strcmp(f, "--out")) {
+            if (!value) {
+                fprintf(stderr, "cascadia logits: %s needs a value\n", f);
+                return 2;
+            }
+            *(!strcmp(f, "--ids") ? &ids_text : &out_path) = argv[++i];
         } else if (!strcmp(f, "--top")) {
             if (!csd_cli_int("logits", f, value, 0, 64, &top)) return 2;
             i++;
@@ -105,6 +107,7 @@ int csd_cmd_logits(int argc, char **argv) {
     if (!rc) rc = all_logits(m, ids, n, logits, &err);
     if (!rc && out_path)
         rc = csd_file_write_all(out_path, logits, (size_t)(n * vocab) * sizeof(float), &err);
+    if (top > vocab) top = vocab; /* every id, best first */
     for (int64_t p = 0; !rc && top > 0 && p < n; p++)
         print_top(logits + p * vocab, vocab, p, ids[p], (int)top);
     if (rc) csd_cli_error("logits", &err);

@@ -51,7 +51,11 @@ static int parse_args(int argc, char **argv, ppl_args *a) {
             return 1;
         } else if (!strcmp(f, "--json")) {
             a->json = true;
-        } else if (!strcmp(f, "--ids") && value) {
+        } else if (!strcmp(f, "--ids")) {
+            if (!value) {
+                fprintf(stderr, "cascadia perplexity: --ids needs a value\n");
+                return 2;
+            }
             a->ids_text = argv[++i];
         } else if (!strcmp(f, "--ctx")) {
             if (!csd_cli_int("perplexity", f, value, 2, 1 << 20, &a->window)) return 2;

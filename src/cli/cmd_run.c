@@ -121,7 +121,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
         } else if (!strcmp(f, "--ignore-eos")) {
             a->gen.ignore_eos = true;
         } else if (!strcmp(f, "-p") || !strcmp(f, "--prompt")) {
-            if (!value) break;
+            if (!value) {
+                fprintf(stderr, "cascadia run: %s needs a value\n", f);
+                return 2;
+            }
             a->prompt = argv[++i];
         } else if (!strcmp(f, "-n")) {
             if (!csd_cli_int("run", f, value, 1, 1 << 20, &v)) return 2;

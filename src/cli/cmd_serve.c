@@ -142,6 +142,10 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
         if (!csd_cli_int("serve", f, value, 1, CSD_HTTP_IDLE_TIMEOUT_LIMIT, &v)) return 2;
         a->idle_timeout_s = (int)v;
     } else if (!strcmp(f, "--api-key")) {
+        if (!value[0]) { /* an empty key would check nothing while the banner says auth=on */
+            fprintf(stderr, "cascadia serve: --api-key must not be empty\n");
+            return 2;
+        }
         a->api_key = value;
     } else if (!strcmp(f, "--chat-template")) {
         if (!csd_chat_template_builtin(value)) {

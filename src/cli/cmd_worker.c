@@ -10,6 +10,7 @@
 #include "core/build_info.h"
 #include "core/clock.h"
 #include "core/dtype.h"
+#include "core/log.h"
 #include "model/shard_model.h"
 #include "model/stage_plan.h"
 #include "net/fleet_key.h"
@@ -111,6 +112,11 @@ static void print_banner(const csd_model *model, const csd_shard_header *h,
             (long long)csd_model_max_ctx(model), (double)cap / (1 << 20),
             csd_stage_server_port(server), a->stage.link.insecure ? "insecure" : "encrypted",
             csd_build_fingerprint());
+    if ((double)cap < kv_tok * (double)csd_model_max_ctx(model)) /* a request may need it all */
+        CSD_LOGW("worker: --kv-mem %.1f MiB holds less than one %lld-token request: a "
+                 "coordinator asking for that context has its requests refused (lower --ctx "
+                 "here and on the coordinator, or raise --kv-mem)",
+                 (double)cap / (1 << 20), (long long)csd_model_max_ctx(model));
 }
 
 int csd_cmd_worker(int argc, char **argv) {

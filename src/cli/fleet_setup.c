@@ -27,6 +27,7 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
     if (!strcmp(flag, "--insecure")) {
         *takes_value = false;
         f->insecure = true;
+        f->fleet_only = flag;
         return 1;
     }
     if (strcmp(flag, "--fleet") && strcmp(flag, "--manifest") && strcmp(flag, "--local-stage") &&
@@ -37,6 +38,7 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
         fprintf(stderr, "cascadia %s: %s needs a value\n", cmd, flag);
         return -1;
     }
+    if (strcmp(flag, "--fleet") && strcmp(flag, "--manifest")) f->fleet_only = flag;
     if (!strcmp(flag, "--fleet")) f->fleet = value;
     else if (!strcmp(flag, "--manifest")) f->manifest = value;
     else if (!strcmp(flag, "--key")) f->key_path = value;
@@ -73,6 +75,11 @@ int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd
 }
 
 bool csd_cli_fleet_check(const char *cmd, const csd_cli_fleet *f) {
+    if (!f->fleet && !f->manifest && f->fleet_only) { /* it would be ignored: say so */
+        fprintf(stderr, "cascadia %s: %s applies to a fleet only (--fleet and --manifest)\n", cmd,
+                f->fleet_only);
+        return false;
+    }
     if (!f->fleet && !f->manifest) return true;
     if (!f->fleet || !f->manifest) {
         fprintf(stderr, "cascadia %s: --fleet and --manifest go together\n", cmd);
@@ -154,6 +161,9 @@ int csd_cli_fleet_open(csd_cli_fleet *f, const csd_model_opts *mopts, int max_re
     csd_fleet_opts o;
     memset(&o, 0, sizeof o);
     int rc = csd_manifest_load(&m, f->manifest, err);
+    if (!rc && mopts->precision >= 0 && mopts->precision != m->precision) /* the shards' own */
+        rc = csd_err_set(err, CSD_EINVAL, "the fleet's export is %s, not --precision %s",
+                         csd_dtype_name(m->precision), csd_dtype_name(mopts->precision));
     if (!rc) rc = split_fleet(f->fleet, &o, err);
     int first = f->local_stage == 0 ? 1 : 0;
     if (!rc && o.n_addrs != m->n_stages - first)

@@ -22,6 +22,7 @@ typedef struct csd_cli_fleet {
     int hidden_dtype;           /* CSD_DTYPE_F16 unless --hidden-dtype */
     int micro_batches;          /* --micro-batches; 0: auto (one per machine) */
     int wait_workers_s;         /* --wait-workers; -1 until given: the command sets its default */
+    const char *fleet_only;     /* the last flag given that only a fleet uses, or NULL */
     const volatile sig_atomic_t *stop; /* set (by a signal handler) to give up waiting; or NULL */
     /* what was built */
     csd_fleet_key key;
@@ -50,7 +51,8 @@ void csd_cli_fleet_init(csd_cli_fleet *f);
  * says whether the flag consumed the next argument. */
 int csd_cli_fleet_flag(const char *cmd, const char *flag, const char *value, csd_cli_fleet *f,
                        bool *takes_value);
-/* Checks the combination (fleet and manifest both given, key or insecure). */
+/* Checks the combination (fleet and manifest both given, key or insecure; no fleet flag without
+ * a fleet). */
 bool csd_cli_fleet_check(const char *cmd, const csd_cli_fleet *f);
 /* Loads the manifest, the key and (local stage) stage 0, connects the chain (waiting for the
  * workers as --wait-workers says). The manifest directory also holds the tokenizer. */

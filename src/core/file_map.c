@@ -63,6 +63,11 @@ int csd_file_read_all(const char *path, size_t max_bytes, char **out, size_t *ou
     if (out_len) *out_len = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return csd_err_set(err, CSD_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) { /* a directory opens too */
+        fclose(f);
+        return csd_err_set(err, CSD_EIO, "%s: not a regular file", path);
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return csd_err_set(err, CSD_EIO, "%s: cannot seek", path);
