@@ -324,7 +324,7 @@ static void test_time_budget(void **state) {
 
 /* A {% macro %} statement costs a step, not a walk of its body: a 420 KB body defined 100,000
  * times renders well within the time budget (looking for `kwargs` in the body at each definition
- * took about 30 s). Whether a body names kwargs or varargs is found while it is parsed, nested
+ * took about 30 s). Whether a body reads kwargs or varargs is found while it is parsed, nested
  * macros included; a macro declares at most 255 parameters. */
 static void test_macro_definition_cost(void **state) {
     (void)state;
@@ -348,6 +348,17 @@ static void test_macro_definition_cost(void **state) {
                   NULL, "21");
     expect_error("{% macro f() %}{{ kwargs }}{% endmacro %}{{ f(1) }}", NULL, CSD_EINVAL, NULL,
                  NULL);
+    /* a name that is not read (a macro's, a keyword argument's, a test's) is no use of them */
+    expect_error("{% macro m() %}{% macro kwargs() %}{% endmacro %}M{% endmacro %}{{ m(a=1) }}",
+                 NULL, CSD_EINVAL, "macro 'm' takes no keyword argument 'a'", NULL);
+    expect_error("{% macro m() %}{{ g(kwargs=1) }}{% endmacro %}{% macro g() %}G{% endmacro %}"
+                 "{{ m(a=1) }}",
+                 NULL, CSD_EINVAL, "macro 'm' takes no keyword argument 'a'", NULL);
+    expect_error("{% macro m() %}{{ g(varargs=1) }}{% endmacro %}{% macro g() %}G{% endmacro %}"
+                 "{{ m(1) }}",
+                 NULL, CSD_EINVAL, "macro 'm' takes not more than 0 argument(s)", NULL);
+    expect_error("{% macro m() %}{{ 1 is kwargs }}{% endmacro %}{{ m(a=1) }}", NULL, CSD_EINVAL,
+                 "macro 'm' takes no keyword argument 'a'", NULL);
     char params[256 * 8] = "";
     for (int i = 0; i < 256; i++)
         snprintf(params + strlen(params), sizeof params - strlen(params), "%sp%d", i ? "," : "", i);

@@ -147,8 +147,8 @@ enum csd_chat_node_kind {
     CSD_CHAT_N_COUNT
 };
 
-/* A macro's op: its body (nested macros included) names `kwargs` / `varargs`, found while it is
- * parsed so that running the {% macro %} statement does not walk the body again. */
+/* A macro's op: its body (nested macros included) reads `kwargs` / `varargs`, found once when it
+ * is parsed so that running the {% macro %} statement does not walk the body again. */
 #define CSD_CHAT_MENTIONS_KWARGS 1
 #define CSD_CHAT_MENTIONS_VARARGS 2
 

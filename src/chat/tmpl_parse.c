@@ -14,7 +14,6 @@ typedef struct parser {
     const csd_chat_tok *t;
     size_t n, cur;
     int depth;
-    csd_chat_node *macro; /* the innermost macro whose body is being parsed, or NULL */
 } parser;
 
 typedef struct nvec {
@@ -537,13 +536,6 @@ static csd_chat_node *parse_object(parser *P, const csd_chat_tok *tk) {
     return x;
 }
 
-/* CSD_CHAT_MENTIONS_* for an identifier in a macro's body. */
-static int mentions(const csd_chat_tok *tk) {
-    if (tk->n == 6 && memcmp(tk->p, "kwargs", 6) == 0) return CSD_CHAT_MENTIONS_KWARGS;
-    if (tk->n == 7 && memcmp(tk->p, "varargs", 7) == 0) return CSD_CHAT_MENTIONS_VARARGS;
-    return 0;
-}
-
 static csd_chat_node *parse_primary(parser *P) {
     if (P->cur >= P->n) perr(P, "expected an expression", NULL);
     const csd_chat_tok *tk = &P->t[P->cur++];
@@ -560,7 +552,6 @@ static csd_chat_node *parse_primary(parser *P) {
         csd_chat_node *x = mk(P, CSD_CHAT_N_IDENT, tk->pos);
         x->s = tk->p;
         x->slen = tk->n;
-        if (P->macro) P->macro->op |= mentions(tk);
         return x;
     }
     case CSD_CHAT_T_LPAREN: {
@@ -636,6 +627,21 @@ static csd_chat_node *parse_set(parser *P, uint32_t pos) {
 }
 
 /* {% macro name(params) %}...{% endmacro %} (after "macro"). */
+/* CSD_CHAT_MENTIONS_* for the names kwargs / varargs read in n (an identifier node, not a
+ * keyword argument's or a test's name), nested macros' bodies included. */
+static int mentions(const csd_chat_node *n, int depth) {
+    if (!n || depth > CSD_CHAT_MAX_PARSE_DEPTH * 4) return 0;
+    int m = 0;
+    if (n->kind == CSD_CHAT_N_IDENT && n->slen == 6 && memcmp(n->s, "kwargs", 6) == 0)
+        m |= CSD_CHAT_MENTIONS_KWARGS;
+    if (n->kind == CSD_CHAT_N_IDENT && n->slen == 7 && memcmp(n->s, "varargs", 7) == 0)
+        m |= CSD_CHAT_MENTIONS_VARARGS;
+    m |= mentions(n->a, depth + 1) | mentions(n->b, depth + 1) | mentions(n->c, depth + 1);
+    for (size_t i = 0; i < n->nlist; i++) m |= mentions(n->list[i], depth + 1);
+    for (size_t i = 0; i < n->nlist2; i++) m |= mentions(n->list2[i], depth + 1);
+    return m;
+}
+
 static csd_chat_node *parse_macro(parser *P, uint32_t pos) {
     csd_chat_node *x = mk(P, CSD_CHAT_N_MACRO, pos);
     csd_chat_node *name = parse_primary(P);
@@ -646,11 +652,8 @@ static csd_chat_node *parse_macro(parser *P, uint32_t pos) {
     nvec params = {0};
     parse_args(P, &params, true);
     set_list2(x, &params);
-    csd_chat_node *outer = P->macro;
-    P->macro = x;
     parse_block(P, x, "endmacro", "{% endmacro %}");
-    P->macro = outer;
-    if (outer) outer->op |= x->op; /* the outer body holds this one's */
+    for (size_t i = 0; i < x->nlist; i++) x->op |= mentions(x->list[i], 0);
     return x;
 }
 
