@@ -170,6 +170,17 @@ static void strip_trims_added_neighbour(void **state) {
     encode_expect(tok, "a b", false, (const int32_t[]){8, 2, 4}, 3);
     encode_expect(tok, "ab a  b", false, (const int32_t[]){8, 2, 4, 2, 8, 9}, 6);
     csd_tok_destroy(tok);
+    /* " b" trimmed to "b" is the added token "b", whose own rstrip then trims after it */
+    const char *chain = TINY("[]",
+                             SPECIALS ", {\"id\": 8, \"content\": \"a\", \"rstrip\": true, "
+                                      RAW "}, {\"id\": 9, \"content\": \" b\", " RAW "}, "
+                                      "{\"id\": 10, \"content\": \"b\", \"rstrip\": true, "
+                                      RAW "}",
+                             "");
+    tok = load_ok(chain, NULL);
+    encode_expect(tok, "a b a", false, (const int32_t[]){8, 10, 8}, 3);
+    encode_expect(tok, "a  b  a", false, (const int32_t[]){8, 9, 2, 2, 2, 8}, 6);
+    csd_tok_destroy(tok);
 }
 
 /* (?i:...) folds ASCII only, as the reference does, and leaves \p{...} names alone */
@@ -403,6 +414,48 @@ static void template_id_must_exist(void **state) {
     expect_refused(json, CSD_EFORMAT, "bad template token '<s>'");
 }
 
+/* Added tokens longer than the trie's depth (256 bytes) are compared whole, and the longest match
+ * still wins over the trie's ones (ids as the reference gives them); more than 64 such tokens are
+ * refused. */
+static void long_added_tokens(void **state) {
+    (void)state;
+    char a300[301], a200b[202], a300b[302];
+    memset(a300, 'a', 300);
+    a300[300] = '\0';
+    memset(a200b, 'a', 200);
+    strcpy(a200b + 200, "b");
+    memset(a300b, 'a', 300);
+    strcpy(a300b + 300, "b");
+    static char json[8192];
+    snprintf(json, sizeof json,
+             TINY("[]", SPECIALS ", {\"id\": 8, \"content\": \"%s\", " RAW "}, "
+                                 "{\"id\": 9, \"content\": \"%s\", " RAW "}, "
+                                 "{\"id\": 10, \"content\": \"%s\", " SP RAW "}",
+                  ""),
+             a300, a200b, a300b);
+    csd_tok *tok = load_ok(json, NULL);
+    static char text[1200];
+    snprintf(text, sizeof text, "%sa%s%s%s", a300b, a200b, a300, a300);
+    encode_expect(tok, text, false, (const int32_t[]){10, 2, 3, 9, 8, 8}, 6);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(csd_tok_encode(tok, text, strlen(text), false, false, &ids, &n, NULL), 0);
+    const int32_t plain[] = {8, 2, 4, 3, 9, 8, 8}; /* the special a300b unused */
+    assert_int_equal(n, 7);
+    for (size_t i = 0; i < n; i++) assert_int_equal(ids[i], plain[i]);
+    csd_free(ids);
+    csd_tok_destroy(tok);
+    /* 65 of them */
+    static char many[65 * 400 + 4096], added[65 * 400];
+    size_t at = 0;
+    for (int k = 0; k < 65; k++)
+        at += (size_t)snprintf(added + at, sizeof added - at,
+                               ", {\"id\": %d, \"content\": \"%.*sb%d\", " RAW "}", 8 + k, 300,
+                               a300, k);
+    snprintf(many, sizeof many, TINY("[]", SPECIALS "%s", ""), added);
+    expect_refused(many, CSD_EUNSUPPORTED, "at most 64 longer than 256 bytes");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(both_merge_formats), cmocka_unit_test(bos_rules),
@@ -411,7 +464,7 @@ int main(void) {
         cmocka_unit_test(malformed_refused), cmocka_unit_test(normalizer_growth_bounded),
         cmocka_unit_test(long_tokens_bounded), cmocka_unit_test(added_bos_must_exist),
         cmocka_unit_test(template_id_must_exist), cmocka_unit_test(added_tokens_longest),
-        cmocka_unit_test(strip_trims_added_neighbour),
+        cmocka_unit_test(strip_trims_added_neighbour), cmocka_unit_test(long_added_tokens),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

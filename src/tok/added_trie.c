@@ -10,9 +10,9 @@
 #define NONE (-1)
 
 static int new_node(csd_tok_trie *t, uint8_t byte, int32_t *at) {
+    if (t->n == CSD_TOK_MAX_TRIE_NODES) return CSD_ERANGE;
     if (t->n == t->cap) {
         size_t cap = t->cap ? t->cap * 2 : 64;
-        if (cap > INT32_MAX) return CSD_ENOMEM;
         csd_tok_trie_node *p = csd_alloc_array(cap, sizeof *p);
         if (!p) return CSD_ENOMEM;
         if (t->n) memcpy(p, t->p, t->n * sizeof *p);
@@ -32,7 +32,16 @@ static int32_t child_of(const csd_tok_trie *t, int32_t node, uint8_t b) {
     return c;
 }
 
+/* A string too long for the trie joins the list compared whole. */
+static int insert_long(csd_tok_trie *t, uint32_t sym, bool special) {
+    if (t->n_long == CSD_TOK_MAX_LONG_ADDED) return CSD_ERANGE;
+    t->long_added[t->n_long++] =
+        (csd_tok_long_added){sym, special ? CSD_TOK_TRIE_SPECIAL : CSD_TOK_TRIE_PLAIN};
+    return 0;
+}
+
 static int insert(csd_tok_trie *t, const char *s, size_t n, uint32_t sym, bool special) {
+    if (n > CSD_TOK_TRIE_DEPTH) return insert_long(t, sym, special);
     int32_t node = 0;
     int rc = t->n ? 0 : new_node(t, 0, &node);
     for (size_t i = 0; i < n && !rc; i++) {
@@ -75,6 +84,12 @@ int csd_tok_build_added_tries(csd_tok *tok, csd_err *err) {
         if (n == 0) continue; /* an empty string matches nowhere */
         int rc = insert(norm ? &tok->added_norm : &tok->added_raw,
                         csd_tok_strtab_get(&tok->syms, sym), n, sym, a->special);
+        if (rc == CSD_ERANGE)
+            return csd_err_set(err, CSD_EUNSUPPORTED,
+                               "tokenizer.json: added tokens beyond what is supported (at most "
+                               "%d longer than %d bytes, %u bytes of them in all)",
+                               CSD_TOK_MAX_LONG_ADDED, CSD_TOK_TRIE_DEPTH,
+                               CSD_TOK_MAX_TRIE_NODES);
         if (rc) return csd_err_set(err, rc, "out of memory indexing the added tokens");
     }
     return 0;
@@ -84,10 +99,31 @@ static int32_t id_of(const csd_tok *tok, int32_t sym, bool parse_special) {
     return parse_special ? tok->added_id_all[sym] : tok->added_id_plain[sym];
 }
 
+/* The longest usable string of the long list that s starts with (longer than any in the trie). */
+static size_t longest_long(const csd_tok *tok, const csd_tok_trie *t, const char *s, size_t n,
+                           uint8_t usable, int32_t *sym) {
+    size_t best = 0;
+    for (size_t k = 0; k < t->n_long; k++) {
+        const csd_tok_long_added *l = &t->long_added[k];
+        size_t len = tok->syms.slen[l->sym];
+        const char *c = csd_tok_strtab_get(&tok->syms, l->sym);
+        if ((l->ends & usable) && len > best && len <= n && c[0] == s[0] && !memcmp(c, s, len)) {
+            best = len;
+            *sym = (int32_t)l->sym;
+        }
+    }
+    return best;
+}
+
 size_t csd_tok_trie_longest(const csd_tok *tok, const csd_tok_trie *t, const char *s, size_t n,
                             bool parse_special, int32_t *id) {
-    size_t best = 0;
     uint8_t usable = CSD_TOK_TRIE_PLAIN | (parse_special ? CSD_TOK_TRIE_SPECIAL : 0);
+    int32_t sym = NONE;
+    size_t best = t->n_long ? longest_long(tok, t, s, n, usable, &sym) : 0;
+    if (best) {
+        *id = id_of(tok, sym, parse_special);
+        return best;
+    }
     int32_t node = t->n ? 0 : NONE;
     for (size_t i = 0; i < n && node != NONE; i++) {
         node = child_of(t, node, (uint8_t)s[i]);

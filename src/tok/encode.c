@@ -68,14 +68,14 @@ static size_t trim_start(const char *s, size_t n) {
 
 /* Splits s into text and added-token sections (leftmost, then longest match), then applies the
  * lstrip/rstrip of each matched token to its neighbours. A neighbour that is itself an added token
- * and loses spaces becomes text (the caller still takes it as an added token if the shorter string
- * names one), as the reference does. */
+ * and loses spaces is looked up again, as the reference does: text unless the shorter string names
+ * an added token. */
 static int split_added(const csd_tok *tok, const char *s, size_t n, bool normalized,
                        bool parse_special, sections *out) {
     out->n = 0;
     const csd_tok_trie *trie = normalized ? &tok->added_norm : &tok->added_raw;
     size_t start = 0, i = 0;
-    while (trie->n > 1 && i < n) {
+    while ((trie->n > 1 || trie->n_long) && i < n) {
         int32_t id = -1;
         size_t len = csd_tok_trie_longest(tok, trie, s + i, n - i, parse_special, &id);
         if (len == 0) {
@@ -95,15 +95,17 @@ static int split_added(const csd_tok *tok, const char *s, size_t n, bool normali
         if ((flags & CSD_TOK_ID_LSTRIP) && k > 0) {
             section *before = &out->p[k - 1];
             size_t len = trim_end(s + before->off, before->len);
-            if (len < before->len) before->id = -1; /* an added token no more: read as text */
+            if (len < before->len && before->id >= 0) /* what is left may name another, or none */
+                before->id = csd_tok_added_exact(tok, s + before->off, len, parse_special);
             before->len = len;
         }
         if ((flags & CSD_TOK_ID_RSTRIP) && k + 1 < out->n) {
             section *after = &out->p[k + 1];
             size_t cut = trim_start(s + after->off, after->len);
-            if (cut) after->id = -1;
             after->off += cut;
             after->len -= cut;
+            if (cut && after->id >= 0) /* its own strips then apply to what follows it */
+                after->id = csd_tok_added_exact(tok, s + after->off, after->len, parse_special);
         }
     }
     return 0;

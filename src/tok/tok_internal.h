@@ -146,9 +146,23 @@ typedef struct csd_tok_trie_node {
     uint8_t ends;           /* CSD_TOK_TRIE_* */
 } csd_tok_trie_node;
 
+/* Strings up to CSD_TOK_TRIE_DEPTH bytes go in the trie, so a match costs at most that many steps
+ * per byte of text; longer ones (no real file has them; at most CSD_TOK_MAX_LONG_ADDED) are
+ * compared whole, as a list. The nodes are bounded too: a tokenizer beyond is refused. */
+#define CSD_TOK_TRIE_DEPTH 256
+#define CSD_TOK_MAX_LONG_ADDED 64
+#define CSD_TOK_MAX_TRIE_NODES (8u << 20)
+
+typedef struct csd_tok_long_added {
+    uint32_t sym;
+    uint8_t ends; /* CSD_TOK_TRIE_* */
+} csd_tok_long_added;
+
 typedef struct csd_tok_trie {
     csd_tok_trie_node *p;
     size_t n, cap;
+    csd_tok_long_added long_added[CSD_TOK_MAX_LONG_ADDED];
+    size_t n_long;
 } csd_tok_trie;
 
 enum csd_tok_dec_kind { CSD_TOK_DEC_NONE = 0, CSD_TOK_DEC_BYTELEVEL = 1, CSD_TOK_DEC_SP = 2 };
