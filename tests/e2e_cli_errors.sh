@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The command line refuses what it would otherwise ignore or misread, naming the problem, with a
+# non-zero exit: a flag missing its value, fleet flags without a fleet, an empty --api-key, a port
+# past 65535, a directory where a file is read, a --precision other than a fleet export's; a
+# failed write of the output exits 1; `logits --top` beyond the vocabulary lists every id.
+source "$(dirname "$0")/e2e_lib.sh"
+[ -x "$CASCADIA" ] || skip "$CASCADIA not built"
+
+# a model whose vocabulary (40 tokens) is smaller than logits' --top limit of 64
+T="$WORK/tok40"
+mkdir -p "$T"
+/usr/bin/python3 - "$T" <<'PY'
+import json, sys
+vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+for c in "abcdefghijklmnopqrstuvwxyz .,!?\u2581":
+    vocab[c] = len(vocab)
+added = [{"id": i, "content": t, "special": True, "normalized": False, "lstrip": False,
+          "rstrip": False, "single_word": False} for t, i in list(vocab.items())[:3]]
+tok = {"added_tokens": added, "normalizer": None, "pre_tokenizer": None, "post_processor": None,
+       "decoder": None, "model": {"type": "BPE", "unk_token": "<unk>", "vocab": vocab, "merges": []}}
+json.dump(tok, open(sys.argv[1] + "/tokenizer.json", "w"))
+json.dump({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True},
+          open(sys.argv[1] + "/tokenizer_config.json", "w"))
+PY
+M="$WORK/model"
+"$CASCADIA" synth --arch llama --preset tiny --tokenizer "$T" --out "$M" >/dev/null 2>&1 ||
+    fail "synth failed"
+X="$WORK/x2" # a fleet export, f32
+"$CASCADIA" export "$M" --stages 2 --precision f32 --out "$X" >/dev/null 2>&1 || fail "export"
+
+# refused CODE PATTERN CMD...: CMD exits with CODE and says PATTERN on stderr
+refused() {
+    local code=$1 pattern=$2; shift 2
+    local rc=0
+    "$@" >"$WORK/out" 2>"$WORK/err" || rc=$?
+    [ "$rc" -eq "$code" ] || fail "$* exited $rc, not $code: $(head -c 300 "$WORK/err")"
+    grep -q -- "$pattern" "$WORK/err" || fail "$*: no '$pattern' in: $(head -c 300 "$WORK/err")"
+}
+
+refused 2 "-p needs a value" "$CASCADIA" run "$M" -p Once -p
+refused 2 "--ids needs a value" "$CASCADIA" logits "$M" --ids
+refused 2 "--out needs a value" "$CASCADIA" logits "$M" --ids 1,2 --out
+refused 2 "--ids needs a value" "$CASCADIA" perplexity "$M" --ids
+refused 2 "--out needs a value" "$CASCADIA" keygen --out
+for flag in "--insecure" "--key $WORK/none.key" "--wait-workers 5" "--hidden-dtype f32" \
+    "--micro-batches 2" "--local-stage 0"; do
+    # shellcheck disable=SC2086 # the flag and its value are two words
+    refused 2 "${flag%% *} applies to a fleet only" "$CASCADIA" run "$M" -p x -n 1 $flag
+done
+refused 2 "--insecure applies to a fleet only" "$CASCADIA" serve "$M" --port 0 --insecure
+refused 2 "--api-key must not be empty" "$CASCADIA" serve "$M" --port 0 --api-key ""
+refused 1 "port above 65535" "$CASCADIA" worker --shard "$X/stage-1.shard" \
+    --listen 127.0.0.1:99999 --insecure
+refused 1 "not a regular file" "$CASCADIA" perplexity "$M" --precision f32 "$WORK"
+
+# the fleet's export is f32: --precision int8 would not be what runs
+refused 1 "the fleet's export is f32, not --precision int8" "$CASCADIA" run --manifest "$X" \
+    --fleet 127.0.0.1:1 --local-stage 0 --insecure --precision int8 -p x -n 1
+
+# output that cannot be written is an error, not a success
+if [ -w /dev/full ]; then
+    for cmd in "version --json" "logits $M --ids 1,2"; do
+        rc=0
+        # shellcheck disable=SC2086 # the command and its arguments are words
+        "$CASCADIA" $cmd >/dev/full 2>"$WORK/err" || rc=$?
+        [ "$rc" -eq 1 ] || fail "$cmd >/dev/full exited $rc"
+        grep -q "writing the output failed" "$WORK/err" || fail "$cmd >/dev/full: $(cat "$WORK/err")"
+    done
+else
+    echo "note: /dev/full is not writable here; the failed-write check is skipped"
+fi
+
+# --top beyond the vocabulary: every id once, best first (it read past the logits before)
+vocab=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['vocab_size'])" \
+    "$M/config.json")
+"$CASCADIA" logits "$M" --ids 1,2 --top 64 >"$WORK/top" 2>"$WORK/err" || fail "logits --top 64"
+want=$((vocab < 64 ? vocab : 64))
+got=$(head -1 "$WORK/top" | tr ' ' '\n' | grep -c '=')
+[ "$got" -eq "$want" ] || fail "logits --top 64 listed $got ids, not $want"
+echo "PASS"
