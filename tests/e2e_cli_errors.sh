@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The command line refuses what it would otherwise ignore or misread, naming the problem, with a
 # non-zero exit: a flag missing its value, fleet flags without a fleet, an empty --api-key, a port
-# past 65535, a directory where a file is read, a --precision other than a fleet export's; a
-# failed write of the output exits 1; `logits --top` beyond the vocabulary lists every id.
+# past 65535, a directory where a file is read, a --precision other than a fleet export's, an
+# export into the model's own directory; a failed write of the output exits 1; `logits --top`
+# beyond the vocabulary lists every id.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 
@@ -53,6 +54,9 @@ refused 1 "port above 65535" "$CASCADIA" worker --shard "$X/stage-1.shard" \
     --listen 127.0.0.1:99999 --insecure
 refused 1 "not a regular file" "$CASCADIA" perplexity "$M" --precision f32 "$WORK"
 
+refused 1 "is the model's own directory" "$CASCADIA" export "$M" --stages 1 --precision int8 \
+    --out "$M/"
+[ ! -e "$M/manifest.json" ] || fail "an export into the model's own directory was written"
 # the fleet's export is f32: --precision int8 would not be what runs
 refused 1 "the fleet's export is f32, not --precision int8" "$CASCADIA" run --manifest "$X" \
     --fleet 127.0.0.1:1 --local-stage 0 --insecure --precision int8 -p x -n 1

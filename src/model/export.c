@@ -100,12 +100,17 @@ static bool same_dir(const char *a, const char *b) {
 }
 
 /* The export copies config.json and the tokenizer files into out_dir: a directory that holds
- * another Hugging Face model would lose its own. (Exporting into the model's own directory only
- * copies each file onto itself.) */
+ * another Hugging Face model would lose its own. The model's own directory is refused too: its
+ * manifest.json would make it read as an export from then on (`run` would ask for a fleet). */
 static int check_out_dir(const csd_export_opts *o, csd_err *err) {
+    if (same_dir(o->out_dir, o->model_dir))
+        return csd_err_set(err, CSD_EINVAL,
+                           "--out %s is the model's own directory: it would then read as an "
+                           "export, not as the Hugging Face model; export into another directory",
+                           o->out_dir);
     const char *weights;
     int rc = csd_st_dir_weights(o->out_dir, &weights, err);
-    if (!rc && weights && !same_dir(o->out_dir, o->model_dir))
+    if (!rc && weights)
         rc = csd_err_set(err, CSD_EINVAL,
                          "%s holds another model (%s): its config.json and tokenizer files would "
                          "be replaced; export into another directory",
