@@ -689,6 +689,9 @@ static void test_request_refusals(void **state) {
     parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\","
                 "\"function\":{\"name\":\"nope\"}}}",
                 "tool_choice.function.name", "not among the tools");
+    parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"function\","
+                "\"function\":{\"name\":\"get_weather\\u0000zzz\"}}}",
+                "tool_choice.function.name", "not among the tools"); /* not get_weather */
     parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":{\"type\":\"code\"}}",
                 "tool_choice.type", "function");
     parse_fails("{" USER ",\"tools\":[" WEATHER "],\"tool_choice\":\"required\","

@@ -22,7 +22,7 @@
 
 static csd_json_schema *compile_text(const char *text, csd_err *err) {
     json_error_t je;
-    json_t *s = json_loads(text, JSON_DECODE_ANY, &je);
+    json_t *s = json_loads(text, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je); /* as the server reads */
     if (!s) fail_msg("test schema does not parse: %s: %s", je.text, text);
     csd_json_schema *c = NULL;
     int rc = csd_json_schema_compile(&c, s, err);
@@ -113,6 +113,10 @@ static void test_refused_schemas(void **state) {
          "\"$defs\":{\"A\":true}}", "$ref beside other constraints"},
         {"{\"properties\":{\"a\":{\"$ref\":\"#/$defs/A\"}},\"$defs\":{\"A\":{\"format\":\"x\"}}}",
          "'/$defs/A': unsupported keyword format"},
+        /* a NUL cut a name short: "a\0b" stood for "a", "string\0x" for "string" */
+        {"{\"properties\":{\"a\":{\"type\":\"boolean\"}},\"required\":[\"a\\u0000b\"]}",
+         "a required name holds a NUL"},
+        {"{\"properties\":{\"a\":{\"type\":\"string\\u0000x\"}}}", "unknown type string"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         csd_err err = {0};

@@ -196,7 +196,8 @@ static int choice_object(csd_http_req *r, const json_t *tc, csd_http_error *e) {
     const json_t *name = json_object_get(fn, "name");
     if (!json_is_string(name))
         return csd_http_bad_type(e, "tool_choice.function.name", "a string");
-    int k = r->tools ? tool_index(r->tools, json_string_value(name)) : -1;
+    bool whole = strlen(json_string_value(name)) == json_string_length(name); /* no NUL */
+    int k = r->tools && whole ? tool_index(r->tools, json_string_value(name)) : -1;
     if (k < 0)
         return csd_http_error_set(e, 400, NULL, "tool_choice.function.name", "invalid_value",
                                   "tool_choice names '%.64s', which is not among the tools",

@@ -117,11 +117,16 @@ static int add_lit(builder *b, const char *path, const json_t *v, uint16_t *out)
     return rc;
 }
 
+/* A string without a NUL (a name cut at its NUL would stand for another). */
+static bool whole_string(const json_t *s) {
+    return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);
+}
+
 static int type_bit(const json_t *name) {
     static const char *const names[] = {"object", "array", "string", "integer", "number",
                                         "boolean", "null"};
     for (int i = 0; i < 7; i++)
-        if (json_is_string(name) && !strcmp(json_string_value(name), names[i])) return 1 << i;
+        if (whole_string(name) && !strcmp(json_string_value(name), names[i])) return 1 << i;
     return 0;
 }
 
@@ -225,6 +230,7 @@ static int parse_properties(builder *b, const char *path, const json_t *s, int d
     json_array_foreach(req, j, v) {
         const char *name = json_string_value(v);
         if (!name) return fail(b, path, "required must be a list of names", "");
+        if (!whole_string(v)) return fail(b, path, "a required name holds a NUL: ", name);
         uint16_t k = 0;
         const json_t *pv;
         json_object_foreach((json_t *)props, key, pv) {
