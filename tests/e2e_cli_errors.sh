@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The command line refuses what it would otherwise ignore or misread, naming the problem, with a
-# non-zero exit: a flag missing its value, fleet flags without a fleet, an empty --api-key, a port
+# non-zero exit: a flag missing its value, fleet flags without a fleet, a bench of nothing, an
+# empty --api-key, a port
 # past 65535, a directory where a file is read, a --precision other than a fleet export's, an
 # export into the model's own directory; a failed write of the output exits 1; `logits --top`
 # beyond the vocabulary lists every id.
@@ -49,6 +50,7 @@ for flag in "--insecure" "--key $WORK/none.key" "--wait-workers 5" "--hidden-dty
     refused 2 "${flag%% *} applies to a fleet only" "$CASCADIA" run "$M" -p x -n 1 $flag
 done
 refused 2 "--insecure applies to a fleet only" "$CASCADIA" serve "$M" --port 0 --insecure
+refused 2 "leave nothing to measure" "$CASCADIA" bench "$M" -p 0 -n 0
 refused 2 "--api-key must not be empty" "$CASCADIA" serve "$M" --port 0 --api-key ""
 refused 1 "port above 65535" "$CASCADIA" worker --shard "$X/stage-1.shard" \
     --listen 127.0.0.1:99999 --insecure

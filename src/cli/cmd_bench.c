@@ -172,6 +172,10 @@ static bool finish_args(csd_bench_args *a) {
         return false;
     }
     if (a->n_gen < 0) a->n_gen = a->n_levels ? 64 : 128;
+    if (!a->n_levels && a->n_prompt == 0 && a->n_gen == 0) {
+        fprintf(stderr, "cascadia bench: -p 0 and -n 0 leave nothing to measure\n");
+        return false;
+    }
     if (a->n_levels && a->n_gen < 2) {
         fprintf(stderr, "cascadia bench: --concurrency needs -n >= 2\n");
         return false;

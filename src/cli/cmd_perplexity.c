@@ -28,7 +28,7 @@ static const char *const ppl_usage =
     "  --precision P   precision under test: f32|f16|bf16|int8|int4 (reference: f32)\n"
     "  --ctx N         window in tokens (default: the model's context, capped at 512)\n"
     "  --threads N     worker threads per model (default: all cores)\n"
-    "  --kv-type T     f32|f16 KV cache of the model under test (default: f16 unless f32)\n"
+    "  --kv-type T     f32|f16|q8 KV cache of the model under test (default: f16 unless f32)\n"
     "  --json          one JSON object on stdout instead of the table\n";
 
 typedef struct ppl_args {
