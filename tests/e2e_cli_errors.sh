@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The command line refuses what it would otherwise ignore or misread, naming the problem, with a
 # non-zero exit: a flag missing its value, fleet flags without a fleet, a bench of nothing, an
-# empty --api-key, a port
-# past 65535, a directory where a file is read, a --precision other than a fleet export's, an
-# export into the model's own directory; a failed write of the output exits 1; `logits --top`
-# beyond the vocabulary lists every id.
+# empty --api-key, a port past 65535, a directory where a file is read, a --precision other than
+# a fleet export's, an export into the model's own directory; a failed write of the output exits
+# 1; `logits --top` beyond the vocabulary lists every id.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 
