@@ -2,7 +2,8 @@
  * misbehave in ways a real worker does not on demand. It speaks the wire protocol (insecure mode)
  * to one coordinator: answers PINGs (or, with answer_pings false, only the connect-time one),
  * answers each FORWARD compute_ms after it came, with logits that pick FAKE_STAGE_ANSWER, and
- * refuses the requests `refusal` names (an ERROR with that code and text instead of the logits).
+ * refuses the requests `refusal` names (an ERROR with that code and text instead of the logits),
+ * and the OPENs `open_refusal` names (then "not open" for each of their FORWARDs).
  * With refuse_copies it refuses every COPY_PREFIX as a worker does whose source request was
  * evicted: an ERROR for the copy, then one for each FORWARD of that request that counts on the
  * copied positions. Include after <cmocka.h>; the fleet over it has vocabulary FAKE_STAGE_VOCAB and
@@ -34,11 +35,14 @@ typedef struct fake_stage {
     int compute_ms;                   /* per FORWARD */
     /* the text (and *code) to refuse a request with, or NULL to answer it */
     const char *(*refusal)(uint32_t request_id, int *code);
+    /* the same for its OPEN: a request refused there is then "not open" for each FORWARD, as a
+     * worker whose KV cap cannot hold it answers */
+    const char *(*open_refusal)(uint32_t request_id, int *code);
     bool refuse_copies;
     uint32_t lacking[FAKE_STAGE_MAX_LACKING]; /* requests it refused a copy for (its thread's) */
     int n_lacking;
     atomic_bool stop;
-    atomic_int pings, forwards, copies;
+    atomic_int pings, forwards, copies, opens_refused;
     atomic_int tokens; /* in the FORWARDs it took */
     pthread_t thread;
 } fake_stage;
@@ -63,6 +67,10 @@ static void fake_stage_refuse_copy(fake_stage *fs, csd_conn *c, const csd_wire_h
 static void fake_stage_answer(fake_stage *fs, csd_conn *c, const csd_wire_hdr *fwd) {
     int code = CSD_EPROTO;
     const char *why = fs->refusal ? fs->refusal(fwd->request_id, &code) : NULL;
+    if (!why && fs->open_refusal && fs->open_refusal(fwd->request_id, &code)) {
+        why = "request is not open on this stage (evicted or never opened)";
+        code = CSD_ENOTFOUND;
+    }
     if (!why && fwd->position > 0 && fake_stage_lacks(fs, fwd->request_id))
         why = "position beyond what the request holds (its copy was refused)";
     if (why) {
@@ -114,6 +122,11 @@ static void fake_stage_serve(fake_stage *fs, csd_conn *c) {
             due[n++] = csd_now_ns() + (uint64_t)fs->compute_ms * 1000000ull;
         } else if (h.type == CSD_WIRE_COPY_PREFIX && fs->refuse_copies) {
             fake_stage_refuse_copy(fs, c, &h);
+        } else if (h.type == CSD_WIRE_OPEN && fs->open_refusal) {
+            int code = CSD_EPROTO;
+            const char *why = fs->open_refusal(h.request_id, &code);
+            if (why) csd_conn_send_error(c, h.request_id, code, why, NULL);
+            if (why) atomic_fetch_add(&fs->opens_refused, 1);
         } /* OPEN, CLOSE and the rest need no answer */
     }
     csd_netbuf_fini(&buf);

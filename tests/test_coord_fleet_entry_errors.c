@@ -3,12 +3,14 @@
  * requests 11 and 13 with different codes and texts and answers 12. Through step_end with
  * per-entry errors each refused entry gets its own code and message (until stop 49 every refused
  * entry got the first refusal's text), the answered one none; without them the step fails with
- * the first. */
+ * the first. A refused OPEN's reason reaches the step that then finds the request not open. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+
+#include <time.h>
 
 #include "fake_stage.h"
 
@@ -79,10 +81,53 @@ static void test_without_entry_errors_the_step_fails(void **state) {
     fake_stage_done(p, &fs);
 }
 
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static const char *refuse_open_12(uint32_t request_id, int *code) {
+    *code = CSD_EFULL;
+    return request_id == 12 ? "request needs 9.0 MiB of KV cache, more than the stage's cap" : NULL;
+}
+
+/* A stage that refused a request's OPEN (its KV cap cannot hold it) then finds it "not open" at
+ * the step: the step's error names the first reason, which came when no step was waiting for it
+ * (it was dropped, and clients read only "not open"). */
+static void test_refused_open_names_its_reason(void **state) {
+    (void)state;
+    fake_stage fs;
+    memset(&fs, 0, sizeof fs);
+    fs.answer_pings = true;
+    fs.open_refusal = refuse_open_12;
+    csd_pipeline *p = fake_stage_fleet(&fs, 10000);
+    csd_err err = {0};
+    for (uint32_t req = FIRST_REQ; req < FIRST_REQ + N_ENTRIES; req++)
+        if (p->ops->open(p, req, 64, &err)) fail_msg("open %u: %s", req, err.msg);
+    uint64_t until = csd_now_ns() + 5000000000ull; /* the refusal reaches the coordinator first */
+    while (atomic_load(&fs.opens_refused) == 0 && csd_now_ns() < until) sleep_ms(5);
+    sleep_ms(100);
+    static int32_t ids[N_ENTRIES] = {1, 2, 3};
+    csd_step_entry e[N_ENTRIES];
+    for (int i = 0; i < N_ENTRIES; i++)
+        e[i] = (csd_step_entry){.req = FIRST_REQ + (uint32_t)i, .ids = &ids[i], .n = 1,
+                                .want_logits = true};
+    float logits[N_ENTRIES * FAKE_STAGE_VOCAB] = {0};
+    if (p->ops->step_begin(p, e, N_ENTRIES, logits, &err)) fail_msg("step_begin: %s", err.msg);
+    csd_err entry_err[N_ENTRIES];
+    assert_int_equal(p->ops->step_end(p, entry_err, &err), 0);
+    assert_int_equal(entry_err[0].code, 0);
+    assert_int_equal(entry_err[2].code, 0);
+    assert_int_equal(entry_err[1].code, CSD_EFULL);
+    assert_non_null(strstr(entry_err[1].msg, "KV cache, more than the stage's cap"));
+    fake_stage_done(p, &fs);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_refused_entry_has_its_reason),
         cmocka_unit_test(test_without_entry_errors_the_step_fails),
+        cmocka_unit_test(test_refused_open_names_its_reason),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,7 @@
 #include "model/model.h"
 
 #define MAX_IN_FLIGHT 16
+#define MAX_REFUSALS 16 /* refusals kept for a step to come (fleet.refusals) */
 /* A step waits for as long as its stages compute (a 512-token prompt chunk of a 70B model can take
  * minutes on ordinary PCs), but not for a stage that has gone quiet: while connected, every stage
  * is PINGed a few times per silence limit (keep_alive), and a stage that answers nothing for that
@@ -92,6 +93,14 @@ typedef struct fleet {
     csd_fleet_timing timing;
     csd_wire_stats last_stats[CSD_FLEET_MAX_STAGES];
     int stats_pending;
+    /* refusals of requests with no step in flight (an OPEN a stage refused), kept (mu) for the
+     * step that then fails as "not open": its error names the cause */
+    struct {
+        uint32_t req; /* 0: free */
+        int rc;
+        char msg[CSD_ERR_MSG_MAX];
+    } refusals[MAX_REFUSALS];
+    int next_refusal;
 } fleet;
 
 static csd_conn *first_link(fleet *f) { return f->conns[0]; }
@@ -194,6 +203,27 @@ static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
     pthread_mutex_unlock(&f->mu);
 }
 
+/* Keeps a refusal no step was waiting for (mu held); the oldest goes when all are taken. */
+static void keep_refusal(fleet *f, uint32_t req, int rc, const char *msg) {
+    int k = f->next_refusal;
+    f->next_refusal = (k + 1) % MAX_REFUSALS;
+    f->refusals[k].req = req;
+    f->refusals[k].rc = rc;
+    snprintf(f->refusals[k].msg, sizeof f->refusals[k].msg, "%s", msg);
+}
+
+/* Takes the kept refusal of req into the step's entry (mu held); false when there is none. */
+static bool claim_refusal(fleet *f, uint32_t req, pending_step *s, int entry) {
+    for (int k = 0; k < MAX_REFUSALS; k++) {
+        if (f->refusals[k].req != req) continue;
+        f->refusals[k].req = 0;
+        s->entry_rc[entry] = f->refusals[k].rc;
+        snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "%s", f->refusals[k].msg);
+        return true;
+    }
+    return false;
+}
+
 static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *data) {
     csd_wire_error e;
     csd_err err = {0};
@@ -211,13 +241,18 @@ static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *
     int entry;
     int64_t row;
     pending_step *s = match_entry(f, h->request_id, &entry, &row);
+    char msg[CSD_ERR_MSG_MAX];
+    snprintf(msg, sizeof msg, "stage at %s: %s", f->opts.addrs[index], e.text);
     if (s) { /* the stage refused this request alone and went on with the step's others */
-        snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "stage at %s: %s",
-                 f->opts.addrs[index], e.text);
-        s->entry_rc[entry] = csd_err_from_peer(e.code);
+        if (!claim_refusal(f, h->request_id, s, entry)) { /* else its OPEN's refusal says why */
+            snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "%s", msg);
+            s->entry_rc[entry] = csd_err_from_peer(e.code);
+        }
         s->resolved[entry] = true;
         s->n_resolved++;
         pthread_cond_broadcast(&f->cv);
+    } else {
+        keep_refusal(f, h->request_id, csd_err_from_peer(e.code), msg);
     }
     pthread_mutex_unlock(&f->mu);
 }
