@@ -48,10 +48,11 @@ for flag in "--insecure" "--key $WORK/none.key" "--wait-workers 5" "--hidden-dty
     # shellcheck disable=SC2086 # the flag and its value are two words
     refused 2 "${flag%% *} applies to a fleet only" "$CASCADIA" run "$M" -p x -n 1 $flag
 done
-refused 2 "--insecure applies to a fleet only" "$CASCADIA" serve "$M" --port 0 --insecure
+# (a server or worker that starts after all would run on: timeout ends it, and the test fails)
+refused 2 "--insecure applies to a fleet only" timeout 20 "$CASCADIA" serve "$M" --port 0 --insecure
 refused 2 "leave nothing to measure" "$CASCADIA" bench "$M" -p 0 -n 0
-refused 2 "--api-key must not be empty" "$CASCADIA" serve "$M" --port 0 --api-key ""
-refused 1 "port above 65535" "$CASCADIA" worker --shard "$X/stage-1.shard" \
+refused 2 "--api-key must not be empty" timeout 20 "$CASCADIA" serve "$M" --port 0 --api-key ""
+refused 1 "port above 65535" timeout 20 "$CASCADIA" worker --shard "$X/stage-1.shard" \
     --listen 127.0.0.1:99999 --insecure
 refused 1 "not a regular file" "$CASCADIA" perplexity "$M" --precision f32 "$WORK"
 

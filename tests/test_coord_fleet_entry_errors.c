@@ -96,7 +96,7 @@ static const char *refuse_open_12(uint32_t request_id, int *code) {
  * (it was dropped, and clients read only "not open"). */
 static void test_refused_open_names_its_reason(void **state) {
     (void)state;
-    fake_stage fs;
+    static fake_stage fs; /* static: a failed assert leaves its thread running */
     memset(&fs, 0, sizeof fs);
     fs.answer_pings = true;
     fs.open_refusal = refuse_open_12;

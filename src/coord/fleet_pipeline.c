@@ -212,6 +212,12 @@ static void keep_refusal(fleet *f, uint32_t req, int rc, const char *msg) {
     snprintf(f->refusals[k].msg, sizeof f->refusals[k].msg, "%s", msg);
 }
 
+/* Drops the kept refusals of req (mu held). */
+static void forget_refusals(fleet *f, uint32_t req) {
+    for (int k = 0; k < MAX_REFUSALS; k++)
+        if (f->refusals[k].req == req) f->refusals[k].req = 0;
+}
+
 /* Takes the kept refusal of req into the step's entry (mu held); false when there is none. */
 static bool claim_refusal(fleet *f, uint32_t req, pending_step *s, int entry) {
     for (int k = 0; k < MAX_REFUSALS; k++) {
@@ -598,6 +604,9 @@ static int fleet_open(csd_pipeline *p, uint32_t req, int64_t max_ctx, csd_err *e
     slot->id = req;
     slot->used = true;
     slot->len = 0;
+    pthread_mutex_lock(&f->mu);
+    forget_refusals(f, req); /* a kept refusal belongs to an earlier life of the id */
+    pthread_mutex_unlock(&f->mu);
     csd_wire_open o = csd_wire_open_default((uint32_t)max_ctx);
     o.hidden_dtype = (uint8_t)f->opts.hidden_dtype;
     uint8_t buf[CSD_WIRE_OPEN_SIZE];

@@ -129,7 +129,7 @@ static int split_host_port(const char *hp, char *host, size_t hcap, char *port, 
     for (size_t i = 0; i < pl; i++)
         if (colon[1 + i] < '0' || colon[1 + i] > '9')
             return csd_err_set(err, CSD_EINVAL, "address '%s': port is not a number", hp);
-    if (pl > 5 || atoi(colon + 1) > 65535) /* getaddrinfo would take it modulo 65536 */
+    if (pl > 9 || atoi(colon + 1) > 65535) /* getaddrinfo would take it modulo 65536 */
         return csd_err_set(err, CSD_EINVAL, "address '%s': port above 65535", hp);
     memcpy(host, hb, hl);
     host[hl] = '\0';
