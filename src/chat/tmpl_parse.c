@@ -626,7 +626,6 @@ static csd_chat_node *parse_set(parser *P, uint32_t pos) {
     return x;
 }
 
-/* {% macro name(params) %}...{% endmacro %} (after "macro"). */
 /* CSD_CHAT_MENTIONS_* for the names kwargs / varargs read in n (an identifier node, not a
  * keyword argument's or a test's name), nested macros' bodies included. */
 static int mentions(const csd_chat_node *n, int depth) {
@@ -642,6 +641,7 @@ static int mentions(const csd_chat_node *n, int depth) {
     return m;
 }
 
+/* {% macro name(params) %}...{% endmacro %} (after "macro"). */
 static csd_chat_node *parse_macro(parser *P, uint32_t pos) {
     csd_chat_node *x = mk(P, CSD_CHAT_N_MACRO, pos);
     csd_chat_node *name = parse_primary(P);

@@ -67,7 +67,9 @@ int csd_cmd_logits(int argc, char **argv) {
                 fprintf(stderr, "cascadia logits: %s needs a value\n", f);
                 return 2;
             }
-            *(!strcmp(f, "--ids") ? &ids_text : &out_path) = argv[++i];
+            if (!strcmp(f, "--ids")) ids_text = value;
+            else out_path = value;
+            i++;
         } else if (!strcmp(f, "--top")) {
             if (!csd_cli_int("logits", f, value, 0, 64, &top)) return 2;
             i++;

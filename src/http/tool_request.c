@@ -46,13 +46,13 @@ static int check_tool(const json_t *tools, size_t k, csd_http_error *e) {
     return 0;
 }
 
-/* The index of the tool named name, or -1. */
-static int tool_index(const json_t *tools, const char *name) {
+/* The index of the tool named name (compared whole: a NUL in it names no tool), or -1. */
+static int tool_index(const json_t *tools, const json_t *name) {
     size_t k;
     const json_t *t;
     json_array_foreach(tools, k, t) {
         const json_t *n = json_object_get(json_object_get(t, "function"), "name");
-        if (!strcmp(json_string_value(n), name)) return (int)k;
+        if (json_equal(n, name)) return (int)k;
     }
     return -1;
 }
@@ -196,8 +196,7 @@ static int choice_object(csd_http_req *r, const json_t *tc, csd_http_error *e) {
     const json_t *name = json_object_get(fn, "name");
     if (!json_is_string(name))
         return csd_http_bad_type(e, "tool_choice.function.name", "a string");
-    bool whole = strlen(json_string_value(name)) == json_string_length(name); /* no NUL */
-    int k = r->tools && whole ? tool_index(r->tools, json_string_value(name)) : -1;
+    int k = r->tools ? tool_index(r->tools, name) : -1;
     if (k < 0)
         return csd_http_error_set(e, 400, NULL, "tool_choice.function.name", "invalid_value",
                                   "tool_choice names '%.64s', which is not among the tools",
