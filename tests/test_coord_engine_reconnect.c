@@ -3,8 +3,11 @@
  * start on their own once it is up (nothing else needs to arrive), a cancelled one leaves the
  * queue at once, a replica that is down lends no slots to admission, the prefix cache forgets
  * what the stages held before the reconnect, and /metrics can read the engine's figures while the
- * cache changes (a data race that the ThreadSanitizer pass of scripts/test reports).
- * The pipeline is a fake one: it always answers token 5, and counts what the engine asks of it. */
+ * cache changes (a data race that the ThreadSanitizer pass of scripts/test reports). A replica
+ * that refuses every request passes them to the other replica and pauses, rather than failing
+ * its share.
+ * The pipeline is a fake one: it always answers token 5 (or refuses every request alone, as a
+ * worker does when its --kv-mem holds no whole request), and counts what the engine asks of it. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -26,6 +29,8 @@
 typedef struct fake_pipe {
     csd_pipeline base;
     atomic_bool up;
+    atomic_bool refuse; /* every step's entries refused alone */
+    atomic_int step_ms; /* each step takes this long */
     _Atomic uint64_t epoch;
     atomic_int opens, copies, closes;
     float *logits; /* the step in flight's (the engine thread only) */
@@ -56,7 +61,14 @@ static int fake_step_begin(csd_pipeline *p, const csd_step_entry *entries, int n
 static int fake_step_end(csd_pipeline *p, csd_err *entry_err, csd_err *err) {
     fake_pipe *f = (fake_pipe *)p;
     (void)err;
+    int ms = atomic_load(&f->step_ms);
+    if (ms > 0) nanosleep(&(struct timespec){0, ms * 1000000L}, NULL);
     if (entry_err) memset(entry_err, 0, (size_t)f->n_entries * sizeof *entry_err);
+    if (atomic_load(&f->refuse)) {
+        for (int i = 0; i < f->n_entries; i++)
+            csd_err_set(&entry_err[i], CSD_EFULL, "fake stage refuses every request");
+        return 0;
+    }
     for (int r = 0; r < f->n_want; r++)
         for (int v = 0; v < VOCAB; v++) f->logits[r * VOCAB + v] = v == ANSWER ? 10.0f : 0.0f;
     return 0;
@@ -105,6 +117,7 @@ typedef struct outcome {
     pthread_cond_t cv;
     bool done;
     int end;
+    int code;
     int64_t cached_tokens;
 } outcome;
 
@@ -118,6 +131,7 @@ static void on_done(void *ctx, const csd_req_result *res) {
     pthread_mutex_lock(&o->mu);
     o->done = true;
     o->end = res->end;
+    o->code = res->code;
     o->cached_tokens = res->cached_tokens;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
@@ -294,6 +308,68 @@ static void test_down_replica_slots_not_counted(void **state) {
     csd_engine_destroy(e);
 }
 
+static csd_engine *engine_over_pair(fake_pipe *f, int parallel, int queue_max) {
+    csd_pipeline *pipes[2] = {&f[0].base, &f[1].base};
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = parallel;
+    o.queue_max = queue_max;
+    o.prefix_cache = 0;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, pipes, 2, NULL, 0, &o, &err), 0);
+    return e;
+}
+
+/* Of two replicas, one refuses every request alone: every request still completes, on the other
+ * one, and the refusing replica pauses between tries instead of taking its share of them. The
+ * serving one's steps take 2 ms, so requests wait in the queue for a while: without the pause
+ * the refusing replica would take nearly all of them, one after the other. */
+static void test_refusing_replica_passes_requests_on(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    atomic_store(&f[0].refuse, true);
+    atomic_store(&f[1].step_ms, 2);
+    enum { N = 16 };
+    csd_engine *e = engine_over_pair(f, 1, N);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome out[N];
+    for (int i = 0; i < N; i++) submit(e, prompt, 3, 4, &out[i]);
+    for (int i = 0; i < N; i++) {
+        assert_true(wait_done_ms(&out[i], 20000));
+        assert_int_equal(out[i].end, CSD_REQ_END_LENGTH);
+    }
+    csd_engine_stats st;
+    csd_engine_get_stats(e, &st);
+    assert_true(st.requests_rerouted >= 1);
+    /* paused 250 ms, then 500 ms, ...: a few tries while the other replica serves them all */
+    assert_true(atomic_load(&f[0].opens) < N / 2);
+    assert_int_equal(atomic_load(&f[1].opens), N);
+    csd_engine_destroy(e);
+}
+
+/* When every replica refuses a request, it fails with the refusal's reason (once each replica
+ * has tried it), rather than going round the replicas for ever. */
+static void test_request_every_replica_refuses_fails(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    atomic_store(&f[0].refuse, true);
+    atomic_store(&f[1].refuse, true);
+    csd_engine *e = engine_over_pair(f, 1, 4);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome o;
+    submit(e, prompt, 3, 2, &o);
+    assert_true(wait_done_ms(&o, 5000));
+    assert_int_equal(o.end, CSD_REQ_END_ERROR);
+    assert_int_equal(o.code, CSD_EFULL);
+    assert_int_equal(atomic_load(&f[0].opens) + atomic_load(&f[1].opens), 2);
+    csd_engine_destroy(e);
+}
+
 /* A prefix cached before a reconnect is not used after it (the stage that held it may have been
  * restarted), and the entry is closed; before the reconnect the same prompt does use it. */
 static void test_reconnect_forgets_prefix_cache(void **state) {
@@ -376,6 +452,8 @@ int main(void) {
         cmocka_unit_test(test_queued_request_starts_after_reconnect),
         cmocka_unit_test(test_cancel_frees_queue_place),
         cmocka_unit_test(test_down_replica_slots_not_counted),
+        cmocka_unit_test(test_refusing_replica_passes_requests_on),
+        cmocka_unit_test(test_request_every_replica_refuses_fails),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),
     };

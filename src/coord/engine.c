@@ -45,6 +45,7 @@ typedef struct req {
     uint32_t copied_from;     /* the cache entry's pipeline id it copied from; 0: none */
     bool no_copy;             /* a stage refused its copied prompt: it computes the whole prompt */
     bool step_failed;         /* a whole step carrying it failed (not this request alone) */
+    uint64_t failed_on;       /* bit i: replica i refused it or failed it before its first token */
     csd_json_accept json;     /* the object so far, when params.json_vocab is set */
     csd_json_schema *schema;  /* its own copy of params.json_schema (which points to it), or NULL */
     uint64_t group;           /* requests submitted together share it (their first one's id) and
@@ -83,6 +84,9 @@ typedef struct worker {
     cache_entry *cache;                     /* prefix cache, this pipeline's */
     int n_cache;                            /* this thread's; /metrics reads stats.prefix_entries */
     uint64_t epoch;                         /* the pipeline's connection the cache was filled on */
+    int index;                              /* in e->workers */
+    uint64_t backoff_ns;                    /* its admission pause after a refusal; 0: none */
+    uint64_t backoff_until;                 /* it admits nothing before (csd_now_ns; lock held) */
 } worker;
 
 struct csd_engine {
@@ -291,8 +295,7 @@ static bool copy_from_leader(worker *w, req *r, const req *lead) {
 
 /* Only the worker's own thread changes its active list, and always under the engine lock, so
  * csd_engine_cancel (another thread, lock held) can walk it safely. */
-static void remove_active(worker *w, req *r) {
-    pthread_mutex_lock(&w->e->mu);
+static void unlink_active(worker *w, req *r) { /* lock held */
     for (req **p = &w->active; *p; p = &(*p)->next) {
         if (*p == r) {
             *p = r->next;
@@ -301,6 +304,11 @@ static void remove_active(worker *w, req *r) {
             break;
         }
     }
+}
+
+static void remove_active(worker *w, req *r) {
+    pthread_mutex_lock(&w->e->mu);
+    unlink_active(w, r);
     pthread_mutex_unlock(&w->e->mu);
 }
 
@@ -314,17 +322,37 @@ static bool is_eog(const csd_engine *e, int32_t id) {
 
 static bool pipe_ready(csd_pipeline *p);
 
-/* Moves queued requests into free slots (FIFO). Called with the lock held. A pipeline that is
- * down (a worker died, reconnecting) takes nothing: its requests go to the replicas that serve. */
-static void admit(worker *w) {
+/* Whether w's replica takes requests now (lock held): it is up and not pausing after a refusal. */
+static bool worker_ready(const worker *w) {
+    return pipe_ready(w->pipe) && csd_now_ns() >= w->backoff_until;
+}
+
+static uint64_t replica_bit(const worker *w) { return 1ull << w->index; }
+
+/* The first queued request w may take (lock held): not one w's replica has already failed. */
+static req *take_queued(worker *w) {
     csd_engine *e = w->e;
-    if (!pipe_ready(w->pipe)) return;
-    while (w->n_active < e->opts.parallel && e->queue_head) {
-        req *r = e->queue_head;
-        e->queue_head = r->next;
-        if (!e->queue_head) e->queue_tail = NULL;
+    req *prev = NULL;
+    for (req *r = e->queue_head; r; prev = r, r = r->next) {
+        if (r->failed_on & replica_bit(w)) continue;
+        if (prev) prev->next = r->next;
+        else e->queue_head = r->next;
+        if (e->queue_tail == r) e->queue_tail = prev;
         e->queue_len--;
         r->next = NULL;
+        return r;
+    }
+    return NULL;
+}
+
+/* Moves queued requests into free slots (FIFO). Called with the lock held. A pipeline that is
+ * down (a worker died, reconnecting) or pausing after a refusal takes nothing: its requests go
+ * to the replicas that serve. */
+static void admit(worker *w) {
+    csd_engine *e = w->e;
+    if (!worker_ready(w)) return;
+    req *r;
+    while (w->n_active < e->opts.parallel && (r = take_queued(w))) {
         r->state = REQ_PREFILL;
         r->t_admit = csd_now_ns();
         req **tail = &w->active; /* append: keeps admission order for prefill fairness */
@@ -334,6 +362,69 @@ static void admit(worker *w) {
         e->stats.active++;
     }
     e->stats.queue_depth = e->queue_len;
+}
+
+/* A replica that failed a request alone pauses its admission: BACKOFF_FIRST_NS, doubling with
+ * each such failure in a row up to BACKOFF_MAX_NS; a first token it serves ends the run. One that
+ * refuses everything (a worker whose --kv-mem holds no whole request, say) then takes a request
+ * a few times a minute instead of draining the queue into errors. */
+#define BACKOFF_FIRST_NS 250000000ull
+#define BACKOFF_MAX_NS 8000000000ull
+
+static void pause_replica(worker *w) { /* lock held */
+    w->backoff_ns = w->backoff_ns ? w->backoff_ns * 2 : BACKOFF_FIRST_NS;
+    if (w->backoff_ns > BACKOFF_MAX_NS) w->backoff_ns = BACKOFF_MAX_NS;
+    w->backoff_until = csd_now_ns() + w->backoff_ns;
+}
+
+/* Whether a replica other than w's that is up has not failed r yet (lock held). */
+static bool other_replica_for(const worker *w, const req *r) {
+    const csd_engine *e = w->e;
+    for (int i = 0; i < e->n_workers; i++) {
+        const worker *o = &e->workers[i];
+        if (o != w && !(r->failed_on & replica_bit(o)) && pipe_ready(o->pipe)) return true;
+    }
+    return false;
+}
+
+/* r failed on w's replica (why: msg) before its first token: nothing of it has reached its
+ * client, so it starts over whole on another replica, from the head of the queue, unless every
+ * other replica that is up has failed it too. A replica that refused r alone (not one whose whole
+ * step failed: it is down) pauses. Returns false when r must fail instead; true when r left w. */
+static bool reroute(worker *w, req *r, const char *msg) {
+    csd_engine *e = w->e;
+    if (e->n_workers < 2 || r->n_gen > 0 || atomic_load(&r->cancel)) return false;
+    r->failed_on |= replica_bit(w);
+    pthread_mutex_lock(&e->mu);
+    if (!r->step_failed) pause_replica(w);
+    bool elsewhere = !e->stopping && other_replica_for(w, r);
+    pthread_mutex_unlock(&e->mu);
+    if (!elsewhere) return false;
+    CSD_LOGW("request %llu: replica %d failed it before its first token (%s); trying another",
+             (unsigned long long)r->id, w->index, msg);
+    if (r->opened) w->pipe->ops->close(w->pipe, r->pid);
+    r->opened = r->no_copy = r->step_failed = false;
+    r->n_prefilled = r->n_sent = r->cached_tokens = 0;
+    r->copied_from = 0;
+    r->fail_code = 0;
+    r->fail_msg[0] = '\0';
+    r->state = REQ_QUEUED;
+    pthread_mutex_lock(&e->mu);
+    unlink_active(w, r);
+    bool stopping = e->stopping; /* csd_engine_destroy may have emptied the queue already */
+    if (!stopping) {
+        r->pid = (uint32_t)next_id(e);
+        r->next = e->queue_head;
+        e->queue_head = r;
+        if (!e->queue_tail) e->queue_tail = r;
+        e->queue_len++;
+        e->stats.queue_depth = e->queue_len;
+        e->stats.requests_rerouted++;
+        pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (stopping) finish(w, r, CSD_REQ_END_CANCELLED, 0, "server shutting down");
+    return true;
 }
 
 /* Opens pipeline state for newly admitted requests and ends cancelled ones. */
@@ -352,11 +443,11 @@ static void prepare_requests(worker *w) {
             if (lead && lead->n_prefilled < r->n_prompt - 1) continue;
             csd_err err = {0};
             int rc = w->pipe->ops->open(w->pipe, r->pid, w->e->max_ctx, &err);
-            if (rc) {
+            if (rc && !reroute(w, r, err.msg)) {
                 remove_active(w, r);
                 finish(w, r, CSD_REQ_END_ERROR, rc, err.msg);
-                continue;
             }
+            if (rc) continue;
             r->opened = true;
             if (r->no_copy) continue;
             if (!lead || !copy_from_leader(w, r, lead)) reuse_prefix(w, r);
@@ -423,7 +514,8 @@ static void step_release(worker *w, req *r, int rc, bool alone, const char *msg)
         r->fail_code = rc;
         snprintf(r->fail_msg, sizeof r->fail_msg, "%s", msg ? msg : "step failed");
     }
-    if (r->fail_code && r->in_flight == 0 && !recompute_prompt(w, r)) {
+    if (r->fail_code && r->in_flight == 0 && !recompute_prompt(w, r) &&
+        !reroute(w, r, r->fail_msg)) {
         remove_active(w, r);
         finish(w, r, CSD_REQ_END_ERROR, r->fail_code, r->fail_msg);
     }
@@ -502,6 +594,7 @@ static void emit_token(worker *w, req *r, float *logits) {
     uint64_t now = csd_now_ns();
     pthread_mutex_lock(&e->mu);
     if (!r->t_first) {
+        w->backoff_ns = 0; /* this replica serves again */
         e->stats.ttft_sum_s += (double)(now - r->t_submit) * 1e-9;
         e->stats.ttft_count++;
         e->stats.prefix_hits += r->cached_tokens > 0;
@@ -560,14 +653,15 @@ static void complete_step(worker *w, inflight_step *s) {
     }
 }
 
-/* Waits (lock held) for a request or a cancel. Nothing signals when a pipeline comes back up, so
- * while requests wait in the queue for a pipeline that is down, its thread looks again every
- * RECHECK_MS: a fleet that reconnects takes them without waiting for the next submit. */
+/* Waits (lock held) for a request or a cancel. Nothing signals when a pipeline comes back up or
+ * its pause ends, so while requests wait in the queue for a pipeline that is down or pausing, its
+ * thread looks again every RECHECK_MS: a fleet that reconnects takes them without waiting for the
+ * next submit. */
 #define RECHECK_MS 100
 
 static void wait_for_work(worker *w) {
     csd_engine *e = w->e;
-    if (!e->queue_head || pipe_ready(w->pipe)) {
+    if (!e->queue_head || worker_ready(w)) {
         pthread_cond_wait(&e->cv, &e->mu);
         return;
     }
@@ -632,7 +726,9 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
                       const int32_t *eog_ids, int n_eog, const csd_engine_opts *opts,
                       csd_err *err) {
     *out = NULL;
-    if (n_pipes <= 0) return csd_err_set(err, CSD_EINVAL, "no pipeline to serve");
+    if (n_pipes <= 0 || n_pipes > CSD_ENGINE_MAX_PIPES)
+        return csd_err_set(err, CSD_EINVAL, "%d pipelines to serve (1 to %d)", n_pipes,
+                           CSD_ENGINE_MAX_PIPES);
     csd_engine *e = csd_alloc(sizeof *e);
     if (!e) return csd_err_set(err, CSD_ENOMEM, "engine");
     e->opts = *opts;
@@ -662,6 +758,7 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
     for (int i = 0; i < n_pipes; i++) {
         worker *w = &e->workers[i];
         w->e = e;
+        w->index = i;
         w->pipe = pipes[i];
         w->epoch = pipe_epoch(pipes[i]);
         int flight = pipes[i]->max_in_flight > 0 ? pipes[i]->max_in_flight : 1;
@@ -767,12 +864,13 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     return 0;
 }
 
-/* Free slots on the pipelines that are up (lock held). A replica that is down (reconnecting)
- * admits nothing, so its slots would only let requests wait beyond --queue. */
+/* Free slots on the pipelines that take requests (lock held). A replica that is down
+ * (reconnecting) or pausing admits nothing, so its slots would only let requests wait beyond
+ * --queue. */
 static int free_ready_slots(csd_engine *e) {
     int n = 0;
     for (int i = 0; i < e->n_workers; i++)
-        if (pipe_ready(e->workers[i].pipe)) n += e->opts.parallel - e->workers[i].n_active;
+        if (worker_ready(&e->workers[i])) n += e->opts.parallel - e->workers[i].n_active;
     return n;
 }
 

@@ -98,9 +98,13 @@ typedef struct csd_engine_stats {
     int64_t prefix_tokens;     /* prompt tokens they did not recompute */
     int64_t prefix_refused;    /* requests refused after a copy: they computed their prompt */
     int prefix_entries;        /* prompts held in the cache now */
+    int64_t requests_rerouted; /* failed on a replica before their first token, sent to another */
 } csd_engine_stats;
 
 typedef struct csd_engine csd_engine;
+
+/* Pipelines (replicas) one engine serves at most. */
+#define CSD_ENGINE_MAX_PIPES 64
 
 /* The engine borrows the pipelines (the caller destroys them after the engine) and the eog ids. */
 int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,

@@ -279,6 +279,10 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
            "cascadia_prefix_cache_refused_total %lld\n", (long long)st->prefix_refused);
     metric(b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
            "cascadia_prefix_cache_entries %d\n", st->prefix_entries);
+    metric(b, "cascadia_requests_rerouted_total", "counter",
+           "Requests a replica refused or failed before their first token, started over on "
+           "another replica.",
+           "cascadia_requests_rerouted_total %lld\n", (long long)st->requests_rerouted);
 }
 
 /* Responses by status code: a code appears once it has been sent. */
