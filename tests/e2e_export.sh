@@ -43,6 +43,17 @@ done
 grep -q "stage 2/2" "$WORK/log" || fail "no per-stage log line: $(cat "$WORK/log")"
 ok
 
+# The memory estimate of a q8 KV cache: int8 keys and values and an f32 scale per head, so less
+# per token than the default f16 one, and the manifest it writes reads back.
+kv_of() { sed -n 's/.*stage-0.shard.*KV \([0-9]*\) B\/token.*/\1/p' <<<"$1"; }
+q8=$("$CASCADIA" export "$M" --stages 2 --precision int8 --kv-type q8 --out "$WORK/exp-q8" 2>&1) ||
+    fail "export --kv-type q8: $q8"
+[ -n "$(kv_of "$out")" ] && [ -n "$(kv_of "$q8")" ] || fail "no KV per token in: $out / $q8"
+[ "$(kv_of "$q8")" -lt "$(kv_of "$out")" ] ||
+    fail "q8 KV per token $(kv_of "$q8") not below f16's $(kv_of "$out")"
+has "$("$CASCADIA" inspect "$WORK/exp-q8")" "int8 KV cache" "inspect of a q8 KV estimate"
+ok
+
 # inspect on the manifest, the directory and a shard.
 man=$("$CASCADIA" inspect "$WORK/exp/manifest.json") || fail "inspect manifest failed"
 has "$man" "precision       int8" "inspect manifest"

@@ -301,6 +301,27 @@ static void test_parse_bytes(void **state) {
     assert_int_not_equal(csd_plan_parse_memory_list("1G,1G,1G,1G,1G", list, 4, &n, NULL), 0);
 }
 
+/* The estimate's KV cache per token and layer: keys and values of 8 heads of 64, at 4, 2 or 1
+ * byte a value, plus q8's f32 scale per head and position; other types are refused. */
+static void test_kv_bytes_per_type(void **state) {
+    (void)state;
+    csd_model_config c = llama_1b();
+    const int types[3] = {CSD_DTYPE_F32, CSD_DTYPE_F16, CSD_DTYPE_Q8};
+    const uint64_t want[3] = {2 * 512 * 4, 2 * 512 * 2, 2 * (512 + 8 * 4)};
+    for (int i = 0; i < 3; i++) {
+        csd_plan_opts o = opts(CSD_DTYPE_Q8);
+        o.kv_dtype = types[i];
+        csd_plan_costs k;
+        assert_int_equal(csd_plan_costs_get(&k, &c, &o, NULL), 0);
+        assert_true(k.kv_bytes_per_token_layer == want[i]);
+        assert_true(k.layer_bytes == k.layer_weight_bytes + want[i] * 4096 * 2);
+    }
+    csd_plan_opts o = opts(CSD_DTYPE_Q8);
+    o.kv_dtype = CSD_DTYPE_BF16;
+    csd_plan_costs k;
+    assert_int_equal(csd_plan_costs_get(&k, &c, &o, NULL), CSD_EINVAL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_even_every_n_is_optimal),
@@ -312,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_auto_impossible_says_what_is_missing),
         cmocka_unit_test(test_auto_more_machines_than_layers),
         cmocka_unit_test(test_parse_bytes),
+        cmocka_unit_test(test_kv_bytes_per_type),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

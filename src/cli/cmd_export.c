@@ -18,7 +18,7 @@
 
 static const char *const export_usage =
     "usage: cascadia export MODEL_DIR --stages N|auto [--memory 8G,16G,...] --precision P\n"
-    "                       --out DIR [--ctx N] [--slots N] [--kv-type f32|f16]\n"
+    "                       --out DIR [--ctx N] [--slots N] [--kv-type f32|f16|q8]\n"
     "Cuts a Hugging Face model directory into pipeline-stage shards and DIR/manifest.json.\n"
     "  --stages N        N stages (1 to the layer count), balanced by bytes\n"
     "  --stages auto     the fewest of the --memory machines (in order) that hold the model\n"
@@ -166,8 +166,10 @@ static bool parse_export_flag(const char *f, const char *value, export_args *a) 
     }
     if (!strcmp(f, "--kv-type")) {
         a->kv_dtype = csd_dtype_parse(value);
-        if (a->kv_dtype == CSD_DTYPE_F32 || a->kv_dtype == CSD_DTYPE_F16) return true;
-        fprintf(stderr, "cascadia export: --kv-type must be f32 or f16, got '%s'\n", value);
+        if (a->kv_dtype == CSD_DTYPE_F32 || a->kv_dtype == CSD_DTYPE_F16 ||
+            a->kv_dtype == CSD_DTYPE_Q8)
+            return true;
+        fprintf(stderr, "cascadia export: --kv-type must be f32, f16 or q8, got '%s'\n", value);
         return false;
     }
     if (!strcmp(f, "--ctx")) {

@@ -153,8 +153,10 @@ static int parse_header(csd_manifest *m, const json_t *root, csd_err *err) {
     if (!rc && (m->precision = csd_dtype_parse(prec)) < 0)
         rc = csd_err_set(err, CSD_EFORMAT, "unknown precision '%.40s'", prec);
     if (!rc) rc = get_str(root, "kv_dtype", &kv, W, err);
-    if (!rc && (m->kv_dtype = csd_dtype_parse(kv)) != CSD_DTYPE_F32 && m->kv_dtype != CSD_DTYPE_F16)
-        rc = csd_err_set(err, CSD_EFORMAT, "\"kv_dtype\" must be f32 or f16, not '%.40s'", kv);
+    if (!rc && (m->kv_dtype = csd_dtype_parse(kv)) != CSD_DTYPE_F32 &&
+        m->kv_dtype != CSD_DTYPE_F16 && m->kv_dtype != CSD_DTYPE_Q8)
+        rc = csd_err_set(err, CSD_EFORMAT, "\"kv_dtype\" must be f32, f16 or int8, not '%.40s'",
+                         kv);
     if (!rc) rc = get_int(root, "ctx", 1, CSD_MAX_CONTEXT, &m->ctx, W, err);
     if (!rc) rc = get_int(root, "slots", 1, 1 << 20, &m->slots, W, err);
     if (!rc) rc = get_str(root, "model_hash", &hash, W, err);

@@ -84,8 +84,7 @@ static int export_stage(const csd_export_opts *o, const csd_plan *plan, int k, i
         ms->bytes = info->hdr.file_bytes;
         ms->weight_bytes = csd_model_weight_bytes(m);
         ms->kv_bytes_per_token = 2 * (uint64_t)(ps->layer_end - ps->layer_begin) *
-                                 (uint64_t)(c->n_kv_heads * c->head_dim) *
-                                 (kv_dtype == CSD_DTYPE_F32 ? 4 : 2);
+                                 csd_kv_row_bytes(kv_dtype, c->n_kv_heads, c->head_dim);
         ms->memory_bytes = ps->total_bytes;
         ms->machine_bytes = ps->machine_bytes;
     }

@@ -17,7 +17,7 @@ typedef struct csd_export_opts {
     const char *model_dir; /* config.json + safetensors (+ tokenizer files, copied when present) */
     const char *out_dir;   /* created when missing */
     int precision;         /* CSD_DTYPE_* */
-    int kv_dtype;          /* of the memory estimate: CSD_DTYPE_F32/_F16, -1 as the model does */
+    int kv_dtype;          /* of the memory estimate: CSD_DTYPE_F32/_F16/_Q8, -1: as the model */
     int64_t ctx, slots;    /* the serving budget the plan's memory estimate assumed */
 } csd_export_opts;
 

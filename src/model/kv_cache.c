@@ -55,10 +55,14 @@ void csd_kv_destroy(csd_kv *kv) {
 int64_t csd_kv_len(const csd_kv *kv) { return kv->len; }
 int64_t csd_kv_capacity(const csd_kv *kv) { return kv->cap; }
 
+size_t csd_kv_row_bytes(int dtype, int64_t n_kv_heads, int64_t head_dim) {
+    size_t row = (size_t)(n_kv_heads * head_dim) * csd_kv_elem_bytes(dtype);
+    if (dtype == CSD_DTYPE_Q8) row += (size_t)n_kv_heads * sizeof(float);
+    return row;
+}
+
 size_t csd_kv_position_bytes(const csd_kv *kv) {
-    size_t row = (size_t)(kv->n_kv_heads * kv->head_dim) * csd_kv_elem_bytes(kv->dtype);
-    if (kv->dtype == CSD_DTYPE_Q8) row += (size_t)kv->n_kv_heads * sizeof(float);
-    return (size_t)kv->n_layers * 2 * row; /* k and v */
+    return (size_t)kv->n_layers * 2 * csd_kv_row_bytes(kv->dtype, kv->n_kv_heads, kv->head_dim);
 }
 
 int csd_kv_truncate(csd_kv *kv, int64_t pos) {

@@ -125,7 +125,6 @@ size_t csd_model_weight_bytes(const csd_model *m) {
 }
 
 size_t csd_model_kv_bytes_per_token(const csd_model *m) {
-    size_t per_layer = (size_t)m->kv_dim * csd_kv_elem_bytes(m->kv_dtype);
-    if (m->kv_dtype == CSD_DTYPE_Q8) per_layer += (size_t)m->cfg.n_kv_heads * sizeof(float);
+    size_t per_layer = csd_kv_row_bytes(m->kv_dtype, m->cfg.n_kv_heads, m->cfg.head_dim);
     return 2 * (size_t)(m->w.layer_end - m->w.layer_begin) * per_layer;
 }

@@ -109,6 +109,9 @@ void csd_kv_destroy(csd_kv *kv);
 /* Number of positions filled. */
 int64_t csd_kv_len(const csd_kv *kv);
 int64_t csd_kv_capacity(const csd_kv *kv);
+/* Bytes of one position's keys (or values) in one layer of a KV cache of dtype (CSD_DTYPE_F32,
+ * _F16 or _Q8, whose per-head scales it includes). */
+size_t csd_kv_row_bytes(int dtype, int64_t n_kv_heads, int64_t head_dim);
 /* Bytes one cached position occupies over the stage's layers (k and v, q8 scales included):
  * what attention reads per position per generated token. */
 size_t csd_kv_position_bytes(const csd_kv *kv);

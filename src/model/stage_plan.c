@@ -48,8 +48,8 @@ int csd_plan_costs_get(csd_plan_costs *out, const csd_model_config *c, const csd
     int kv = o->kv_dtype >= 0                ? o->kv_dtype
              : o->precision == CSD_DTYPE_F32 ? CSD_DTYPE_F32
                                              : CSD_DTYPE_F16;
-    if (kv != CSD_DTYPE_F32 && kv != CSD_DTYPE_F16)
-        return csd_err_set(err, CSD_EINVAL, "KV cache type must be f32 or f16");
+    if (kv != CSD_DTYPE_F32 && kv != CSD_DTYPE_F16 && kv != CSD_DTYPE_Q8)
+        return csd_err_set(err, CSD_EINVAL, "KV cache type must be f32, f16 or q8");
     if (o->ctx < 1 || o->ctx > CSD_MAX_CONTEXT || o->slots < 1 || o->slots > 4096)
         return csd_err_set(err, CSD_ERANGE, "context %lld x %lld slots out of range",
                            (long long)o->ctx, (long long)o->slots);
@@ -65,7 +65,7 @@ int csd_plan_costs_get(csd_plan_costs *out, const csd_model_config *c, const csd
     if (c->qkv_bias) lw += (q_dim + 2 * kv_dim) * 4;
     if (c->qk_norm) lw += 2 * (uint64_t)c->head_dim * 4;
     out->layer_weight_bytes = lw;
-    out->kv_bytes_per_token_layer = 2 * kv_dim * (kv == CSD_DTYPE_F32 ? 4 : 2);
+    out->kv_bytes_per_token_layer = 2 * csd_kv_row_bytes(kv, c->n_kv_heads, c->head_dim);
     out->layer_bytes = lw + out->kv_bytes_per_token_layer * (uint64_t)o->ctx * (uint64_t)o->slots;
     out->embed_bytes = csd_qmat_bytes(outer, c->vocab_size, c->dim);
     out->head_shared_bytes =

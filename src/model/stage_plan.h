@@ -22,7 +22,7 @@
 
 typedef struct csd_plan_opts {
     int precision;     /* CSD_DTYPE_* of layer matrices */
-    int kv_dtype;      /* CSD_DTYPE_F32 or _F16; -1: f32 for f32 weights, else f16 */
+    int kv_dtype;      /* CSD_DTYPE_F32, _F16 or _Q8; -1: f32 for f32 weights, else f16 */
     int64_t ctx;       /* tokens of context per slot */
     int64_t slots;     /* concurrent sequences */
     int64_t max_batch; /* tokens per forward call (sizes the scratch); 0: the model default */
