@@ -10,6 +10,7 @@
 #  - a request a worker refuses fails alone, not with the others of its batched step.
 #  - serve waits for workers that start after it; a wrong export fails at once.
 #  - a request whose cached prefix a worker evicted computes its prompt instead of failing.
+#  - a replica that refuses every request passes them to the other replica.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -498,6 +499,33 @@ grep -q "refused after copying [0-9]* prompt tokens" "$WORK/serve.log" ||
 curl -s "http://127.0.0.1:$port/metrics" | grep -q '^cascadia_prefix_cache_refused_total 1$' ||
     fail "/metrics does not count the refused copy"
 echo "ok: a request whose cached prefix the worker had evicted computed its prompt (the single-process text)"
+passed=$((passed + 1))
+fleet_down
+
+# 12. of two replicas, one refuses every request (its worker's --kv-mem holds none): every request
+#     is still answered, by the other replica, and the coordinator says it moved them.
+d="$WORK/x-f32-1"
+read -r pid pa < <(start_worker "$d/stage-0.shard" "$WORK/tiny.log" --insecure --kv-mem 1KiB)
+PIDS+=("$pid")
+read -r pid pb < <(start_worker "$d/stage-0.shard" "$WORK/whole.log" --insecure)
+PIDS+=("$pid")
+: >"$WORK/serve.log"
+CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$pa" --fleet "127.0.0.1:$pb" \
+    --insecure --port 0 --parallel 2 --ctx 256 >"$WORK/serve.log" 2>&1 &
+PIDS+=("$!")
+wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve (a refusing replica) did not start"; }
+CURLS=()
+for i in $(seq 1 6); do complete >"$WORK/r$i.json" & CURLS+=("$!"); done
+for c in "${CURLS[@]}"; do wait "$c" || true; done
+for i in $(seq 1 6); do
+    grep -q '"completion_tokens":12' "$WORK/r$i.json" ||
+        fail "request $i with a refusing replica: $(cat "$WORK/r$i.json")"
+done
+grep -q "more than the stage's cap" "$WORK/tiny.log" "$WORK/serve.log" ||
+    fail "the small worker refused nothing (nothing was tested): $(tail -3 "$WORK/serve.log")"
+moved=$(curl -s "http://127.0.0.1:$port/metrics" | sed -n 's/^cascadia_requests_rerouted_total //p')
+[ "${moved:-0}" -ge 1 ] || fail "/metrics counts no request moved to the other replica: '$moved'"
+echo "ok: with one replica refusing every request, 6/6 were answered by the other ($moved moved)"
 passed=$((passed + 1))
 fleet_down
 echo "$passed passed, 0 failed"
