@@ -26,8 +26,12 @@ static void usage(FILE *out) {
 /* A command's exit code, or 1 when what it printed could not all be written (a full disk, a
  * closed pipe): stdio buffers, so a failed write shows only at the flush. */
 static int output_written(int rc) {
-    if (fflush(stdout) == 0 && !ferror(stdout)) return rc;
-    fprintf(stderr, "cascadia: writing the output failed: %s\n", strerror(errno));
+    errno = 0;
+    int flushed = fflush(stdout) == 0;
+    int why = errno; /* the flush's own failure; an earlier write's errno is long gone */
+    if (flushed && !ferror(stdout)) return rc;
+    fprintf(stderr, "cascadia: writing the output failed: %s\n",
+            !flushed && why ? strerror(why) : "an earlier write failed");
     return rc ? rc : 1;
 }
 
