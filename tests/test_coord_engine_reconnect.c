@@ -275,6 +275,20 @@ static int try_submit_pair(csd_engine *e, const int32_t *prompt, int n, outcome 
     return csd_engine_submit_group(e, prompt, n, p, 2, &cb, ctx, ids, &err);
 }
 
+/* An engine over the replicas f[0] and f[1] (no prefix cache). */
+static csd_engine *engine_over_pair(fake_pipe *f, int parallel, int queue_max) {
+    csd_pipeline *pipes[2] = {&f[0].base, &f[1].base};
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = parallel;
+    o.queue_max = queue_max;
+    o.prefix_cache = 0;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, pipes, 2, NULL, 0, &o, &err), 0);
+    return e;
+}
+
 /* Two replicas of one slot each, no queue: while one is down (reconnecting) only the other's slot
  * takes a request, so two at once are refused at once rather than left waiting beyond --queue;
  * once it is back, both replicas' slots take them. */
@@ -284,15 +298,7 @@ static void test_down_replica_slots_not_counted(void **state) {
     fake_init(&f[0]);
     fake_init(&f[1]);
     atomic_store(&f[1].up, false);
-    csd_pipeline *pipes[2] = {&f[0].base, &f[1].base};
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 1;
-    o.queue_max = 0;
-    o.prefix_cache = 0;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, pipes, 2, NULL, 0, &o, &err), 0);
+    csd_engine *e = engine_over_pair(f, 1, 0);
     int32_t prompt[3] = {1, 2, 3};
     static outcome pair[2], one, both[2];
     assert_int_equal(try_submit_pair(e, prompt, 3, pair), CSD_EFULL);
@@ -306,19 +312,6 @@ static void test_down_replica_slots_not_counted(void **state) {
         assert_int_equal(both[i].end, CSD_REQ_END_LENGTH);
     }
     csd_engine_destroy(e);
-}
-
-static csd_engine *engine_over_pair(fake_pipe *f, int parallel, int queue_max) {
-    csd_pipeline *pipes[2] = {&f[0].base, &f[1].base};
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = parallel;
-    o.queue_max = queue_max;
-    o.prefix_cache = 0;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, pipes, 2, NULL, 0, &o, &err), 0);
-    return e;
 }
 
 /* Of two replicas, one refuses every request alone: every request still completes, on the other
