@@ -1,6 +1,8 @@
 /* The sampler: greedy is argmax, a seed reproduces a draw, top-k 1 is greedy, logit bias moves
  * the choice (and is checked), and the top logprobs are the k largest in order with log-softmax
- * values (checked against brute force); a penalty near 0 leaves the weights finite. */
+ * values (checked against brute force); a penalty near 0 leaves the weights finite. Top-k, top-p
+ * and min-p draw from the distribution a sort of the vocabulary gives (frequencies over 10^5
+ * draws), also on a 152K vocabulary, where a sort per token would be far too slow. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -8,6 +10,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 
 #include "model/sampler.h"
 
@@ -154,12 +157,125 @@ static void test_penalty_overflow(void **state) {
     }
 }
 
+/* ---- top-k, top-p and min-p against a sort ---- */
+
+typedef struct ranked {
+    int32_t id;
+    float logit;
+} ranked;
+
+static int by_rank(const void *a, const void *b) { /* higher logit first, lower id on ties */
+    const ranked *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit > y->logit ? -1 : 1;
+    return x->id < y->id ? -1 : 1;
+}
+
+/* The distribution p samples from over x[0..n), by sorting: prob[i] (0 for a token cut). */
+static void reference_probs(const csd_sampler_params *p, const float *x, int32_t n, double *prob) {
+    ranked *r = malloc((size_t)n * sizeof *r);
+    double *w = malloc((size_t)n * sizeof *w);
+    assert_non_null(r);
+    assert_non_null(w);
+    for (int32_t i = 0; i < n; i++) r[i] = (ranked){i, x[i]};
+    qsort(r, (size_t)n, sizeof *r, by_rank);
+    int32_t kept = p->top_k > 0 && p->top_k < n ? p->top_k : n;
+    double total = 0, cum = 0, sum = 0;
+    for (int32_t i = 0; i < kept; i++)
+        total += w[i] = exp((r[i].logit - r[0].logit) / p->temperature);
+    int32_t cut = 0;
+    while (cut < kept && (p->top_p >= 1.0f || cum < p->top_p * total)) cum += w[cut++];
+    while (cut > 1 && w[cut - 1] < p->min_p) cut--;
+    for (int32_t i = 0; i < n; i++) prob[i] = 0;
+    for (int32_t i = 0; i < cut; i++) sum += w[i];
+    for (int32_t i = 0; i < cut; i++) prob[r[i].id] = w[i] / sum;
+    free(r);
+    free(w);
+}
+
+/* 10^5 draws of p over 12 logits (a tie among them) match the sorted distribution: nothing cut
+ * is ever drawn, and each kept token's frequency is within 4.5 standard deviations of its
+ * probability (the draws are seeded: the same every run). */
+static void test_cuts_match_sorted_distribution(void **state) {
+    (void)state;
+    enum { N = 12, DRAWS = 100000 };
+    const float x[N] = {-1, 2.5f, 0.5f, 3, -8, 2, -2, 2.5f, 1, -5, 0, -3};
+    const struct { float t, top_p, min_p; int top_k; } cases[] = {
+        {1, 1, 0, 0},    {1, 0.7f, 0, 0},    {1, 1, 0.2f, 0},      {1, 0.9f, 0.1f, 0},
+        {1, 0.8f, 0, 5}, {0.5f, 0.6f, 0, 0}, {2, 0.95f, 0.05f, 0}, {1, 1, 1, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        csd_sampler_params p;
+        csd_sampler_params_default(&p);
+        p.temperature = cases[c].t;
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.top_k = cases[c].top_k;
+        p.seed = 1000 + c;
+        double prob[N];
+        reference_probs(&p, x, N, prob);
+        csd_sampler *s = NULL;
+        assert_int_equal(csd_sampler_create(&s, &p, N, NULL), 0);
+        int count[N] = {0};
+        float copy[N];
+        for (int d = 0; d < DRAWS; d++) {
+            for (int i = 0; i < N; i++) copy[i] = x[i];
+            count[csd_sampler_pick(s, copy)]++;
+        }
+        csd_sampler_destroy(s);
+        for (int i = 0; i < N; i++) {
+            double f = (double)count[i] / DRAWS, sd = sqrt(prob[i] * (1 - prob[i]) / DRAWS);
+            if (prob[i] == 0) assert_int_equal(count[i], 0);
+            else assert_true(fabs(f - prob[i]) <= 4.5 * sd + 1e-9);
+        }
+    }
+}
+
+/* On a 152K vocabulary of near-flat logits, min-p alone and top-p alone keep thousands of
+ * tokens: every draw is one the sorted distribution keeps. */
+static void test_cuts_large_vocabulary(void **state) {
+    (void)state;
+    enum { BIG = 151936 };
+    float *x = malloc(BIG * sizeof *x), *copy = malloc(BIG * sizeof *copy);
+    double *prob = malloc(BIG * sizeof *prob);
+    assert_true(x && copy && prob);
+    unsigned seed = 11;
+    for (int i = 0; i < BIG; i++) {
+        seed = seed * 1103515245u + 12345u;
+        x[i] = (float)((seed >> 8) % 20000) / 1000.0f - 10.0f;
+    }
+    const float top_p[2] = {1, 0.9f}, min_p[2] = {0.05f, 0};
+    for (int c = 0; c < 2; c++) {
+        csd_sampler_params p;
+        csd_sampler_params_default(&p);
+        p.temperature = 1;
+        p.top_k = 0;
+        p.top_p = top_p[c];
+        p.min_p = min_p[c];
+        reference_probs(&p, x, BIG, prob);
+        int kept = 0;
+        for (int i = 0; i < BIG; i++) kept += prob[i] > 0;
+        assert_true(kept > 1000 && kept < BIG);
+        csd_sampler *s = NULL;
+        assert_int_equal(csd_sampler_create(&s, &p, BIG, NULL), 0);
+        for (int d = 0; d < 50; d++) {
+            for (int i = 0; i < BIG; i++) copy[i] = x[i];
+            assert_true(prob[csd_sampler_pick(s, copy)] > 0);
+        }
+        csd_sampler_destroy(s);
+    }
+    free(x);
+    free(copy);
+    free(prob);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_top_logprobs_brute_force),
         cmocka_unit_test(test_greedy_seed_topk),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_penalty_overflow),
+        cmocka_unit_test(test_cuts_match_sorted_distribution),
+        cmocka_unit_test(test_cuts_large_vocabulary),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

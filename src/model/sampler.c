@@ -1,5 +1,6 @@
-/* sampler: next-token selection (see sampler.h). Top-p uses growing quickselect rounds instead of
- * sorting the whole vocabulary, so a 150K vocabulary costs O(V) per token, not O(V log V). */
+/* sampler: next-token selection (see sampler.h). Top-k, top-p and min-p select by partitioning
+ * (quickselect), never by sorting the vocabulary, so a 150K vocabulary costs O(V) per token
+ * whatever the settings and however flat the distribution. */
 #include "sampler.h"
 
 #include <float.h>
@@ -194,16 +195,54 @@ static void select_top(cand *c, int32_t n, int32_t k) {
     }
 }
 
-static void sort_desc(cand *c, int32_t n) { /* insertion sort: n is small after selection */
-    for (int32_t i = 1; i < n; i++) {
-        cand x = c[i];
-        int32_t j = i - 1;
-        while (j >= 0 && before(&x, &c[j])) {
-            c[j + 1] = c[j];
-            j--;
+static void swap_cand(cand *a, cand *b) {
+    cand t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Partitions c[lo..hi) (hi - lo >= 2) around the median of its first, middle and last: the
+ * candidates before it go first, then it, then the rest. Returns its place. */
+static int32_t partition(cand *c, int32_t lo, int32_t hi) {
+    int32_t a = lo, b = lo + (hi - lo) / 2, z = hi - 1;
+    if (before(&c[b], &c[a])) swap_cand(&c[a], &c[b]);
+    if (before(&c[z], &c[b])) swap_cand(&c[b], &c[z]);
+    if (before(&c[b], &c[a])) swap_cand(&c[a], &c[b]);
+    swap_cand(&c[b], &c[z]); /* the median waits at the end */
+    int32_t i = lo;
+    for (int32_t j = lo; j < z; j++)
+        if (before(&c[j], &c[z])) swap_cand(&c[i++], &c[j]);
+    swap_cand(&c[i], &c[z]);
+    return i;
+}
+
+/* Top-p's cut: moves to the front of c[0..n) (weights in .logit) the fewest best candidates
+ * whose weights sum to at least mass, in no particular order, and returns how many (n when all
+ * of them sum to less). The answer lies in [lo, hi) and the candidates before lo are in it. */
+static int32_t select_mass(cand *c, int32_t n, double mass) {
+    int32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        int32_t k = partition(c, lo, hi);
+        double better = 0.0;
+        for (int32_t i = lo; i < k; i++) better += c[i].logit;
+        if (better >= mass) {
+            hi = k; /* reached before the pivot */
+            continue;
         }
-        c[j + 1] = x;
+        mass -= better + c[k].logit;
+        if (mass <= 0.0) return k + 1; /* the pivot completes it */
+        lo = k + 1;
     }
+    return hi;
+}
+
+/* Min-p: moves the candidates whose weight is at least floor to the front, keeping their order;
+ * returns how many. */
+static int32_t keep_above(cand *c, int32_t n, float floor) {
+    int32_t kept = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (c[i].logit >= floor) c[kept++] = c[i];
+    return kept;
 }
 
 bool csd_sampler_is_plain_argmax(const csd_sampler_params *p) {
@@ -238,34 +277,13 @@ int32_t csd_sampler_pick(csd_sampler *s, float *logits) {
         s->cands[i].logit = expf((s->cands[i].logit - max) / p->temperature); /* now a weight */
         total += s->cands[i].logit;
     }
-    /* Top-p: grow a sorted prefix until it holds top_p of the mass. */
+    /* Each cut keeps the best candidates (in weight order) down to some point, so the two
+     * together keep the shorter of the two: min-p's (the best weighs exactly 1, so its floor is
+     * min_p), then, of those, the fewest that hold top_p of the whole mass. */
     int32_t kept = n;
     if (p->top_p < 1.0f || p->min_p > 0.0f) {
-        int32_t m = n < 64 ? n : 64;
-        for (;;) {
-            select_top(s->cands, n, m);
-            sort_desc(s->cands, m);
-            double cum = 0.0;
-            int32_t cut = m;
-            for (int32_t i = 0; i < m; i++) {
-                cum += s->cands[i].logit;
-                if (p->top_p < 1.0f && cum >= p->top_p * total) {
-                    cut = i + 1;
-                    break;
-                }
-            }
-            if (cut < m || m == n) {
-                kept = cut;
-                break;
-            }
-            m = m * 4 < n ? m * 4 : n;
-        }
-        if (p->min_p > 0.0f) { /* weights are sorted: drop those under min_p * the best */
-            float floor = p->min_p * s->cands[0].logit;
-            int32_t i = 1;
-            while (i < kept && s->cands[i].logit >= floor) i++;
-            kept = i;
-        }
+        if (p->min_p > 0.0f) kept = keep_above(s->cands, n, p->min_p);
+        if (p->top_p < 1.0f) kept = select_mass(s->cands, kept, p->top_p * total);
         total = 0.0;
         for (int32_t i = 0; i < kept; i++) total += s->cands[i].logit;
     }
