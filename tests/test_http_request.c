@@ -65,6 +65,7 @@ static void test_chat_minimal_defaults(void **state) {
     assert_int_equal(r.sampling.top_k, 0);
     assert_true(r.sampling.min_p == 0.0f);
     assert_true(r.sampling.repetition_penalty == 1.0f);
+    assert_int_equal(r.sampling.penalty_scope, CSD_PENALTY_OPENAI); /* the answer's tokens */
     assert_false(r.has_seed);
     assert_int_equal(r.n_stop, 0);
     assert_false(r.logprobs);

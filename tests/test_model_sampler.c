@@ -2,7 +2,9 @@
  * the choice (and is checked), and the top logprobs are the k largest in order with log-softmax
  * values (checked against brute force); a penalty near 0 leaves the weights finite. Top-k, top-p
  * and min-p draw from the distribution a sort of the vocabulary gives (frequencies over 10^5
- * draws), also on a 152K vocabulary, where a sort per token would be far too slow. */
+ * draws), also on a 152K vocabulary, where a sort per token would be far too slow. The OpenAI
+ * scope of the penalties counts the answer's tokens for presence and frequency, all of them, and
+ * the prompt's too for repetition; llama.cpp's counts the last 64, prompt included. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -268,6 +270,51 @@ static void test_cuts_large_vocabulary(void **state) {
     free(prob);
 }
 
+/* ---- penalty scopes ---- */
+
+/* The greedy token after p's penalties, over logits where token 1 leads token 2 by 1, once the
+ * sampler has taken `prompt` as the prompt and then `answer` as generated tokens: n_answer of
+ * them, the first n_first being token 1 and the rest token 3. */
+static int32_t greedy_after(int scope, float presence, float frequency, float repetition,
+                            bool prompt, int n_answer, int n_first) {
+    csd_sampler_params p;
+    csd_sampler_params_default(&p);
+    p.temperature = 0;
+    p.penalty_scope = scope;
+    p.presence_penalty = presence;
+    p.frequency_penalty = frequency;
+    p.repetition_penalty = repetition;
+    csd_sampler *s = NULL;
+    assert_int_equal(csd_sampler_create(&s, &p, 8, NULL), 0);
+    if (prompt) csd_sampler_accept_prompt(s, 1);
+    for (int i = 0; i < n_answer; i++) csd_sampler_accept(s, i < n_first ? 1 : 3);
+    float x[8] = {0, 3, 2, -5, 0, 0, 0, 0};
+    int32_t id = csd_sampler_sample(s, x);
+    csd_sampler_destroy(s);
+    return id;
+}
+
+static void test_penalty_scopes(void **state) {
+    (void)state;
+    const int R = CSD_PENALTY_RECENT, O = CSD_PENALTY_OPENAI;
+    /* a token of the prompt: llama.cpp's scope penalises it, OpenAI's presence does not */
+    assert_int_equal(greedy_after(R, 2, 0, 1, true, 0, 0), 2);
+    assert_int_equal(greedy_after(O, 2, 0, 1, true, 0, 0), 1);
+    assert_int_equal(greedy_after(O, 0, 2, 1, true, 0, 0), 1);
+    /* ... but repetition counts the prompt in both (vLLM's) */
+    assert_int_equal(greedy_after(R, 0, 0, 10, true, 0, 0), 2);
+    assert_int_equal(greedy_after(O, 0, 0, 10, true, 0, 0), 2);
+    /* generated once: both penalise it */
+    assert_int_equal(greedy_after(O, 2, 0, 1, false, 1, 1), 2);
+    assert_int_equal(greedy_after(O, 0, 2, 1, false, 1, 1), 2);
+    /* generated 100 tokens back: out of llama.cpp's 64-token window, still in OpenAI's answer */
+    assert_int_equal(greedy_after(R, 0, 0.5f, 1, false, 200, 100), 1);
+    assert_int_equal(greedy_after(O, 0, 0.5f, 1, false, 200, 100), 2);
+    /* frequency is per occurrence: 0.4 once does not close a gap of 1, three times does */
+    assert_int_equal(greedy_after(O, 0, 0.4f, 1, false, 1, 1), 1);
+    assert_int_equal(greedy_after(O, 0, 0.4f, 1, false, 3, 3), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_top_logprobs_brute_force),
@@ -276,6 +323,7 @@ int main(void) {
         cmocka_unit_test(test_penalty_overflow),
         cmocka_unit_test(test_cuts_match_sorted_distribution),
         cmocka_unit_test(test_cuts_large_vocabulary),
+        cmocka_unit_test(test_penalty_scopes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

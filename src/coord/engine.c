@@ -851,7 +851,7 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
         return rc;
     }
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
-    for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(r->sampler, prompt[i]);
+    for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept_prompt(r->sampler, prompt[i]);
     r->n_prompt = n_prompt;
     r->params = *params;
     r->params.json_schema = r->schema;

@@ -82,7 +82,7 @@ int csd_generate(csd_pipeline *p, uint32_t req, const int32_t *prompt, int64_t n
     if (!rc) rc = csd_sampler_create(&s, &gp->sampling, vocab, err);
     if (!rc) rc = p->ops->open(p, req, p->max_ctx, err);
     if (!rc) {
-        for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept(s, prompt[i]);
+        for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept_prompt(s, prompt[i]);
         uint64_t t0 = csd_now_ns();
         rc = p->ops->forward(p, req, prompt, n_prompt, logits, err);
         st->prompt_s = (double)(csd_now_ns() - t0) * 1e-9;

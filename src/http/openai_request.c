@@ -638,6 +638,7 @@ static void req_reset(csd_http_req *r, int kind) {
     r->sampling.top_p = 1.0f;
     r->sampling.min_p = 0.0f;
     r->sampling.repetition_penalty = 1.0f;
+    r->sampling.penalty_scope = CSD_PENALTY_OPENAI; /* the answer's tokens, not the prompt's */
 }
 
 int csd_http_req_parse_object(csd_http_req *req, int kind, const json_t *root, int32_t vocab_size,

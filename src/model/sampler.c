@@ -18,9 +18,11 @@ struct csd_sampler {
     csd_sampler_params p;
     int32_t vocab;
     uint64_t rng[4];   /* xoshiro256** state */
-    int32_t *recent;   /* ring of the last penalty_last_n tokens */
+    int32_t *recent;   /* RECENT: ring of the last penalty_last_n tokens; OPENAI: each token seen
+                        * (prompt or answer) once, in the order first seen */
     int32_t n_recent, head;
-    int32_t *counts;   /* (vocab) occurrences inside the ring */
+    int32_t *counts;   /* (vocab) RECENT: occurrences inside the ring; OPENAI: in the answer */
+    uint8_t *seen;     /* (vocab) OPENAI: in recent[] already */
     cand *cands;       /* (vocab) working set */
 };
 
@@ -51,6 +53,8 @@ int csd_sampler_params_check(const csd_sampler_params *p, int32_t vocab, csd_err
         return csd_err_set(err, CSD_ERANGE, "frequency_penalty must be in [-2, 2]");
     if (p->penalty_last_n < 0 || p->penalty_last_n > 1 << 20)
         return csd_err_set(err, CSD_ERANGE, "penalty_last_n must be in [0, 2^20]");
+    if (p->penalty_scope != CSD_PENALTY_RECENT && p->penalty_scope != CSD_PENALTY_OPENAI)
+        return csd_err_set(err, CSD_EINVAL, "unknown penalty scope %d", p->penalty_scope);
     if (p->n_logit_bias < 0 || p->n_logit_bias > CSD_SAMPLER_MAX_LOGIT_BIAS)
         return csd_err_set(err, CSD_ERANGE, "logit_bias holds at most %d tokens",
                            CSD_SAMPLER_MAX_LOGIT_BIAS);
@@ -103,11 +107,14 @@ int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t v
     s->vocab = vocab;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++) s->rng[i] = splitmix64(&x);
-    s->recent =
-        csd_alloc_array((size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1), sizeof(int32_t));
+    bool openai = p->penalty_scope == CSD_PENALTY_OPENAI;
+    size_t n_recent =
+        openai ? (size_t)vocab : (size_t)(p->penalty_last_n > 0 ? p->penalty_last_n : 1);
+    s->recent = csd_alloc_array(n_recent, sizeof(int32_t));
     s->counts = csd_alloc_array((size_t)vocab, sizeof(int32_t));
     s->cands = csd_alloc_array((size_t)vocab, sizeof(cand));
-    if (!s->recent || !s->counts || !s->cands) {
+    s->seen = openai ? csd_alloc_array((size_t)vocab, 1) : NULL;
+    if (!s->recent || !s->counts || !s->cands || (openai && !s->seen)) {
         csd_sampler_destroy(s);
         return csd_err_set(err, CSD_ENOMEM, "sampler buffers");
     }
@@ -120,11 +127,21 @@ void csd_sampler_destroy(csd_sampler *s) {
     csd_free(s->recent);
     csd_free(s->counts);
     csd_free(s->cands);
+    csd_free(s->seen);
     csd_free(s);
 }
 
-void csd_sampler_accept(csd_sampler *s, int32_t id) {
-    if (s->p.penalty_last_n <= 0 || id < 0 || id >= s->vocab) return;
+/* OPENAI scope: id joins the tokens the penalties look at; counted when generated. */
+static void accept_openai(csd_sampler *s, int32_t id, bool generated) {
+    if (!s->seen[id]) {
+        s->seen[id] = 1;
+        s->recent[s->n_recent++] = id;
+    }
+    s->counts[id] += generated;
+}
+
+static void accept_recent(csd_sampler *s, int32_t id) {
+    if (s->p.penalty_last_n <= 0) return;
     if (s->n_recent == s->p.penalty_last_n) { /* evict the oldest */
         s->counts[s->recent[s->head]]--;
     } else {
@@ -135,9 +152,32 @@ void csd_sampler_accept(csd_sampler *s, int32_t id) {
     s->head = (s->head + 1) % s->p.penalty_last_n;
 }
 
+void csd_sampler_accept_prompt(csd_sampler *s, int32_t id) {
+    if (id < 0 || id >= s->vocab) return;
+    if (s->p.penalty_scope == CSD_PENALTY_OPENAI) accept_openai(s, id, false);
+    else accept_recent(s, id);
+}
+
+void csd_sampler_accept(csd_sampler *s, int32_t id) {
+    if (id < 0 || id >= s->vocab) return;
+    if (s->p.penalty_scope == CSD_PENALTY_OPENAI) accept_openai(s, id, true);
+    else accept_recent(s, id);
+}
+
 static void apply_logit_bias(const csd_sampler *s, float *logits) {
     for (int32_t i = 0; i < s->p.n_logit_bias; i++)
         logits[s->p.logit_bias[i].id] += s->p.logit_bias[i].bias;
+}
+
+/* A logit under the penalties: a token seen is repeated (CTRL-style divide or multiply), and one
+ * counted c times loses the presence penalty once and the frequency penalty c times. */
+static float penalized(const csd_sampler_params *p, float l, int32_t c) {
+    if (p->repetition_penalty != 1.0f)
+        l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
+    if (c > 0) l -= (float)c * p->frequency_penalty + p->presence_penalty;
+    /* a penalty near 0 divides a logit past the float range: an infinite logit would make the
+     * softmax NaN (inf - inf), so it stops at the largest float */
+    return isinf(l) ? copysignf(FLT_MAX, l) : l;
 }
 
 static void apply_penalties(csd_sampler *s, float *logits) {
@@ -145,17 +185,16 @@ static void apply_penalties(csd_sampler *s, float *logits) {
     if (p->repetition_penalty == 1.0f && p->presence_penalty == 0.0f &&
         p->frequency_penalty == 0.0f)
         return;
+    if (p->penalty_scope == CSD_PENALTY_OPENAI) { /* recent[] holds each token seen once */
+        for (int32_t i = 0; i < s->n_recent; i++)
+            logits[s->recent[i]] = penalized(p, logits[s->recent[i]], s->counts[s->recent[i]]);
+        return;
+    }
     for (int32_t i = 0; i < s->n_recent; i++) {
         int32_t id = s->recent[i];
         int32_t c = s->counts[id];
         if (c <= 0) continue;
-        float l = logits[id];
-        if (p->repetition_penalty != 1.0f)
-            l = l > 0 ? l / p->repetition_penalty : l * p->repetition_penalty;
-        l -= (float)c * p->frequency_penalty + p->presence_penalty;
-        /* a penalty near 0 divides a logit past the float range: an infinite logit would make
-         * the softmax NaN (inf - inf), so it stops at the largest float */
-        logits[id] = isinf(l) ? copysignf(FLT_MAX, l) : l;
+        logits[id] = penalized(p, logits[id], c);
         s->counts[id] = -c; /* mark as done for duplicates in the ring; restored below */
     }
     for (int32_t i = 0; i < s->n_recent; i++)

@@ -1,8 +1,7 @@
 /* sampler: turns a logits row into the next token. Greedy, temperature, top-k, top-p, min-p,
- * repetition/presence/frequency penalties over the last penalty_last_n tokens (prompt included, as
- * llama.cpp does), and a seeded generator so a seed reproduces a run exactly. Per sequence; all
- * memory is allocated at creation. Order: logit bias, penalties, top-k, temperature, top-p, min-p,
- * draw. */
+ * repetition/presence/frequency penalties (over the tokens penalty_scope says), and a seeded
+ * generator so a seed reproduces a run exactly. Per sequence; all memory is allocated at creation.
+ * Order: logit bias, penalties, top-k, temperature, top-p, min-p, draw. */
 #ifndef CSD_SAMPLER_H
 #define CSD_SAMPLER_H
 
@@ -19,6 +18,16 @@ typedef struct csd_logit_bias {
 } csd_logit_bias;
 #define CSD_SAMPLER_MAX_LOGIT_BIAS 1024
 
+/* Which tokens the penalties count. */
+enum csd_penalty_scope {
+    /* llama.cpp's: all three over the last penalty_last_n tokens, prompt included */
+    CSD_PENALTY_RECENT = 0,
+    /* OpenAI's and vLLM's: presence and frequency over every token of the answer so far (the
+     * prompt's do not count: a chat's earlier end-of-turn tokens must not keep this one from
+     * ending), repetition over every token of the prompt and of the answer (no window) */
+    CSD_PENALTY_OPENAI = 1,
+};
+
 typedef struct csd_sampler_params {
     float temperature;        /* <= 0: greedy (argmax after penalties) */
     int32_t top_k;            /* <= 0: off */
@@ -27,7 +36,8 @@ typedef struct csd_sampler_params {
     float repetition_penalty; /* 1: off; > 1 discourages repeats (CTRL-style divide/multiply) */
     float presence_penalty;   /* 0: off; subtracted once from tokens seen */
     float frequency_penalty;  /* 0: off; subtracted per occurrence */
-    int32_t penalty_last_n;   /* window of recent tokens the penalties look at */
+    int32_t penalty_last_n;   /* window of recent tokens the penalties look at (RECENT) */
+    int penalty_scope;        /* enum csd_penalty_scope */
     uint64_t seed;
     int32_t n_logit_bias; /* entries of logit_bias in use (ids distinct) */
     csd_logit_bias logit_bias[CSD_SAMPLER_MAX_LOGIT_BIAS];
@@ -44,7 +54,8 @@ typedef struct csd_sampler csd_sampler;
 
 int csd_sampler_create(csd_sampler **out, const csd_sampler_params *p, int32_t vocab, csd_err *err);
 void csd_sampler_destroy(csd_sampler *s);
-/* Records a token (prompt or generated) for the penalties. */
+/* Records a token of the prompt, or a generated one, for the penalties. */
+void csd_sampler_accept_prompt(csd_sampler *s, int32_t id);
 void csd_sampler_accept(csd_sampler *s, int32_t id);
 /* Picks the next token. logits (vocab floats) are modified in place. */
 int32_t csd_sampler_sample(csd_sampler *s, float *logits);
