@@ -1,5 +1,6 @@
 /* test_kern_quant: Q4/Q8/F16/BF16 quantization: sizes, error bounds, determinism, rows whose length
- * is not a multiple of 128, and the clipping search against plain absmax. */
+ * is not a multiple of 128, the clipping search against plain absmax, and weights a format cannot
+ * store (refused, naming the place: never a NaN group). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -286,6 +287,44 @@ static void test_bad_dtype(void **state) {
     assert_int_equal(csd_qmat_quantize(CSD_DTYPE_Q4, x, -1, 4, buf, &err), CSD_EINVAL);
 }
 
+/* The largest weight each format stores comes back finite and close; one just beyond it, an
+ * infinity or a NaN is refused with the row and column named. */
+static void test_out_of_range_weights(void **state) {
+    (void)state;
+    enum { ROWS = 2, COLS = 256 };
+    const int dtypes[4] = {CSD_DTYPE_Q4, CSD_DTYPE_Q8, CSD_DTYPE_F16, CSD_DTYPE_BF16};
+    const float limits[4] = {65504.0f * 7, 65504.0f * 127, 65504.0f, 0x1.FEp127f};
+    float *x = make_data(ROWS * COLS, 5, 0), out[COLS];
+    size_t bytes = csd_qmat_bytes(CSD_DTYPE_F32, ROWS, COLS);
+    for (int d = 0; d < 4; d++) /* Q4/Q8 blocks of rows are padded: maybe more than f32's */
+        if (csd_qmat_bytes(dtypes[d], ROWS, COLS) > bytes)
+            bytes = csd_qmat_bytes(dtypes[d], ROWS, COLS);
+    void *buf = csd_alloc(bytes);
+    assert_non_null(buf);
+    for (int d = 0; d < 4; d++) {
+        csd_err err = {0};
+        x[COLS + 130] = -limits[d];
+        assert_int_equal(csd_qmat_quantize(dtypes[d], x, ROWS, COLS, buf, &err), 0);
+        csd_qmat w = {dtypes[d], ROWS, COLS, buf, csd_qmat_bytes(dtypes[d], ROWS, COLS)};
+        csd_qmat_dequant_row(&w, 1, out);
+        for (int c = 0; c < COLS; c++) assert_true(isfinite(out[c]));
+        assert_true(fabsf(out[130] + limits[d]) <= limits[d] * 0.01f);
+        const float bad[3] = {nextafterf(limits[d], INFINITY), INFINITY, NAN};
+        for (int b = 0; b < 3; b++) {
+            x[COLS + 130] = b == 0 ? -bad[b] : bad[b];
+            assert_int_equal(csd_qmat_quantize(dtypes[d], x, ROWS, COLS, buf, &err), CSD_ERANGE);
+            assert_non_null(strstr(err.msg, "row 1, column 130"));
+            assert_non_null(strstr(err.msg, csd_dtype_name(dtypes[d])));
+        }
+        x[COLS + 130] = 0;
+    }
+    csd_err err = {0}; /* f32 stores any finite weight, and no NaN */
+    x[3] = NAN;
+    assert_int_equal(csd_qmat_quantize(CSD_DTYPE_F32, x, ROWS, COLS, buf, &err), CSD_ERANGE);
+    csd_free(buf);
+    csd_free(x);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sizes),
@@ -295,6 +334,7 @@ int main(void) {
         cmocka_unit_test(test_deterministic_and_padding),
         cmocka_unit_test(test_clipping_beats_absmax),
         cmocka_unit_test(test_bad_dtype),
+        cmocka_unit_test(test_out_of_range_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

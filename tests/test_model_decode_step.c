@@ -1,7 +1,8 @@
 /* The one-token step as one pool job (src/model/decode_step.c) against the general path: the same
  * prompt, then the same decode steps, must give bit-identical logits at every step, for Q4 and Q8
  * layers, KV heads split evenly, unevenly and not at all (one KV head: one thread owns none), a
- * ragged last hidden group, and every KV cache type. The steps allocate nothing. The choice
+ * ragged last hidden group, a hidden size under one group (a thread owns none of it), and every
+ * KV cache type. The steps allocate nothing. The choice
  * between the paths follows the step times it is given. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,6 +38,20 @@ static void make_model(const char *dir, int64_t n_kv_heads) {
 
 static const int64_t g_kv_heads[] = {1, 3, 4};
 
+/* The tiny preset with a hidden size of 40: one short group, so with 2 threads one owns none of
+ * the gate and up rows. */
+static void make_narrow(const char *dir) {
+    csd_model_config cfg;
+    csd_err err = {0};
+    assert_int_equal(mkdir(dir, 0755), 0);
+    if (csd_synth_config(&cfg, csd_synth_preset_find("tiny"), CSD_ARCH_LLAMA, 300, 1, 2, &err))
+        fail_msg("synth config: %s", err.msg);
+    cfg.n_heads = 12;
+    cfg.n_kv_heads = 4;
+    cfg.hidden_dim = 40;
+    if (csd_synth_write(&cfg, CSD_DTYPE_F32, 5, dir, &err)) fail_msg("synth: %s", err.msg);
+}
+
 static int setup(void **state) {
     (void)state;
     if (csd_test_make_tmpdir(g_root, sizeof g_root, "csd-step")) return -1;
@@ -45,6 +60,8 @@ static int setup(void **state) {
         snprintf(dir, sizeof dir, "%s/kvh-%lld", g_root, (long long)g_kv_heads[i]);
         make_model(dir, g_kv_heads[i]);
     }
+    snprintf(dir, sizeof dir, "%s/narrow", g_root);
+    make_narrow(dir);
     csd_kern_init();
     return 0;
 }
@@ -54,9 +71,10 @@ static int teardown(void **state) {
     return csd_test_remove_tree(g_root);
 }
 
-static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, int decode_path) {
+/* The model g_root/name. */
+static csd_model *load_named(const char *name, int precision, int kv_dtype, int decode_path) {
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/kvh-%lld", g_root, (long long)n_kv_heads);
+    snprintf(dir, sizeof dir, "%s/%s", g_root, name);
     csd_model_opts o;
     csd_model_opts_default(&o);
     o.precision = precision;
@@ -68,6 +86,16 @@ static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, int deco
     csd_err err = {0};
     if (csd_model_load_hf(&m, dir, &o, &err)) fail_msg("load: %s", err.msg);
     return m;
+}
+
+static const char *kv_heads_name(int64_t n_kv_heads) {
+    static char name[32];
+    snprintf(name, sizeof name, "kvh-%lld", (long long)n_kv_heads);
+    return name;
+}
+
+static csd_model *load(int64_t n_kv_heads, int precision, int kv_dtype, int decode_path) {
+    return load_named(kv_heads_name(n_kv_heads), precision, kv_dtype, decode_path);
 }
 
 /* The prompt in one forward, then N_STEPS one-token forwards; logits of every step. */
@@ -88,9 +116,9 @@ static void run_steps(csd_model *m, float *logits) {
     csd_kv_destroy(kv);
 }
 
-static void paths_agree(int64_t n_kv_heads, int precision, int kv_dtype) {
-    csd_model *step = load(n_kv_heads, precision, kv_dtype, CSD_DECODE_ONE_JOB);
-    csd_model *general = load(n_kv_heads, precision, kv_dtype, CSD_DECODE_GENERAL);
+static void paths_agree_named(const char *name, int precision, int kv_dtype) {
+    csd_model *step = load_named(name, precision, kv_dtype, CSD_DECODE_ONE_JOB);
+    csd_model *general = load_named(name, precision, kv_dtype, CSD_DECODE_GENERAL);
     assert_non_null(step->decode); /* the path under test is taken */
     assert_null(general->decode);
     size_t n = (size_t)N_STEPS * (size_t)csd_model_cfg(step)->vocab_size;
@@ -101,14 +129,18 @@ static void paths_agree(int64_t n_kv_heads, int precision, int kv_dtype) {
     assert_int_equal(csd_decode_step_taken(step), N_STEPS); /* the path under test ran */
     for (size_t i = 0; i < n; i++)
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fail_msg("kv heads %lld, %s layers, %s cache: logit %zu of step %zu is %.9g, the "
+            fail_msg("%s, %s layers, %s cache: logit %zu of step %zu is %.9g, the "
                      "general path's %.9g",
-                     (long long)n_kv_heads, csd_dtype_name(precision), csd_dtype_name(kv_dtype),
+                     name, csd_dtype_name(precision), csd_dtype_name(kv_dtype),
                      i % (n / N_STEPS), i / (n / N_STEPS), (double)a[i], (double)b[i]);
     csd_free(a);
     csd_free(b);
     csd_model_destroy(step);
     csd_model_destroy(general);
+}
+
+static void paths_agree(int64_t n_kv_heads, int precision, int kv_dtype) {
+    paths_agree_named(kv_heads_name(n_kv_heads), precision, kv_dtype);
 }
 
 static bool enough_cores(void) {
@@ -137,6 +169,13 @@ static void test_every_cache_type(void **state) {
     if (!enough_cores()) return;
     paths_agree(3, CSD_DTYPE_Q4, CSD_DTYPE_F32);
     paths_agree(3, CSD_DTYPE_Q4, CSD_DTYPE_Q8);
+}
+
+static void test_hidden_under_one_group(void **state) {
+    (void)state;
+    if (!enough_cores()) return;
+    paths_agree_named("narrow", CSD_DTYPE_Q4, CSD_DTYPE_F16);
+    paths_agree_named("narrow", CSD_DTYPE_Q8, CSD_DTYPE_F16);
 }
 
 /* Float layers, one thread: the general path does every step. */
@@ -204,6 +243,7 @@ int main(void) {
         cmocka_unit_test(test_q4_layers),
         cmocka_unit_test(test_q8_layers),
         cmocka_unit_test(test_every_cache_type),
+        cmocka_unit_test(test_hidden_under_one_group),
         cmocka_unit_test(test_measured_choice),
         cmocka_unit_test(test_path_not_taken),
     };

@@ -224,6 +224,7 @@ static bool lanes_can(const csd_kern_ops *ops, int64_t total) {
 
 /* Thread t's lanes: [b, e) of the row blocks cut into CSD_MV_STREAMS equal parts. */
 static void lanes_set(thread_lanes *t, int64_t b, int64_t e) {
+    if (e < b) e = b; /* nothing, never a negative length the lane word would wrap */
     for (int s = 0; s < CSD_MV_STREAMS; s++) {
         int64_t lb, le;
         csd_split_range(e - b, s, CSD_MV_STREAMS, &lb, &le);

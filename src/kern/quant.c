@@ -3,6 +3,7 @@
  * in quant.h. Deterministic: the same input always gives the same bytes. */
 #include "kern.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -175,11 +176,42 @@ static void quantize_row_q(int dtype, const float *src, int64_t cols, uint8_t *m
     }
 }
 
+/* The largest weight magnitude dtype stores: F16's and BF16's largest finite values, and for
+ * Q4/Q8 what keeps a group's absmax scale (amax / qmax, itself an f16) finite. */
+static float weight_limit(int dtype) {
+    switch (dtype) {
+    case CSD_DTYPE_F16: return 65504.0f;
+    case CSD_DTYPE_BF16: return 0x1.FEp127f;
+    case CSD_DTYPE_Q4: return 65504.0f * 7.0f;
+    case CSD_DTYPE_Q8: return 65504.0f * 127.0f;
+    default: return FLT_MAX;
+    }
+}
+
+/* Every weight finite and within what dtype stores: one out of range would turn its group's scale
+ * or its own value infinite, and the outputs that read it NaN. */
+static int check_weights(int dtype, const float *src, int64_t rows, int64_t cols, csd_err *err) {
+    float limit = weight_limit(dtype);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            float v = src[r * cols + c];
+            if (!(fabsf(v) <= limit))
+                return csd_err_set(err, CSD_ERANGE,
+                                   "the weight at row %lld, column %lld is %g, beyond what %s "
+                                   "stores (magnitude at most %g); use a wider precision",
+                                   (long long)r, (long long)c, (double)v, csd_dtype_name(dtype),
+                                   (double)limit);
+        }
+    return 0;
+}
+
 int csd_qmat_quantize(int dtype, const float *src, int64_t rows, int64_t cols, void *dst,
                       csd_err *err) {
     if (rows < 0 || cols < 0)
         return csd_err_set(err, CSD_EINVAL, "quantize: bad shape %lld x %lld", (long long)rows,
                            (long long)cols);
+    int rc = check_weights(dtype, src, rows, cols, err);
+    if (rc) return rc;
     if (dtype == CSD_DTYPE_Q4 || dtype == CSD_DTYPE_Q8) {
         memset(dst, 0, csd_qmat_bytes(dtype, rows, cols));
         for (int64_t r = 0; r < rows; r++) quantize_row_q(dtype, src + r * cols, cols, dst, r);

@@ -144,9 +144,11 @@ static int alloc_threads(csd_decode_step *d, const csd_model *m) {
         if (!th->x || !th->xn || !th->act || !th->part) return -1;
         csd_split_range(c->n_kv_heads, t, d->nth, &th->kvh0, &th->kvh1);
         csd_split_range(csd_quant_groups(c->hidden_dim), t, d->nth, &th->g0, &th->g1);
-        int64_t h1 = th->g1 * CSD_QUANT_GROUP;
-        th->h0 = th->g0 * CSD_QUANT_GROUP;
-        th->h1 = h1 < c->hidden_dim ? h1 : c->hidden_dim; /* the last group may be short */
+        /* the last group may be short, and a thread past it (more threads than groups) has an
+         * empty range at the end, not one that starts beyond it */
+        int64_t h0 = th->g0 * CSD_QUANT_GROUP, h1 = th->g1 * CSD_QUANT_GROUP;
+        th->h0 = h0 < c->hidden_dim ? h0 : c->hidden_dim;
+        th->h1 = h1 < c->hidden_dim ? h1 : c->hidden_dim;
     }
     return 0;
 }
