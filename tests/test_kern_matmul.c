@@ -210,15 +210,25 @@ static void test_batch_and_thread_invariance(void **state) {
     csd_pool_destroy(pool2);
 }
 
+/* Every table quantizes activations to the same bytes, ordinary ones and those no plain rule
+ * covers alike: a group with a NaN or an infinity becomes NaN (scale NaN, values and sum 0), a
+ * group too small for 127 / amax quantizes to zeros. The last cases put those in group 1. */
 static void test_activation_quant_identical(void **state) {
     (void)state;
     const csd_kern_ops *ref = csd_kern_table("ref");
-    static const int64_t cols_list[] = {1, 15, 128, 130, 300, 2048};
+    static const int64_t cols_list[] = {1, 15, 128, 130, 300, 2048, 300, 300, 300, 300};
     for (size_t k = 0; k < sizeof cols_list / sizeof cols_list[0]; k++) {
         int64_t cols = cols_list[k];
         size_t stride = csd_quant_act_stride(cols);
         float *x = make_data(cols, 300 + k);
         if (cols > 20) x[cols - 1] = 0.0f; /* exact zeros and ties */
+        const float odd[4] = {NAN, INFINITY, -INFINITY, 0};
+        if (k >= 6) { /* group 1: a large value, then NaN / inf / -inf / only tiny values */
+            x[128] = 100.0f;
+            x[136] = x[144] = odd[k - 6];
+            if (k == 9)
+                for (int j = 128; j < 256; j++) x[j] = j == 129 ? -2e-39f : j == 128 ? 1e-38f : 0;
+        }
         uint8_t *a = csd_alloc(stride), *b = csd_alloc(stride);
         ref->quantize_act_q8(a, x, cols);
         for (int ti = 1; ti < N_TABLES; ti++) {
@@ -228,6 +238,15 @@ static void test_activation_quant_identical(void **state) {
             ops->quantize_act_q8(b, x, cols);
             size_t used = (size_t)csd_quant_groups(cols) * (CSD_QUANT_GROUP + 8);
             assert_memory_equal(a, b, used);
+        }
+        if (k >= 6) { /* the rule itself, in ref (the others equal it) */
+            const int8_t *xq = (const int8_t *)a;
+            const float *dx = (const float *)(const void *)(a + 3 * CSD_QUANT_GROUP);
+            const int32_t *sums = (const int32_t *)(const void *)(dx + 3);
+            assert_true(k < 9 ? isnan(dx[1]) : isfinite(dx[1]));
+            for (int j = 128; j < 256; j++) assert_int_equal(xq[j], 0);
+            assert_int_equal(sums[1], 0);
+            assert_true(isfinite(dx[0]) && isfinite(dx[2])); /* the other groups as ever */
         }
         csd_free(a);
         csd_free(b);

@@ -20,6 +20,7 @@
 #include "kern_internal.h"
 
 #include <arm_neon.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -52,10 +53,18 @@ static void neon_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
             src = pad;
         }
         float32x4_t mx = vdupq_n_f32(0.0f);
-        for (int k = 0; k < CSD_QUANT_GROUP; k += 4)
-            mx = vmaxq_f32(mx, vabsq_f32(vld1q_f32(src + k)));
+        uint32x4_t finite = vdupq_n_u32(~0u);
+        for (int k = 0; k < CSD_QUANT_GROUP; k += 4) {
+            float32x4_t a = vabsq_f32(vld1q_f32(src + k));
+            finite = vandq_u32(finite, vcleq_f32(a, vdupq_n_f32(FLT_MAX))); /* not NaN or inf */
+            mx = vmaxq_f32(mx, a);
+        }
+        if (vminvq_u32(finite) == 0) {
+            csd_act_group_bad(xq + c0, &dx[g], &sums[g]);
+            continue;
+        }
         float amax = vmaxvq_f32(mx);
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        float inv = csd_act_group_inv(amax);
         int32x4_t sum = vdupq_n_s32(0);
         for (int k = 0; k < CSD_QUANT_GROUP; k += 16) {
             int32x4_t q[4];

@@ -47,7 +47,8 @@ typedef struct csd_kern_ops {
      * CPU that runs this table, or CSD_PF_AHEAD from the environment (dispatch.c). */
     size_t mv_pf_ahead;
     /* One token: x (cols f32) -> act (csd_quant_act_stride(cols) bytes). Bit-identical in all
-     * tables (same float operations, round-to-nearest-even). */
+     * tables (same float operations, round-to-nearest-even, csd_act_group_bad and
+     * csd_act_group_inv for the groups no plain rule covers). */
     void (*quantize_act_q8)(uint8_t *act, const float *x, int64_t cols);
     csd_kern_matmul_q_fn matmul_q4_q8;
     csd_kern_matmul_q_fn matmul_q8_q8;
@@ -105,6 +106,23 @@ enum {
 /* Kernels prefetch `ahead` bytes past each 64-byte weight vector of group g (at wg) as they load
  * it; every pair's scale line moves the stream 64 bytes further, so the second group of a pair
  * adds the one line that would otherwise be missed. */
+/* An activation group holding a NaN or an infinity (a previous stage's hidden state, say)
+ * quantizes to NaN: scale NaN, values and sum 0, so every output that reads it is NaN as float
+ * math would make it, never a finite guess. Every table detects such a group its own way and
+ * writes it with this. */
+static inline void csd_act_group_bad(int8_t *xq, float *dx, int32_t *sum) {
+    for (int j = 0; j < CSD_QUANT_GROUP; j++) xq[j] = 0;
+    *dx = __builtin_nanf("");
+    *sum = 0;
+}
+
+/* The multiplier of a finite group whose largest magnitude is amax: 127 / amax, or 0 when that
+ * is not finite (amax = 0, or below 127 / FLT_MAX: the group quantizes to zeros). */
+static inline float csd_act_group_inv(float amax) {
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    return inv <= 3.40282347e38f ? inv : 0.0f;
+}
+
 static inline void csd_q_prefetch_pair_gap(const uint8_t *wg, int dtype, int64_t g, size_t ahead,
                                            int pf) {
     if (g % 2) CSD_PREFETCH_WEIGHTS(wg + csd_quant_block_group_bytes(dtype) + ahead, pf);

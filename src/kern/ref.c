@@ -2,6 +2,7 @@
  * values up to float summation order. Plain C, no intrinsics; built on every architecture. */
 #include "kern_internal.h"
 
+#include <float.h>
 #include <math.h>
 
 #include "core/dtype.h"
@@ -24,8 +25,17 @@ static void ref_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
         int64_t c0 = g * CSD_QUANT_GROUP;
         int64_t n = cols - c0 < CSD_QUANT_GROUP ? cols - c0 : CSD_QUANT_GROUP;
         float amax = 0.0f;
-        for (int64_t j = 0; j < n; j++) amax = fmaxf(amax, fabsf(x[c0 + j]));
-        float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+        bool bad = false;
+        for (int64_t j = 0; j < n; j++) {
+            float a = fabsf(x[c0 + j]);
+            bad |= !(a <= FLT_MAX);
+            amax = fmaxf(amax, a);
+        }
+        if (bad) {
+            csd_act_group_bad(xq + c0, &dx[g], &sums[g]);
+            continue;
+        }
+        float inv = csd_act_group_inv(amax);
         int32_t sum = 0;
         for (int64_t j = 0; j < CSD_QUANT_GROUP; j++) {
             int32_t q = j < n ? round_even(x[c0 + j] * inv) : 0;

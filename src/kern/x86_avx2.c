@@ -5,6 +5,7 @@
  * fixed per-element operation order in every tile (batch invariance). */
 #include "x86_avx2_common.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -30,22 +31,29 @@ static void avx2_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     float *dx = (float *)(void *)(act + ng * CSD_QUANT_GROUP);
     int32_t *sums = (int32_t *)(void *)(dx + ng);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(FLT_MAX);
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * CSD_QUANT_GROUP;
         __m256 v[16];
-        __m256 mx = _mm256_setzero_ps();
+        __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
         for (int k = 0; k < 16; k++) {
             int64_t left = cols - c0 - 8 * k;
             v[k] = left >= 8  ? _mm256_loadu_ps(x + c0 + 8 * k)
                    : left > 0 ? _mm256_maskload_ps(x + c0 + 8 * k, lane_mask(left))
                               : _mm256_setzero_ps();
-            mx = _mm256_max_ps(mx, _mm256_and_ps(v[k], absmask));
+            __m256 a = _mm256_and_ps(v[k], absmask);
+            bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, big, _CMP_NLE_UQ)); /* NaN or infinite */
+            mx = _mm256_max_ps(mx, a);
+        }
+        if (_mm256_movemask_ps(bad)) {
+            csd_act_group_bad(xq + c0, &dx[g], &sums[g]);
+            continue;
         }
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
         float amax = _mm_cvtss_f32(m4);
-        __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256 inv = _mm256_set1_ps(csd_act_group_inv(amax));
         __m256i sum = _mm256_setzero_si256();
         const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
         for (int k = 0; k < 16; k += 4) {

@@ -6,6 +6,7 @@
 #include "kern_internal.h"
 
 #include <assert.h>
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 
@@ -47,18 +48,26 @@ static void avx512_quantize_act_q8(uint8_t *act, const float *x, int64_t cols) {
     float *dx = (float *)(void *)(act + ng * CSD_QUANT_GROUP);
     int32_t *sums = (int32_t *)(void *)(dx + ng);
     const __m512 absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    const __m512 big = _mm512_set1_ps(FLT_MAX);
     for (int64_t g = 0; g < ng; g++) {
         int64_t c0 = g * CSD_QUANT_GROUP;
         __m512 v[8];
         __m512 mx = _mm512_setzero_ps();
+        __mmask16 bad = 0;
         for (int k = 0; k < 8; k++) {
             int64_t left = cols - c0 - 16 * k;
             v[k] = left > 0 ? _mm512_maskz_loadu_ps(tail_mask(left), x + c0 + 16 * k)
                             : _mm512_setzero_ps();
-            mx = _mm512_max_ps(mx, _mm512_and_ps(v[k], absmask));
+            __m512 a = _mm512_and_ps(v[k], absmask);
+            bad |= _mm512_cmp_ps_mask(a, big, _CMP_NLE_UQ); /* NaN or infinite */
+            mx = _mm512_max_ps(mx, a);
+        }
+        if (bad) {
+            csd_act_group_bad(xq + c0, &dx[g], &sums[g]);
+            continue;
         }
         float amax = _mm512_reduce_max_ps(mx); /* max is exact: order does not matter */
-        __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512 inv = _mm512_set1_ps(csd_act_group_inv(amax));
         __m512i sum = _mm512_setzero_si512();
         const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
         for (int k = 0; k < 8; k++) {
