@@ -1,7 +1,8 @@
 /* test_format_config: config.json -> csd_model_config for every family (Llama 2/3.1 rope scaling,
  * Mistral sliding window null/int, Qwen2 biases, Qwen3 explicit head_dim and q/k norm), EOS lists
  * and generation_config.json merging, refusal of missing/negative/huge/inconsistent fields with a
- * message naming the field, and the to_json round trip. */
+ * message naming the field, the to_json round trip, and transformers 5's rope_parameters (read
+ * as the older rope_theta and rope_scaling, refused where it says what is not implemented). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -492,12 +493,75 @@ static void test_load_dir(void **state) {
     rmdir(dir);
 }
 
+/* base with rope_parameters set to rp_json; its rope_theta and rope_scaling removed unless
+ * keep_old. */
+static int parse_v5(const char *base, const char *rp_json, bool keep_old, csd_model_config *cfg,
+                    csd_err *err) {
+    json_t *root = json_loads(base, 0, NULL), *rp = json_loads(rp_json, 0, NULL);
+    assert_non_null(root);
+    assert_non_null(rp);
+    if (!keep_old) {
+        json_object_del(root, "rope_theta");
+        json_object_del(root, "rope_scaling");
+    }
+    assert_int_equal(json_object_set_new(root, "rope_parameters", rp), 0);
+    char *text = json_dumps(root, 0);
+    json_decref(root);
+    int rc = csd_model_config_parse(cfg, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+#define LLAMA31_ROPE                                                                             \
+    "{\"rope_theta\": 500000.0, \"rope_type\": \"llama3\", \"factor\": 8.0, "                  \
+    "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "                                      \
+    "\"original_max_position_embeddings\": 8192}"
+
+static void test_rope_parameters(void **state) {
+    (void)state;
+    csd_model_config old, c;
+    csd_err err = {0};
+    assert_int_equal(csd_model_config_parse(&old, llama31_json, strlen(llama31_json), &err), 0);
+    /* Llama 3.1 in the new form reads as in the old one; both forms together, when they agree */
+    assert_int_equal(parse_v5(llama31_json, LLAMA31_ROPE, false, &c, &err), 0);
+    assert_true(csd_model_config_equal(&old, &c));
+    assert_int_equal(parse_v5(llama31_json, LLAMA31_ROPE, true, &c, &err), 0);
+    assert_true(csd_model_config_equal(&old, &c));
+    /* a default rope with its own base (Qwen3's 1e6) */
+    assert_int_equal(
+        parse_v5(llama2_json, "{\"rope_type\": \"default\", \"rope_theta\": 1000000.0}", false,
+                 &c, &err),
+        0);
+    assert_true(c.rope_theta == 1000000.0f);
+    assert_int_equal(c.rope_scaling, CSD_ROPE_SCALING_NONE);
+    /* refused: forms that disagree, a type or factor not implemented, per-layer-type nesting */
+    const char *const refused[][2] = {
+        {"{\"rope_type\": \"default\", \"rope_theta\": 20000.0}", "disagree"},
+        {"{\"rope_type\": \"yarn\", \"factor\": 4.0}", "rope_parameters type 'yarn'"},
+        {"{\"rope_type\": \"default\", \"partial_rotary_factor\": 0.5}", "partial_rotary"},
+        {"{\"full_attention\": {\"rope_type\": \"default\"}}", "per layer type"},
+        {"{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0, "
+         "\"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192}",
+         "rope_parameters high_freq_factor"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        int rc = parse_v5(llama2_json, refused[i][0], i == 0, &c, &err);
+        if (rc == 0 || !strstr(err.msg, refused[i][1]))
+            print_error("%s: rc=%d msg='%s'\n", refused[i][0], rc, err.msg);
+        assert_int_not_equal(rc, 0);
+        assert_non_null(strstr(err.msg, refused[i][1]));
+    }
+    expect_refused(llama2_json, "partial_rotary_factor", "0.25", "partial_rotary_factor");
+    expect_refused(llama2_json, "rope_parameters", "[1]", "rope_parameters is not an object");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stories260k),    cmocka_unit_test(test_llama),
         cmocka_unit_test(test_mistral),        cmocka_unit_test(test_qwen),
         cmocka_unit_test(test_unsupported),    cmocka_unit_test(test_bad_fields),
         cmocka_unit_test(test_to_json_refusals), cmocka_unit_test(test_load_dir),
+        cmocka_unit_test(test_rope_parameters),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

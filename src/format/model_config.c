@@ -113,37 +113,41 @@ static int add_eos_field(csd_model_config *cfg, const json_t *root, const char *
 
 /* ---- rope_scaling ---- */
 
-static int parse_rope_scaling(csd_model_config *cfg, const json_t *root, csd_err *err) {
-    const json_t *rs = json_object_get(root, "rope_scaling");
+/* The scaling object rs (named `where`: rope_scaling, or transformers 5's rope_parameters) into
+ * cfg. */
+static int parse_scaling_object(csd_model_config *cfg, const json_t *rs, const char *where,
+                                csd_err *err) {
     cfg->rope_scaling = CSD_ROPE_SCALING_NONE;
     cfg->rope_factor = 1.0f;
     if (absent(rs)) return 0;
     if (!json_is_object(rs))
-        return csd_err_set(err, CSD_EFORMAT, "config: rope_scaling is not an object or null");
+        return csd_err_set(err, CSD_EFORMAT, "config: %s is not an object or null", where);
     /* Newer configs say "rope_type", older ones "type"; they must agree when both appear. */
     const json_t *t1 = json_object_get(rs, "rope_type"), *t2 = json_object_get(rs, "type");
     const json_t *t = t1 ? t1 : t2;
     if (!json_is_string(t) || (t1 && t2 && !json_equal(t1, t2)))
-        return csd_err_set(err, CSD_EFORMAT,
-                           "config: rope_scaling needs one string rope_type (or type)");
+        return csd_err_set(err, CSD_EFORMAT, "config: %s needs one string rope_type (or type)",
+                           where);
     const char *type = json_string_value(t);
+    char at[48]; /* at before a field's name in messages */
+    snprintf(at, sizeof at, "%s.", where);
     int rc;
     if (strcmp(type, "default") == 0) return 0;
     if (strcmp(type, "linear") == 0) {
         cfg->rope_scaling = CSD_ROPE_SCALING_LINEAR;
-        return get_float(rs, "rope_scaling.", "factor", true, 1.0, ROPE_FACTOR_MIN, ROPE_FACTOR_MAX,
+        return get_float(rs, at, "factor", true, 1.0, ROPE_FACTOR_MIN, ROPE_FACTOR_MAX,
                          &cfg->rope_factor, err);
     }
     if (strcmp(type, "llama3") != 0)
         return csd_err_set(err, CSD_EUNSUPPORTED,
-                           "config: rope_scaling type '%.40s' is not supported (llama3, linear)",
+                           "config: %s type '%.40s' is not supported (llama3, linear)", where,
                            type);
     cfg->rope_scaling = CSD_ROPE_SCALING_LLAMA3;
-    if ((rc = get_float(rs, "rope_scaling.", "factor", true, 1.0, ROPE_FACTOR_MIN, ROPE_FACTOR_MAX,
+    if ((rc = get_float(rs, at, "factor", true, 1.0, ROPE_FACTOR_MIN, ROPE_FACTOR_MAX,
                         &cfg->rope_factor, err)) != 0 ||
-        (rc = get_float(rs, "rope_scaling.", "low_freq_factor", true, 1.0, 0.0, ROPE_FACTOR_MAX,
+        (rc = get_float(rs, at, "low_freq_factor", true, 1.0, 0.0, ROPE_FACTOR_MAX,
                         &cfg->rope_low_freq_factor, err)) != 0 ||
-        (rc = get_float(rs, "rope_scaling.", "high_freq_factor", true, 1.0, 0.0,
+        (rc = get_float(rs, at, "high_freq_factor", true, 1.0, 0.0,
                         ROPE_FACTOR_MAX, &cfg->rope_high_freq_factor, err)) != 0 ||
         (rc = get_int(rs, "original_max_position_embeddings", true, 0, 1, CSD_MAX_CONTEXT,
                       &cfg->rope_orig_max_pos, err)) != 0)
@@ -151,9 +155,67 @@ static int parse_rope_scaling(csd_model_config *cfg, const json_t *root, csd_err
     /* The llama3 formula divides by (high - low): equal factors would divide by zero. */
     if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
         return csd_err_set(err, CSD_ERANGE,
-                           "config: rope_scaling high_freq_factor (%g) must exceed "
-                           "low_freq_factor (%g)",
-                           (double)cfg->rope_high_freq_factor, (double)cfg->rope_low_freq_factor);
+                           "config: %s high_freq_factor (%g) must exceed low_freq_factor (%g)",
+                           where, (double)cfg->rope_high_freq_factor,
+                           (double)cfg->rope_low_freq_factor);
+    return 0;
+}
+
+/* partial_rotary_factor (at the top or in rope_parameters): RoPE on a part of each head is not
+ * implemented, so anything but 1 is refused rather than computed as a whole rotation. */
+static int check_partial_rotary(const json_t *obj, const char *where, csd_err *err) {
+    const json_t *v = json_object_get(obj, "partial_rotary_factor");
+    if (absent(v) || (json_is_number(v) && json_number_value(v) == 1.0)) return 0;
+    return csd_err_set(err, CSD_EUNSUPPORTED,
+                       "config: %spartial_rotary_factor other than 1 is not supported", where);
+}
+
+/* The same rotary embedding: base and scaling (the rope_* parameters only mean something for the
+ * scaling type that uses them). */
+static bool rope_equal(const csd_model_config *a, const csd_model_config *b) {
+    if (a->rope_theta != b->rope_theta || a->rope_scaling != b->rope_scaling) return false;
+    if (a->rope_scaling != CSD_ROPE_SCALING_NONE && a->rope_factor != b->rope_factor) return false;
+    return a->rope_scaling != CSD_ROPE_SCALING_LLAMA3 ||
+           (a->rope_low_freq_factor == b->rope_low_freq_factor &&
+            a->rope_high_freq_factor == b->rope_high_freq_factor &&
+            a->rope_orig_max_pos == b->rope_orig_max_pos);
+}
+
+/* transformers 5 writes "rope_parameters": {"rope_theta": ..., "rope_type": ..., factors} in
+ * place of rope_theta and rope_scaling. Either form is read; both may appear (a config written
+ * for old and new readers) only when they say the same. */
+static int parse_rope(csd_model_config *cfg, const json_t *root, csd_err *err) {
+    int rc;
+    if ((rc = check_partial_rotary(root, "", err)) != 0 ||
+        (rc = get_float(root, "", "rope_theta", false, 10000.0, ROPE_THETA_MIN, ROPE_THETA_MAX,
+                        &cfg->rope_theta, err)) != 0 ||
+        (rc = parse_scaling_object(cfg, json_object_get(root, "rope_scaling"), "rope_scaling",
+                                   err)) != 0)
+        return rc;
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    if (absent(rp)) return 0;
+    if (!json_is_object(rp))
+        return csd_err_set(err, CSD_EFORMAT, "config: rope_parameters is not an object or null");
+    const char *key;
+    const json_t *v;
+    json_object_foreach ((json_t *)rp, key, v) {
+        if (json_is_object(v))
+            return csd_err_set(err, CSD_EUNSUPPORTED,
+                               "config: rope_parameters per layer type ('%.40s') is not supported",
+                               key);
+    }
+    csd_model_config old = *cfg, neu = *cfg;
+    if ((rc = check_partial_rotary(rp, "rope_parameters.", err)) != 0 ||
+        (rc = get_float(rp, "rope_parameters.", "rope_theta", false, old.rope_theta,
+                        ROPE_THETA_MIN, ROPE_THETA_MAX, &neu.rope_theta, err)) != 0 ||
+        (rc = parse_scaling_object(&neu, rp, "rope_parameters", err)) != 0)
+        return rc;
+    bool given_old = !absent(json_object_get(root, "rope_theta")) ||
+                     !absent(json_object_get(root, "rope_scaling"));
+    if (given_old && !rope_equal(&old, &neu))
+        return csd_err_set(err, CSD_EFORMAT,
+                           "config: rope_theta/rope_scaling and rope_parameters disagree");
+    *cfg = neu;
     return 0;
 }
 
@@ -236,9 +298,7 @@ static int parse_root(csd_model_config *cfg, const json_t *root, csd_err *err) {
                       &cfg->max_seq_len, err)) != 0 ||
         (rc = get_float(root, "", "rms_norm_eps", false, 1e-6, 0.0, 1.0, &cfg->norm_eps, err)) !=
             0 ||
-        (rc = get_float(root, "", "rope_theta", false, 10000.0, ROPE_THETA_MIN, ROPE_THETA_MAX,
-                        &cfg->rope_theta, err)) != 0 ||
-        (rc = parse_rope_scaling(cfg, root, err)) != 0 ||
+        (rc = parse_rope(cfg, root, err)) != 0 ||
         (rc = get_bool(root, "tie_word_embeddings", false, &cfg->tie_embeddings, err)) != 0 ||
         (rc = parse_dtype(cfg, root, err)) != 0)
         return rc;
@@ -459,23 +519,16 @@ int csd_model_config_to_json(const csd_model_config *cfg, char **out, csd_err *e
 }
 
 bool csd_model_config_equal(const csd_model_config *a, const csd_model_config *b) {
-    if (a->n_eos != b->n_eos || a->rope_scaling != b->rope_scaling) return false;
+    if (a->n_eos != b->n_eos || !rope_equal(a, b)) return false;
     for (int i = 0; i < a->n_eos && i < CSD_MAX_EOS; i++)
         if (a->eos_ids[i] != b->eos_ids[i]) return false;
-    /* The rope_* parameters only mean something for the scaling type that uses them. */
-    if (a->rope_scaling != CSD_ROPE_SCALING_NONE && a->rope_factor != b->rope_factor) return false;
-    if (a->rope_scaling == CSD_ROPE_SCALING_LLAMA3 &&
-        (a->rope_low_freq_factor != b->rope_low_freq_factor ||
-         a->rope_high_freq_factor != b->rope_high_freq_factor ||
-         a->rope_orig_max_pos != b->rope_orig_max_pos))
-        return false;
     return a->arch == b->arch &&
            strncmp(a->model_type, b->model_type, sizeof a->model_type) == 0 && a->dim == b->dim &&
            a->hidden_dim == b->hidden_dim && a->n_layers == b->n_layers &&
            a->n_heads == b->n_heads && a->n_kv_heads == b->n_kv_heads &&
            a->head_dim == b->head_dim && a->vocab_size == b->vocab_size &&
            a->max_seq_len == b->max_seq_len && a->norm_eps == b->norm_eps &&
-           a->rope_theta == b->rope_theta && a->sliding_window == b->sliding_window &&
+           a->sliding_window == b->sliding_window &&
            a->tie_embeddings == b->tie_embeddings && a->qkv_bias == b->qkv_bias &&
            a->qk_norm == b->qk_norm && a->bos_id == b->bos_id && a->torch_dtype == b->torch_dtype;
 }
