@@ -3,7 +3,7 @@
 # non-zero exit: a flag missing its value, fleet flags without a fleet, a bench of nothing, an
 # empty --api-key, a port past 65535, a directory where a file is read, a --precision other than
 # a fleet export's, an export into the model's own directory; a failed write of the output exits
-# 1; `logits --top` beyond the vocabulary lists every id.
+# 1; `logits --top` beyond the vocabulary lists every id; a context past the trained one warns.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 
@@ -83,4 +83,14 @@ vocab=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))
 want=$((vocab < 64 ? vocab : 64))
 got=$(head -1 "$WORK/top" | tr ' ' '\n' | grep -c '=')
 [ "$got" -eq "$want" ] || fail "logits --top 64 listed $got ids, not $want"
+
+# a context past the trained one runs, with a warning that says so (as llama.cpp)
+trained=$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['max_position_embeddings'])" \
+    "$M/config.json")
+"$CASCADIA" run "$M" -p x -n 1 --ctx $((trained + 8)) >/dev/null 2>"$WORK/err" ||
+    fail "run --ctx past the trained context: $(cat "$WORK/err")"
+grep -q "exceeds the model's trained context of $trained" "$WORK/err" ||
+    fail "run --ctx $((trained + 8)) gave no warning: $(cat "$WORK/err")"
+"$CASCADIA" run "$M" -p x -n 1 --ctx "$trained" >/dev/null 2>"$WORK/err" || fail "run --ctx $trained"
+! grep -q "trained context" "$WORK/err" || fail "run --ctx $trained warned: $(cat "$WORK/err")"
 echo "PASS"

@@ -137,6 +137,15 @@ void csd_cli_error(const char *cmd, const csd_err *err) {
             csd_err_name(err->code));
 }
 
+void csd_cli_warn_ctx(const char *cmd, int64_t ctx, const csd_model *m) {
+    int64_t trained = csd_model_cfg(m)->max_seq_len;
+    if (ctx > trained)
+        fprintf(stderr,
+                "cascadia %s: warning: a context of %lld exceeds the model's trained context of "
+                "%lld (max_position_embeddings): the positions past it were never trained\n",
+                cmd, (long long)ctx, (long long)trained);
+}
+
 int csd_cli_collect_eog(const csd_tok *tok, int32_t *eog, int cap) {
     int n = 0;
     for (int32_t id = 0; id < csd_tok_vocab_size(tok) && n < cap; id++)

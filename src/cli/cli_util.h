@@ -34,6 +34,9 @@ int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd
     "  --kv-type T       f32|f16|q8 KV cache (default: f32 for f32 weights, else f16)\n"
 
 void csd_cli_error(const char *cmd, const csd_err *err);
+/* Warns (as llama.cpp does) when a context of ctx positions exceeds the model's trained one
+ * (max_position_embeddings): it runs, but the positions past it were never trained. */
+void csd_cli_warn_ctx(const char *cmd, int64_t ctx, const csd_model *m);
 
 /* The tokenizer's end-of-generation ids (EOS, end-of-turn tokens), at most cap of them. */
 #define CSD_CLI_MAX_EOG 64

@@ -104,6 +104,7 @@ int csd_cmd_logits(int argc, char **argv) {
     int64_t vocab = rc ? 0 : csd_model_cfg(m)->vocab_size;
     if (!rc && n > csd_model_max_ctx(m))
         rc = csd_err_set(&err, CSD_ERANGE, "%lld ids exceed the context", (long long)n);
+    if (!rc) csd_cli_warn_ctx("logits", n, m);
     if (!rc && !(logits = csd_alloc_array((size_t)(n * vocab), sizeof(float))))
         rc = csd_err_set(&err, CSD_ENOMEM, "logits");
     if (!rc) rc = all_logits(m, ids, n, logits, &err);

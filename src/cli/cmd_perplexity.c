@@ -178,10 +178,7 @@ int csd_cmd_perplexity(int argc, char **argv) {
         int64_t model_ctx = csd_model_max_ctx(ref);
         window = model_ctx < PPL_DEFAULT_WINDOW ? model_ctx : PPL_DEFAULT_WINDOW;
     }
-    if (!rc && window > csd_model_cfg(ref)->max_seq_len)
-        fprintf(stderr,
-                "cascadia perplexity: warning: --ctx %lld exceeds the trained context %lld\n",
-                (long long)window, (long long)csd_model_cfg(ref)->max_seq_len);
+    if (!rc) csd_cli_warn_ctx("perplexity", window, ref);
     if (!rc && window > n) window = n; /* a short text needs no larger KV cache */
     csd_model_opts topts = a.opts;
     topts.precision = a.precision;

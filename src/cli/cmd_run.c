@@ -253,6 +253,7 @@ int csd_cmd_run(int argc, char **argv) {
                     (double)(csd_now_ns() - t0) * 1e-9);
     } else if (!rc) {
         rc = csd_model_open(&model, a.model_dir, &a.model, &err);
+        if (!rc) csd_cli_warn_ctx("run", csd_model_max_ctx(model), model);
     }
     if (!rc && !a.fleet.fleet) {
         fprintf(stderr, "loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",

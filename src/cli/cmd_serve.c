@@ -336,6 +336,7 @@ static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) 
     }
     int rc = csd_model_open(&b->model, a->model_dir, &a->model, err);
     if (rc) return rc;
+    csd_cli_warn_ctx("serve", csd_model_max_ctx(b->model), b->model);
     fprintf(
         stderr,
         "cascadia serve: loaded %s in %.2f s: %s, %lld layers, %s weights (%.1f MiB), kernels %s\n",
