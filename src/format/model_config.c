@@ -307,7 +307,9 @@ static int parse_root(csd_model_config *cfg, const json_t *root, csd_err *err) {
      * silently ignored (Qwen2's use_sliding_window). */
     bool use_sw = false;
     if (row->uses_sliding_window) {
-        if ((rc = get_int(root, "sliding_window", false, 0, 0, CSD_MAX_CONTEXT,
+        /* absent is transformers' MistralConfig default (4096); null is full attention */
+        int64_t def = json_object_get(root, "sliding_window") ? 0 : 4096;
+        if ((rc = get_int(root, "sliding_window", false, def, 0, CSD_MAX_CONTEXT,
                           &cfg->sliding_window, err)) != 0)
             return rc;
     } else {
