@@ -15,6 +15,7 @@
 #include "kern/kern.h"
 #include "kern/quant.h"
 #include "model.h"
+#include "model_internal.h"
 
 void csd_plan_opts_default(csd_plan_opts *o) {
     memset(o, 0, sizeof *o);
@@ -79,7 +80,8 @@ int csd_plan_costs_get(csd_plan_costs *out, const csd_model_config *c, const csd
     uint64_t wide = dim > q_dim ? dim : q_dim, widest = hid > wide ? hid : wide;
     uint64_t floats =
         b * (dim + wide + dim + q_dim + 2 * kv_dim + 2 * hid + (uint64_t)c->head_dim) +
-        (uint64_t)o->ctx + (uint64_t)c->head_dim / 2 + dim + widest;
+        (uint64_t)CSD_ATTN_TASK_HEADS * (uint64_t)o->ctx + (uint64_t)c->head_dim / 2 + dim +
+        widest;
     uint64_t step_acts = 3 * (uint64_t)csd_quant_act_stride((int64_t)widest);
     out->overhead_bytes = floats * 4 + b * 8 + step_acts +
                           csd_matmul_scratch_bytes((int64_t)widest, (int64_t)b) + o->runtime_bytes;
