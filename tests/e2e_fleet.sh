@@ -514,11 +514,15 @@ CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$pa" --fleet "
     --insecure --port 0 --parallel 2 --ctx 256 >"$WORK/serve.log" 2>&1 &
 PIDS+=("$!")
 wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve (a refusing replica) did not start"; }
+# 200 tokens each: the serving replica's 2 slots stay busy while the others arrive, so the
+# refusing one (idle) admits some of them
+long200() { curl -s -m 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"prompt":"Once upon a time","max_tokens":200,"temperature":0,"ignore_eos":true}'; }
 CURLS=()
-for i in $(seq 1 6); do complete >"$WORK/r$i.json" & CURLS+=("$!"); done
+for i in $(seq 1 6); do long200 >"$WORK/r$i.json" & CURLS+=("$!"); done
 for c in "${CURLS[@]}"; do wait "$c" || true; done
 for i in $(seq 1 6); do
-    grep -q '"completion_tokens":12' "$WORK/r$i.json" ||
+    grep -q '"completion_tokens":200' "$WORK/r$i.json" ||
         fail "request $i with a refusing replica: $(cat "$WORK/r$i.json")"
 done
 grep -q "more than the stage's cap" "$WORK/tiny.log" "$WORK/serve.log" ||

@@ -363,6 +363,37 @@ static void test_request_every_replica_refuses_fails(void **state) {
     csd_engine_destroy(e);
 }
 
+/* A request one replica refused waits for the other only while that one is up: when it goes
+ * down, the first replica tries the request again (after its pause) and it fails there with the
+ * refusal's reason, rather than waiting in the queue for a replica that may never come back. */
+static void test_refused_request_not_stranded(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    atomic_store(&f[0].refuse, true);
+    atomic_store(&f[1].step_ms, 2);
+    csd_engine *e = engine_over_pair(f, 1, 4);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome busy, refused;
+    submit(e, prompt, 3, 100000, &busy); /* holds the other replica's only slot */
+    while (atomic_load(&f[1].opens) == 0) sleep_ms(1);
+    submit(e, prompt, 3, 2, &refused);
+    csd_engine_stats st;
+    do { /* the refusing replica has tried it: it waits for the busy one */
+        sleep_ms(1);
+        csd_engine_get_stats(e, &st);
+    } while (st.requests_rerouted == 0);
+    atomic_store(&f[1].up, false); /* the busy request fails with it */
+    assert_true(wait_done_ms(&busy, 10000));
+    assert_int_equal(busy.end, CSD_REQ_END_ERROR);
+    assert_true(wait_done_ms(&refused, 10000));
+    assert_int_equal(refused.end, CSD_REQ_END_ERROR);
+    assert_int_equal(refused.code, CSD_EFULL);
+    assert_int_equal(atomic_load(&f[0].opens), 2);
+    csd_engine_destroy(e);
+}
+
 /* A prefix cached before a reconnect is not used after it (the stage that held it may have been
  * restarted), and the entry is closed; before the reconnect the same prompt does use it. */
 static void test_reconnect_forgets_prefix_cache(void **state) {
@@ -447,6 +478,7 @@ int main(void) {
         cmocka_unit_test(test_down_replica_slots_not_counted),
         cmocka_unit_test(test_refusing_replica_passes_requests_on),
         cmocka_unit_test(test_request_every_replica_refuses_fails),
+        cmocka_unit_test(test_refused_request_not_stranded),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),
     };

@@ -534,6 +534,25 @@ static void test_rope_parameters(void **state) {
         0);
     assert_true(c.rope_theta == 1000000.0f);
     assert_int_equal(c.rope_scaling, CSD_ROPE_SCALING_NONE);
+    /* no type: the default rope */
+    assert_int_equal(parse_v5(llama2_json, "{\"rope_theta\": 1000000.0}", false, &c, &err), 0);
+    assert_true(c.rope_theta == 1000000.0f);
+    assert_int_equal(c.rope_scaling, CSD_ROPE_SCALING_NONE);
+    /* the old base beside the new scaling (no rope_scaling): what both state agrees */
+    json_t *mixed = json_loads(llama31_json, 0, NULL);
+    assert_non_null(mixed);
+    json_object_del(mixed, "rope_scaling");
+    char *mixed_text = json_dumps(mixed, 0);
+    json_decref(mixed);
+    assert_int_equal(parse_v5(mixed_text, LLAMA31_ROPE, true, &c, &err), 0);
+    free(mixed_text);
+    assert_true(csd_model_config_equal(&old, &c));
+    /* llama3 scaling in rope_scaling, none in rope_parameters */
+    assert_int_not_equal(
+        parse_v5(llama31_json, "{\"rope_type\": \"default\", \"rope_theta\": 500000.0}", true,
+                 &c, &err),
+        0);
+    assert_non_null(strstr(err.msg, "rope_scaling and rope_parameters disagree"));
     /* refused: forms that disagree, a type or factor not implemented, per-layer-type nesting */
     const char *const refused[][2] = {
         {"{\"rope_type\": \"default\", \"rope_theta\": 20000.0}", "disagree"},

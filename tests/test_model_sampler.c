@@ -4,7 +4,8 @@
  * and min-p draw from the distribution a sort of the vocabulary gives (frequencies over 10^5
  * draws), also on a 152K vocabulary, where a sort per token would be far too slow. The OpenAI
  * scope of the penalties counts the answer's tokens for presence and frequency, all of them, and
- * the prompt's too for repetition; llama.cpp's counts the last 64, prompt included. */
+ * the prompt's too for repetition; llama.cpp's counts the last 64, prompt included. NaN and
+ * infinite logits never give a NaN token or an id outside the vocabulary. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -270,6 +271,43 @@ static void test_cuts_large_vocabulary(void **state) {
     free(prob);
 }
 
+/* Logits that are not all finite (a NaN-poisoned hidden state, an infinite bias): a NaN is never
+ * drawn while a number is there, an infinite logit is the choice, all-NaN still gives an id of the
+ * vocabulary; on 152K tokens, half of them NaN, top-p stays fast (it went quadratic). */
+static void test_non_finite_logits(void **state) {
+    (void)state;
+    enum { BIG = 151936 };
+    float *x = malloc(BIG * sizeof *x), *copy = malloc(BIG * sizeof *copy);
+    assert_true(x && copy);
+    const struct { float t, top_p, min_p; int top_k; } cases[] = {
+        {0, 1, 0, 0}, {1, 1, 0, 0}, {1, 0.9f, 0, 0}, {1, 1, 0.05f, 0}, {1, 0.9f, 0.05f, 40},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        csd_sampler_params p;
+        csd_sampler_params_default(&p);
+        p.temperature = cases[c].t;
+        p.top_p = cases[c].top_p;
+        p.min_p = cases[c].min_p;
+        p.top_k = cases[c].top_k;
+        csd_sampler *s = NULL;
+        assert_int_equal(csd_sampler_create(&s, &p, BIG, NULL), 0);
+        for (int kind = 0; kind < 3; kind++) { /* half NaN; NaN and one +inf; all NaN */
+            for (int i = 0; i < BIG; i++) x[i] = kind == 2 || i % 2 == 0 ? NAN : (float)(i % 7);
+            if (kind == 1) x[1001] = INFINITY;
+            for (int d = 0; d < 5; d++) {
+                for (int i = 0; i < BIG; i++) copy[i] = x[i];
+                int32_t id = csd_sampler_pick(s, copy);
+                assert_true(id >= 0 && id < BIG);
+                if (kind == 0) assert_false(isnan(x[id]));
+                if (kind == 1) assert_int_equal(id, 1001);
+            }
+        }
+        csd_sampler_destroy(s);
+    }
+    free(x);
+    free(copy);
+}
+
 /* ---- penalty scopes ---- */
 
 /* The greedy token after p's penalties, over logits where token 1 leads token 2 by 1, once the
@@ -324,6 +362,7 @@ int main(void) {
         cmocka_unit_test(test_cuts_match_sorted_distribution),
         cmocka_unit_test(test_cuts_large_vocabulary),
         cmocka_unit_test(test_penalty_scopes),
+        cmocka_unit_test(test_non_finite_logits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

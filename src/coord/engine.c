@@ -329,12 +329,23 @@ static bool worker_ready(const worker *w) {
 
 static uint64_t replica_bit(const worker *w) { return 1ull << w->index; }
 
-/* The first queued request w may take (lock held): not one w's replica has already failed. */
+/* Whether a replica other than w's that is up has not failed r yet (lock held). */
+static bool other_replica_for(const worker *w, const req *r) {
+    const csd_engine *e = w->e;
+    for (int i = 0; i < e->n_workers; i++) {
+        const worker *o = &e->workers[i];
+        if (o != w && !(r->failed_on & replica_bit(o)) && pipe_ready(o->pipe)) return true;
+    }
+    return false;
+}
+
+/* The first queued request w may take (lock held): not one w's replica has already failed while
+ * another replica that is up has not (with none, w tries it again: it fails there, or serves). */
 static req *take_queued(worker *w) {
     csd_engine *e = w->e;
     req *prev = NULL;
     for (req *r = e->queue_head; r; prev = r, r = r->next) {
-        if (r->failed_on & replica_bit(w)) continue;
+        if ((r->failed_on & replica_bit(w)) && other_replica_for(w, r)) continue;
         if (prev) prev->next = r->next;
         else e->queue_head = r->next;
         if (e->queue_tail == r) e->queue_tail = prev;
@@ -372,19 +383,11 @@ static void admit(worker *w) {
 #define BACKOFF_MAX_NS 8000000000ull
 
 static void pause_replica(worker *w) { /* lock held */
+    uint64_t now = csd_now_ns();
+    if (now < w->backoff_until) return; /* requests admitted before the pause: no doubling */
     w->backoff_ns = w->backoff_ns ? w->backoff_ns * 2 : BACKOFF_FIRST_NS;
     if (w->backoff_ns > BACKOFF_MAX_NS) w->backoff_ns = BACKOFF_MAX_NS;
-    w->backoff_until = csd_now_ns() + w->backoff_ns;
-}
-
-/* Whether a replica other than w's that is up has not failed r yet (lock held). */
-static bool other_replica_for(const worker *w, const req *r) {
-    const csd_engine *e = w->e;
-    for (int i = 0; i < e->n_workers; i++) {
-        const worker *o = &e->workers[i];
-        if (o != w && !(r->failed_on & replica_bit(o)) && pipe_ready(o->pipe)) return true;
-    }
-    return false;
+    w->backoff_until = now + w->backoff_ns;
 }
 
 /* r failed on w's replica (why: msg) before its first token: nothing of it has reached its
@@ -411,8 +414,10 @@ static bool reroute(worker *w, req *r, const char *msg) {
     r->state = REQ_QUEUED;
     pthread_mutex_lock(&e->mu);
     unlink_active(w, r);
-    bool stopping = e->stopping; /* csd_engine_destroy may have emptied the queue already */
-    if (!stopping) {
+    /* csd_engine_destroy may have emptied the queue already; a cancel since the check above
+     * found r active, not queued: it ends here rather than wait in the queue */
+    bool stopping = e->stopping, cancelled = atomic_load(&r->cancel);
+    if (!stopping && !cancelled) {
         r->pid = (uint32_t)next_id(e);
         r->next = e->queue_head;
         e->queue_head = r;
@@ -423,7 +428,8 @@ static bool reroute(worker *w, req *r, const char *msg) {
         pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
-    if (stopping) finish(w, r, CSD_REQ_END_CANCELLED, 0, "server shutting down");
+    if (stopping || cancelled)
+        finish(w, r, CSD_REQ_END_CANCELLED, 0, stopping ? "server shutting down" : "cancelled");
     return true;
 }
 

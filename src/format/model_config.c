@@ -172,8 +172,8 @@ static int check_partial_rotary(const json_t *obj, const char *where, csd_err *e
 
 /* The same rotary embedding: base and scaling (the rope_* parameters only mean something for the
  * scaling type that uses them). */
-static bool rope_equal(const csd_model_config *a, const csd_model_config *b) {
-    if (a->rope_theta != b->rope_theta || a->rope_scaling != b->rope_scaling) return false;
+static bool scaling_equal(const csd_model_config *a, const csd_model_config *b) {
+    if (a->rope_scaling != b->rope_scaling) return false;
     if (a->rope_scaling != CSD_ROPE_SCALING_NONE && a->rope_factor != b->rope_factor) return false;
     return a->rope_scaling != CSD_ROPE_SCALING_LLAMA3 ||
            (a->rope_low_freq_factor == b->rope_low_freq_factor &&
@@ -181,9 +181,14 @@ static bool rope_equal(const csd_model_config *a, const csd_model_config *b) {
             a->rope_orig_max_pos == b->rope_orig_max_pos);
 }
 
+static bool rope_equal(const csd_model_config *a, const csd_model_config *b) {
+    return a->rope_theta == b->rope_theta && scaling_equal(a, b);
+}
+
 /* transformers 5 writes "rope_parameters": {"rope_theta": ..., "rope_type": ..., factors} in
- * place of rope_theta and rope_scaling. Either form is read; both may appear (a config written
- * for old and new readers) only when they say the same. */
+ * place of rope_theta and rope_scaling. Either form is read (rope_parameters without a type is
+ * the default rope); what both forms state (a config written for old and new readers) must be
+ * the same. */
 static int parse_rope(csd_model_config *cfg, const json_t *root, csd_err *err) {
     int rc;
     if ((rc = check_partial_rotary(root, "", err)) != 0 ||
@@ -208,13 +213,15 @@ static int parse_rope(csd_model_config *cfg, const json_t *root, csd_err *err) {
     if ((rc = check_partial_rotary(rp, "rope_parameters.", err)) != 0 ||
         (rc = get_float(rp, "rope_parameters.", "rope_theta", false, old.rope_theta,
                         ROPE_THETA_MIN, ROPE_THETA_MAX, &neu.rope_theta, err)) != 0 ||
-        (rc = parse_scaling_object(&neu, rp, "rope_parameters", err)) != 0)
+        (rc = json_object_get(rp, "rope_type") || json_object_get(rp, "type")
+                  ? parse_scaling_object(&neu, rp, "rope_parameters", err)
+                  : parse_scaling_object(&neu, NULL, "rope_parameters", err)) != 0)
         return rc;
-    bool given_old = !absent(json_object_get(root, "rope_theta")) ||
-                     !absent(json_object_get(root, "rope_scaling"));
-    if (given_old && !rope_equal(&old, &neu))
-        return csd_err_set(err, CSD_EFORMAT,
-                           "config: rope_theta/rope_scaling and rope_parameters disagree");
+    if (!absent(json_object_get(root, "rope_theta")) &&
+        !absent(json_object_get(rp, "rope_theta")) && old.rope_theta != neu.rope_theta)
+        return csd_err_set(err, CSD_EFORMAT, "config: rope_theta and rope_parameters disagree");
+    if (!absent(json_object_get(root, "rope_scaling")) && !scaling_equal(&old, &neu))
+        return csd_err_set(err, CSD_EFORMAT, "config: rope_scaling and rope_parameters disagree");
     *cfg = neu;
     return 0;
 }

@@ -201,10 +201,10 @@ static void apply_penalties(csd_sampler *s, float *logits) {
         if (s->counts[s->recent[i]] < 0) s->counts[s->recent[i]] = -s->counts[s->recent[i]];
 }
 
-static int32_t argmax(const float *x, int32_t n) {
+static int32_t argmax(const float *x, int32_t n) { /* the first best; NaN only when all are */
     int32_t best = 0;
     for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
+        if (x[i] > x[best] || (isnan(x[best]) && !isnan(x[i]))) best = i;
     return best;
 }
 
@@ -303,7 +303,10 @@ int32_t csd_sampler_pick(csd_sampler *s, float *logits) {
     const csd_sampler_params *p = &s->p;
     if (p->temperature <= 0.0f) return argmax(logits, s->vocab);
     int32_t n = s->vocab;
-    for (int32_t i = 0; i < n; i++) s->cands[i] = (cand){i, logits[i]};
+    /* a NaN logit (a poisoned hidden state quantizes to NaN on purpose) is never drawn, and the
+     * selections below see a total order */
+    for (int32_t i = 0; i < n; i++)
+        s->cands[i] = (cand){i, isnan(logits[i]) ? -INFINITY : logits[i]};
     if (p->top_k > 0 && p->top_k < n) {
         select_top(s->cands, n, p->top_k);
         n = p->top_k;
@@ -313,9 +316,12 @@ int32_t csd_sampler_pick(csd_sampler *s, float *logits) {
     for (int32_t i = 0; i < n; i++) max = s->cands[i].logit > max ? s->cands[i].logit : max;
     double total = 0.0;
     for (int32_t i = 0; i < n; i++) {
-        s->cands[i].logit = expf((s->cands[i].logit - max) / p->temperature); /* now a weight */
+        float w = expf((s->cands[i].logit - max) / p->temperature);
+        s->cands[i].logit = w >= 0.0f ? w : 0.0f; /* now a weight; inf - inf gives none */
         total += s->cands[i].logit;
     }
+    /* No weight at all: an infinite logit (it is the choice), or no finite one */
+    if (!(total > 0.0)) return argmax(logits, s->vocab);
     /* Each cut keeps the best candidates (in weight order) down to some point, so the two
      * together keep the shorter of the two: min-p's (the best weighs exactly 1, so its floor is
      * min_p), then, of those, the fewest that hold top_p of the whole mass. */
