@@ -660,14 +660,14 @@ static void complete_step(worker *w, inflight_step *s) {
 }
 
 /* Waits (lock held) for a request or a cancel. Nothing signals when a pipeline comes back up or
- * its pause ends, so while requests wait in the queue for a pipeline that is down or pausing, its
- * thread looks again every RECHECK_MS: a fleet that reconnects takes them without waiting for the
- * next submit. */
+ * goes down, or when a pause ends, so while requests wait in the queue that this thread did not
+ * take (its pipeline down or pausing, or another one's to try first), it looks again every
+ * RECHECK_MS: a fleet that reconnects takes them without waiting for the next submit. */
 #define RECHECK_MS 100
 
 static void wait_for_work(worker *w) {
     csd_engine *e = w->e;
-    if (!e->queue_head || worker_ready(w)) {
+    if (!e->queue_head) {
         pthread_cond_wait(&e->cv, &e->mu);
         return;
     }
