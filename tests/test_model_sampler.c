@@ -173,6 +173,22 @@ static int by_rank(const void *a, const void *b) { /* higher logit first, lower 
     return x->id < y->id ? -1 : 1;
 }
 
+/* Temperature and the three cuts of one case. */
+typedef struct cut_case {
+    float t, top_p, min_p;
+    int top_k;
+} cut_case;
+
+static csd_sampler_params params_of(const cut_case *c) {
+    csd_sampler_params p;
+    csd_sampler_params_default(&p);
+    p.temperature = c->t;
+    p.top_p = c->top_p;
+    p.min_p = c->min_p;
+    p.top_k = c->top_k;
+    return p;
+}
+
 /* The distribution p samples from over x[0..n), by sorting: prob[i] (0 for a token cut). */
 static void reference_probs(const csd_sampler_params *p, const float *x, int32_t n, double *prob) {
     ranked *r = malloc((size_t)n * sizeof *r);
@@ -202,17 +218,12 @@ static void test_cuts_match_sorted_distribution(void **state) {
     (void)state;
     enum { N = 12, DRAWS = 100000 };
     const float x[N] = {-1, 2.5f, 0.5f, 3, -8, 2, -2, 2.5f, 1, -5, 0, -3};
-    const struct { float t, top_p, min_p; int top_k; } cases[] = {
+    const cut_case cases[] = {
         {1, 1, 0, 0},    {1, 0.7f, 0, 0},    {1, 1, 0.2f, 0},      {1, 0.9f, 0.1f, 0},
         {1, 0.8f, 0, 5}, {0.5f, 0.6f, 0, 0}, {2, 0.95f, 0.05f, 0}, {1, 1, 1, 0},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        csd_sampler_params p;
-        csd_sampler_params_default(&p);
-        p.temperature = cases[c].t;
-        p.top_p = cases[c].top_p;
-        p.min_p = cases[c].min_p;
-        p.top_k = cases[c].top_k;
+        csd_sampler_params p = params_of(&cases[c]);
         p.seed = 1000 + c;
         double prob[N];
         reference_probs(&p, x, N, prob);
@@ -246,14 +257,9 @@ static void test_cuts_large_vocabulary(void **state) {
         seed = seed * 1103515245u + 12345u;
         x[i] = (float)((seed >> 8) % 20000) / 1000.0f - 10.0f;
     }
-    const float top_p[2] = {1, 0.9f}, min_p[2] = {0.05f, 0};
+    const cut_case cases[2] = {{1, 1, 0.05f, 0}, {1, 0.9f, 0, 0}};
     for (int c = 0; c < 2; c++) {
-        csd_sampler_params p;
-        csd_sampler_params_default(&p);
-        p.temperature = 1;
-        p.top_k = 0;
-        p.top_p = top_p[c];
-        p.min_p = min_p[c];
+        csd_sampler_params p = params_of(&cases[c]);
         reference_probs(&p, x, BIG, prob);
         int kept = 0;
         for (int i = 0; i < BIG; i++) kept += prob[i] > 0;
@@ -279,16 +285,11 @@ static void test_non_finite_logits(void **state) {
     enum { BIG = 151936 };
     float *x = malloc(BIG * sizeof *x), *copy = malloc(BIG * sizeof *copy);
     assert_true(x && copy);
-    const struct { float t, top_p, min_p; int top_k; } cases[] = {
+    const cut_case cases[] = {
         {0, 1, 0, 0}, {1, 1, 0, 0}, {1, 0.9f, 0, 0}, {1, 1, 0.05f, 0}, {1, 0.9f, 0.05f, 40},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        csd_sampler_params p;
-        csd_sampler_params_default(&p);
-        p.temperature = cases[c].t;
-        p.top_p = cases[c].top_p;
-        p.min_p = cases[c].min_p;
-        p.top_k = cases[c].top_k;
+        csd_sampler_params p = params_of(&cases[c]);
         csd_sampler *s = NULL;
         assert_int_equal(csd_sampler_create(&s, &p, BIG, NULL), 0);
         for (int kind = 0; kind < 3; kind++) { /* half NaN; NaN and one +inf; all NaN */
