@@ -4,8 +4,8 @@
  * queue at once, a replica that is down lends no slots to admission, the prefix cache forgets
  * what the stages held before the reconnect, and /metrics can read the engine's figures while the
  * cache changes (a data race that the ThreadSanitizer pass of scripts/test reports). A replica
- * that refuses every request passes them to the other replica and pauses, rather than failing
- * its share.
+ * that refuses every request passes them to the other replica, in their order, and pauses,
+ * rather than failing its share.
  * The pipeline is a fake one: it always answers token 5 (or refuses every request alone, as a
  * worker does when its --kv-mem holds no whole request), and counts what the engine asks of it. */
 #include <stdarg.h>
@@ -119,10 +119,15 @@ typedef struct outcome {
     int end;
     int code;
     int64_t cached_tokens;
+    int first; /* 1 + how many requests had their first token before this one's; 0: none yet */
 } outcome;
 
+static atomic_int g_first_tokens; /* first tokens so far, over every request */
+
 static bool on_token(void *ctx, const csd_token_event *ev) {
-    (void)ctx, (void)ev;
+    outcome *o = ctx;
+    (void)ev;
+    if (!o->first) o->first = 1 + atomic_fetch_add(&g_first_tokens, 1);
     return false;
 }
 
@@ -396,6 +401,43 @@ static void test_refused_request_not_stranded(void **state) {
     csd_engine_destroy(e);
 }
 
+/* Requests a replica refused together go back to the queue in the order they were submitted:
+ * the other replica starts them in that order. Two long requests hold the serving replica's two
+ * slots while the refusing one refuses r[0] and r[1] in one step, then r[2] and r[3]; once the
+ * long ones are cancelled, the serving replica admits the four in turn. */
+static void test_rerouted_requests_keep_order(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    f[0].base.max_ctx = f[1].base.max_ctx = 1 << 20; /* the long requests run until cancelled */
+    atomic_store(&f[0].refuse, true);
+    atomic_store(&f[1].step_ms, 2);
+    csd_engine *e = engine_over_pair(f, 2, 8);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome busy[2], r[4];
+    uint64_t busy_id[2];
+    for (int i = 0; i < 2; i++) busy_id[i] = submit(e, prompt, 3, 1 << 19, &busy[i]);
+    csd_engine_stats st;
+    do { /* both long ones generate on the serving replica */
+        sleep_ms(1);
+        csd_engine_get_stats(e, &st);
+    } while (st.ttft_count < 2);
+    int64_t base = st.requests_rerouted;
+    for (int i = 0; i < 4; i++) submit(e, prompt, 3, 2, &r[i]);
+    do { /* the refusing replica has refused all four (two at a time, after its pauses) */
+        sleep_ms(5);
+        csd_engine_get_stats(e, &st);
+    } while (st.requests_rerouted < base + 4);
+    for (int i = 0; i < 2; i++) csd_engine_cancel(e, busy_id[i]);
+    for (int i = 0; i < 4; i++) {
+        assert_true(wait_done_ms(&r[i], 10000));
+        assert_int_equal(r[i].end, CSD_REQ_END_LENGTH);
+        if (i > 0) assert_true(r[i].first > r[i - 1].first);
+    }
+    csd_engine_destroy(e);
+}
+
 /* A prefix cached before a reconnect is not used after it (the stage that held it may have been
  * restarted), and the entry is closed; before the reconnect the same prompt does use it. */
 static void test_reconnect_forgets_prefix_cache(void **state) {
@@ -481,6 +523,7 @@ int main(void) {
         cmocka_unit_test(test_refusing_replica_passes_requests_on),
         cmocka_unit_test(test_request_every_replica_refuses_fails),
         cmocka_unit_test(test_refused_request_not_stranded),
+        cmocka_unit_test(test_rerouted_requests_keep_order),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),
     };

@@ -390,8 +390,20 @@ static void pause_replica(worker *w) { /* lock held */
     w->backoff_until = now + w->backoff_ns;
 }
 
+/* Puts r back in the queue at its place by submission (ids grow with it), ahead of the requests
+ * submitted after it: a burst of rerouted requests keeps its order (lock held). */
+static void requeue_in_order(csd_engine *e, req *r) {
+    req **p = &e->queue_head;
+    while (*p && (*p)->id < r->id) p = &(*p)->next;
+    r->next = *p;
+    *p = r;
+    if (!r->next) e->queue_tail = r;
+    e->queue_len++;
+    e->stats.queue_depth = e->queue_len;
+}
+
 /* r failed on w's replica (why: msg) before its first token: nothing of it has reached its
- * client, so it starts over whole on another replica, from the head of the queue, unless every
+ * client, so it starts over whole on another replica, at its place in the queue, unless every
  * other replica that is up has failed it too. A replica that refused r alone (not one whose whole
  * step failed: it is down) pauses. Returns false when r must fail instead; true when r left w. */
 static bool reroute(worker *w, req *r, const char *msg) {
@@ -419,11 +431,7 @@ static bool reroute(worker *w, req *r, const char *msg) {
     bool stopping = e->stopping, cancelled = atomic_load(&r->cancel);
     if (!stopping && !cancelled) {
         r->pid = (uint32_t)next_id(e);
-        r->next = e->queue_head;
-        e->queue_head = r;
-        if (!e->queue_tail) e->queue_tail = r;
-        e->queue_len++;
-        e->stats.queue_depth = e->queue_len;
+        requeue_in_order(e, r);
         e->stats.requests_rerouted++;
         pthread_cond_broadcast(&e->cv);
     }
