@@ -443,6 +443,16 @@ def forced_text(n):  # a text's first piece loses its leading space when detoken
     return post("/detokenize", {"tokens": [forced] * n})[1]["content"].strip()
 want = forced_text(6)
 assert st == 200 and out["choices"][0]["text"].strip() == want and out["usage"]["completion_tokens"] == 6, (out, want)
+# logprobs' tokens spell the text at their text_offset, leading spaces included (" time", as
+# OpenAI shows it: decoding the piece alone lost the space); chat's tokens keep it too
+st, lpo = post("/v1/completions", dict(greedy, max_tokens=3, logprobs=1, logit_bias={str(forced): 100}))
+lpc = lpo["choices"][0]
+toks, offs = lpc["logprobs"]["tokens"], lpc["logprobs"]["text_offset"] + [len(lpc["text"])]
+assert st == 200 and toks == [" time"] * 3, lpo
+assert [lpc["text"][offs[i]:offs[i + 1]] for i in range(3)] == toks, lpo
+st, lpch = post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+                                         "logprobs": True, "logit_bias": {str(forced): 100}})
+assert st == 200 and [c["token"] for c in lpch["choices"][0]["logprobs"]["content"]] == [" time"] * 2, lpch
 # ban the greedy token: the runner-up comes instead (both from `cascadia logits` on the same ids)
 ids = post("/tokenize", {"prompt": text})[1]["tokens"]
 top = subprocess.run([cascadia, "logits", "tiny", "--ids", ",".join(map(str, ids)), "--top", "2"],

@@ -3,7 +3,8 @@
 # reads the manifest (and checks it against the files), the directory and a shard (verifying every
 # checksum); a flipped or truncated shard is refused naming the file; planner errors are clear;
 # synth refuses to write over a model without --force, export to write into another model's
-# directory.
+# directory; exporting again with fewer stages, or without a file the last model had, leaves no
+# stale shard or copy.
 source "$(dirname "$0")/e2e_lib.sh"
 [ -x "$CASCADIA" ] || skip "$CASCADIA not built"
 "$CASCADIA" export --help >/dev/null 2>&1 || skip "the export command is not in this binary's command table yet"
@@ -34,10 +35,13 @@ ok() { pass=$((pass + 1)); }
 has() { grep -qF -- "$2" <<<"$1" || fail "$3: output lacks '$2':
 $1"; }
 
-# Two stages at int8.
+# Two stages at int8; the chat template file (transformers >= 4.50 writes one) goes along.
+printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}' >"$M/chat_template.jinja"
 out=$("$CASCADIA" export "$M" --stages 2 --precision int8 --out "$WORK/exp" 2>"$WORK/log") || fail "export: $(cat "$WORK/log")"
 has "$out" "2 stages, int8" "export"
-for f in manifest.json stage-0.shard stage-1.shard config.json tokenizer.json tokenizer_config.json; do
+grep -q '"chat_template.jinja"' "$WORK/exp/manifest.json" || fail "the manifest lists no chat_template.jinja"
+for f in manifest.json stage-0.shard stage-1.shard config.json tokenizer.json tokenizer_config.json \
+    chat_template.jinja; do
     [ -s "$WORK/exp/$f" ] || fail "export did not write $f"
 done
 grep -q "stage 2/2" "$WORK/log" || fail "no per-stage log line: $(cat "$WORK/log")"
@@ -52,6 +56,18 @@ q8=$("$CASCADIA" export "$M" --stages 2 --precision int8 --kv-type q8 --out "$WO
 [ "$(kv_of "$q8")" -lt "$(kv_of "$out")" ] ||
     fail "q8 KV per token $(kv_of "$q8") not below f16's $(kv_of "$out")"
 has "$("$CASCADIA" inspect "$WORK/exp-q8")" "int8 KV cache" "inspect of a q8 KV estimate"
+ok
+
+# Exporting again with fewer stages removes the shards the new manifest does not name.
+"$CASCADIA" export "$M" --stages 1 --precision int8 --out "$WORK/exp-q8" >/dev/null 2>&1 ||
+    fail "export again with 1 stage"
+[ -s "$WORK/exp-q8/stage-0.shard" ] && [ ! -e "$WORK/exp-q8/stage-1.shard" ] ||
+    fail "after a 1-stage export over a 2-stage one: $(ls "$WORK/exp-q8")"
+# ... and a copied file the model no longer has (its chat template would be read as this one's)
+rm "$M/chat_template.jinja"
+"$CASCADIA" export "$M" --stages 1 --precision int8 --out "$WORK/exp-q8" >/dev/null 2>&1 ||
+    fail "export again without a chat template file"
+[ ! -e "$WORK/exp-q8/chat_template.jinja" ] || fail "an earlier export's chat_template.jinja stayed"
 ok
 
 # inspect on the manifest, the directory and a shard.

@@ -1,7 +1,8 @@
 /* test_tok_load: tokenizer.json parsing from memory: both merge formats, added tokens with
  * lstrip/rstrip, template BOS/EOS vs config flags, and malformed or unsupported files refused with
  * a clean error (code + message, nothing leaked; run under ASan in CI), including a token too long
- * for the detokenizer's buffer and an added BOS the vocabulary lacks. */
+ * for the detokenizer's buffer and an added BOS the vocabulary lacks; a directory's
+ * chat_template.jinja (transformers >= 4.50) wins over tokenizer_config.json's template. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -456,6 +457,37 @@ static void long_added_tokens(void **state) {
     expect_refused(many, CSD_EUNSUPPORTED, "at most 64 longer than 256 bytes");
 }
 
+/* Writes text (len bytes) to dir/name. */
+static void put_file(const char *dir, const char *name, const char *text, size_t len) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    assert_int_equal(csd_file_write_all(path, text, len, NULL), 0);
+}
+
+static void chat_template_file(void **state) {
+    (void)state;
+    char dir[256];
+    assert_int_equal(csd_test_make_tmpdir(dir, sizeof dir, "csd-tok-tmpl"), 0);
+    const char *json = TINY("[]", SPECIALS, "");
+    const char *cfg = "{\"chat_template\": \"from the config\"}";
+    put_file(dir, "tokenizer.json", json, strlen(json));
+    put_file(dir, "tokenizer_config.json", cfg, strlen(cfg));
+    csd_tok *tok = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_tok_load(&tok, dir, &err), 0);
+    assert_string_equal(csd_tok_chat_template(tok), "from the config");
+    csd_tok_destroy(tok);
+    put_file(dir, "chat_template.jinja", "{{ messages }} from the file\n", 29);
+    assert_int_equal(csd_tok_load(&tok, dir, &err), 0);
+    assert_string_equal(csd_tok_chat_template(tok), "{{ messages }} from the file\n");
+    csd_tok_destroy(tok);
+    put_file(dir, "chat_template.jinja", "a\0b", 3); /* would be cut at the NUL: refused */
+    assert_int_equal(csd_tok_load(&tok, dir, &err), CSD_EFORMAT);
+    assert_non_null(strstr(err.msg, "chat_template.jinja holds a NUL byte"));
+    assert_null(tok);
+    assert_int_equal(csd_test_remove_tree(dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(both_merge_formats), cmocka_unit_test(bos_rules),
@@ -465,6 +497,7 @@ int main(void) {
         cmocka_unit_test(long_tokens_bounded), cmocka_unit_test(added_bos_must_exist),
         cmocka_unit_test(template_id_must_exist), cmocka_unit_test(added_tokens_longest),
         cmocka_unit_test(strip_trims_added_neighbour), cmocka_unit_test(long_added_tokens),
+        cmocka_unit_test(chat_template_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

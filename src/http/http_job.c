@@ -300,13 +300,21 @@ int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
 
 /* ---- logprobs ---- */
 
-/* The text of one token for logprobs (special tokens included, as OpenAI shows them). */
+/* The text of one token for logprobs, as OpenAI shows it: its own bytes, so a SentencePiece
+ * piece keeps its leading space (decoding it alone would strip it, as at the start of a text, and
+ * the tokens would no longer spell the text at text_offset); a special token, which has no bytes
+ * of its own, its text; a piece of a multi-byte character U+FFFD. */
 static json_t *token_text(const csd_tok *tok, int32_t id) {
-    char *s = NULL;
+    uint8_t raw[CSD_DETOK_PIECE_MAX];
     size_t n = 0;
-    if (csd_tok_decode_len(tok, &id, 1, false, &s, &n, NULL) != 0 || !s) return json_string("");
-    json_t *v = json_stringn(s, n); /* NUL bytes included; NULL when the token alone is not
-                                       valid UTF-8 */
+    char *s = NULL;
+    const char *text = (const char *)raw;
+    if (csd_tok_token_bytes(tok, id, raw, sizeof raw, &n) != 0) n = 0;
+    if (n == 0) {
+        if (csd_tok_decode_len(tok, &id, 1, false, &s, &n, NULL) != 0 || !s) return json_string("");
+        text = s;
+    }
+    json_t *v = json_stringn(text, n); /* NUL bytes included; NULL when not valid UTF-8 */
     if (!v) v = json_string("\xef\xbf\xbd");
     csd_free(s);
     return v;

@@ -599,9 +599,9 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     if ((int64_t)n_ids >= max_ctx) {
         csd_http_error_set(
             &e, 400, NULL, prompt_field, "context_length_exceeded",
-            "This model's maximum context length is %lld tokens, but the %s take %zu "
+            "This model's maximum context length is %lld tokens, but the %s %s %zu "
             "tokens (at least one must remain for the completion)",
-            (long long)max_ctx, prompt_field, n_ids);
+            (long long)max_ctx, prompt_field, kind == CSD_HTTP_KIND_CHAT ? "take" : "takes", n_ids);
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }

@@ -14,8 +14,9 @@
 #include "model.h"
 #include "shard_model.h"
 
-const char *const csd_export_copied_files[] = {"config.json", "generation_config.json",
-                                               "tokenizer.json", "tokenizer_config.json", NULL};
+const char *const csd_export_copied_files[] = {
+    "config.json",           "generation_config.json", "tokenizer.json",
+    "tokenizer_config.json", "chat_template.jinja",    NULL};
 #define COPY_MAX_BYTES (512u << 20) /* tokenizer.json of large vocabularies is tens of MB */
 #define PATH_CAP 4096
 
@@ -40,7 +41,11 @@ static int copy_file(const char *src_dir, const char *dst_dir, const char *name,
     if (csd_path_join(src, sizeof src, src_dir, name) ||
         csd_path_join(dst, sizeof dst, dst_dir, name))
         return csd_err_set(err, CSD_ERANGE, "path too long");
-    if (!csd_file_exists(src)) return 0;
+    if (!csd_file_exists(src)) { /* an earlier export's copy would be read as this model's */
+        if (unlink(dst) != 0 && errno != ENOENT)
+            return csd_err_set(err, CSD_EIO, "%s: cannot remove: %s", dst, strerror(errno));
+        return 0;
+    }
     char *data = NULL;
     size_t len = 0;
     int rc = csd_file_read_all(src, COPY_MAX_BYTES, &data, &len, err);
@@ -117,6 +122,21 @@ static int check_out_dir(const csd_export_opts *o, csd_err *err) {
     return rc;
 }
 
+/* An earlier export into the same directory with more stages left stage-n.shard, ...: the
+ * manifest no longer names them, and a worker pointed at one would load a stage of another
+ * export. They go, up to the first that is not there. */
+static int remove_stale_shards(const char *out_dir, int n, csd_err *err) {
+    char name[32], path[PATH_CAP];
+    for (int k = n; k < CSD_PLAN_MAX_STAGES; k++) {
+        snprintf(name, sizeof name, "stage-%d.shard", k);
+        if (csd_path_join(path, sizeof path, out_dir, name)) return 0;
+        if (unlink(path) == 0) continue;
+        if (errno == ENOENT) return 0;
+        return csd_err_set(err, CSD_EIO, "%s: cannot remove: %s", path, strerror(errno));
+    }
+    return 0;
+}
+
 int csd_export_run(const csd_export_opts *o, const csd_plan *plan, csd_export_progress_fn progress,
                    void *progress_ctx, csd_manifest **out, csd_err *err) {
     if (out) *out = NULL;
@@ -191,6 +211,7 @@ int csd_export_run(const csd_export_opts *o, const csd_plan *plan, csd_export_pr
                      csd_export_copied_files[i]);
     }
     if (!rc) rc = csd_manifest_write(&man, o->out_dir, err);
+    if (!rc) rc = remove_stale_shards(o->out_dir, n, err);
     if (!rc) { /* read back what was written: the hash recomputed from the shards must agree */
         csd_manifest *back = NULL;
         rc = csd_manifest_load(&back, o->out_dir, err);

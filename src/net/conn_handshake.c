@@ -206,7 +206,7 @@ int csd_conn_handshake_client(csd_conn *c, const csd_link_cfg *cfg, const csd_wi
     if ((rc = csd_wire_decode_hello(buf.data, h.payload_len, &theirs, err))) goto fail;
     memcpy(hello_ok, buf.data, CSD_WIRE_HELLO_SIZE);
     char msg[CSD_ERR_MSG_MAX];
-    if ((rc = compare_hello(&mine, &theirs, "local expects", "peer serves", msg, sizeof msg))) {
+    if ((rc = compare_hello(&mine, &theirs, "client expects", "server serves", msg, sizeof msg))) {
         /* The server accepted what it should not have, or answered with other values. */
         char text[CSD_ERR_MSG_MAX + 32];
         snprintf(text, sizeof text, "client refuses: %s", msg);
@@ -280,7 +280,7 @@ int csd_conn_handshake_server(csd_conn *c, const csd_link_cfg *cfg, const csd_wi
         goto done;
     }
     memcpy(hello, buf.data, CSD_WIRE_HELLO_SIZE);
-    if ((rc = compare_hello(&theirs, &mine, "peer expects", "local serves", msg, sizeof msg))) {
+    if ((rc = compare_hello(&theirs, &mine, "client expects", "server serves", msg, sizeof msg))) {
         refuse(c, rc, msg, "server");
         csd_err_set(err, rc, "peer %s: %s", c->peer, msg);
         goto done;

@@ -788,6 +788,29 @@ static void load_generation_config(csd_tok *tok, const char *dir) {
     csd_free(buf);
 }
 
+/* transformers >= 4.50 saves the chat template as chat_template.jinja beside the tokenizer
+ * instead of inside tokenizer_config.json; when both are there the file wins, as it does in
+ * transformers. A NUL byte would cut the template short: refused. */
+#define CHAT_TEMPLATE_FILE "chat_template.jinja"
+#define CHAT_TEMPLATE_MAX_BYTES (4u << 20)
+
+static int load_chat_template_file(csd_tok *tok, const char *dir, csd_err *err) {
+    char path[4096];
+    if (csd_path_join(path, sizeof path, dir, CHAT_TEMPLATE_FILE) || !csd_file_exists(path))
+        return 0;
+    char *text = NULL;
+    size_t len = 0;
+    int rc = csd_file_read_all(path, CHAT_TEMPLATE_MAX_BYTES, &text, &len, err);
+    if (rc) return rc;
+    if (memchr(text, '\0', len)) {
+        csd_free(text);
+        return csd_err_set(err, CSD_EFORMAT, "%s holds a NUL byte", CHAT_TEMPLATE_FILE);
+    }
+    csd_free(tok->chat_template);
+    tok->chat_template = text; /* csd_file_read_all ends it with a NUL */
+    return 0;
+}
+
 int csd_tok_load(csd_tok **out, const char *dir, csd_err *err) {
     char path[4096];
     char *tj = NULL, *cj = NULL;
@@ -806,10 +829,14 @@ int csd_tok_load(csd_tok **out, const char *dir, csd_err *err) {
         }
     }
     rc = csd_tok_load_mem(out, tj, tl, cj, cl, err);
-    if (rc)
+    if (!rc) rc = load_chat_template_file(*out, dir, err);
+    if (rc) {
+        csd_tok_destroy(*out);
+        *out = NULL;
         csd_err_prefix(err, "%.200s: ", dir);
-    else
+    } else {
         load_generation_config(*out, dir);
+    }
     csd_free(tj);
     csd_free(cj);
     return rc;
