@@ -210,12 +210,11 @@ static int parse_rope(csd_model_config *cfg, const json_t *root, csd_err *err) {
                                key);
     }
     csd_model_config old = *cfg, neu = *cfg;
+    bool typed = json_object_get(rp, "rope_type") || json_object_get(rp, "type");
     if ((rc = check_partial_rotary(rp, "rope_parameters.", err)) != 0 ||
         (rc = get_float(rp, "rope_parameters.", "rope_theta", false, old.rope_theta,
                         ROPE_THETA_MIN, ROPE_THETA_MAX, &neu.rope_theta, err)) != 0 ||
-        (rc = json_object_get(rp, "rope_type") || json_object_get(rp, "type")
-                  ? parse_scaling_object(&neu, rp, "rope_parameters", err)
-                  : parse_scaling_object(&neu, NULL, "rope_parameters", err)) != 0)
+        (rc = parse_scaling_object(&neu, typed ? rp : NULL, "rope_parameters", err)) != 0)
         return rc;
     if (!absent(json_object_get(root, "rope_theta")) &&
         !absent(json_object_get(rp, "rope_theta")) && old.rope_theta != neu.rope_theta)

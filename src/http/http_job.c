@@ -300,40 +300,40 @@ int csd_http_job_begin(csd_http_job *j, const char *echo, size_t echo_len) {
 
 /* ---- logprobs ---- */
 
-/* The text of one token for logprobs, as OpenAI shows it: its own bytes, so a SentencePiece
- * piece keeps its leading space (decoding it alone would strip it, as at the start of a text, and
- * the tokens would no longer spell the text at text_offset); a special token, which has no bytes
- * of its own, its text; a piece of a multi-byte character U+FFFD. */
+/* A token's own bytes, as OpenAI gives them: a piece of a multi-byte character is its part of
+ * that character's bytes, and a SentencePiece piece keeps its leading space (decoding it alone
+ * would strip it, as at the start of a text). A special token, which has no bytes of its own,
+ * gives those of its text, in *owned (csd_free it). Returns them, *n long, in raw or *owned. */
+static const uint8_t *own_bytes(const csd_tok *tok, int32_t id, uint8_t *raw, size_t cap,
+                                size_t *n, char **owned) {
+    *owned = NULL;
+    if (csd_tok_token_bytes(tok, id, raw, cap, n) == 0 && *n > 0) return raw;
+    *n = 0;
+    if (csd_tok_decode_len(tok, &id, 1, false, owned, n, NULL) != 0 || !*owned) *n = 0;
+    return (const uint8_t *)*owned;
+}
+
+/* The text of one token for logprobs: its own bytes, so that the tokens spell the text at
+ * text_offset; U+FFFD for a piece of a multi-byte character (not valid UTF-8 alone). */
 static json_t *token_text(const csd_tok *tok, int32_t id) {
     uint8_t raw[CSD_DETOK_PIECE_MAX];
     size_t n = 0;
-    char *s = NULL;
-    const char *text = (const char *)raw;
-    if (csd_tok_token_bytes(tok, id, raw, sizeof raw, &n) != 0) n = 0;
-    if (n == 0) {
-        if (csd_tok_decode_len(tok, &id, 1, false, &s, &n, NULL) != 0 || !s) return json_string("");
-        text = s;
-    }
-    json_t *v = json_stringn(text, n); /* NUL bytes included; NULL when not valid UTF-8 */
+    char *owned = NULL;
+    const uint8_t *b = own_bytes(tok, id, raw, sizeof raw, &n, &owned);
+    json_t *v = b ? json_stringn((const char *)b, n) : json_string(""); /* NUL bytes included */
     if (!v) v = json_string("\xef\xbf\xbd");
-    csd_free(s);
+    csd_free(owned);
     return v;
 }
 
-/* The token's own bytes, as OpenAI gives them: a piece of a multi-byte character is its part of
- * that character's bytes (its text alone is U+FFFD). A special token, which has no bytes of its
- * own, gives those of its text. */
 static json_t *token_bytes(const csd_tok *tok, int32_t id) {
     uint8_t raw[CSD_DETOK_PIECE_MAX];
     size_t n = 0;
-    char *text = NULL;
-    const uint8_t *b = raw;
-    if (csd_tok_token_bytes(tok, id, raw, sizeof raw, &n) != 0) n = 0;
-    if (n == 0 && csd_tok_decode_len(tok, &id, 1, false, &text, &n, NULL) == 0)
-        b = (const uint8_t *)text;
+    char *owned = NULL;
+    const uint8_t *b = own_bytes(tok, id, raw, sizeof raw, &n, &owned);
     json_t *arr = json_array();
     for (size_t i = 0; arr && b && i < n; i++) json_array_append_new(arr, json_integer(b[i]));
-    csd_free(text);
+    csd_free(owned);
     return arr;
 }
 

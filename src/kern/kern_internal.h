@@ -6,6 +6,7 @@
 #define CSD_KERN_INTERNAL_H
 
 #include <assert.h>
+#include <float.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -120,7 +121,7 @@ static inline void csd_act_group_bad(int8_t *xq, float *dx, int32_t *sum) {
  * is not finite (amax = 0, or below 127 / FLT_MAX: the group quantizes to zeros). */
 static inline float csd_act_group_inv(float amax) {
     float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    return inv <= 3.40282347e38f ? inv : 0.0f;
+    return inv <= FLT_MAX ? inv : 0.0f;
 }
 
 static inline void csd_q_prefetch_pair_gap(const uint8_t *wg, int dtype, int64_t g, size_t ahead,

@@ -213,27 +213,6 @@ static inline bool before(const cand *a, const cand *b) {
     return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
 }
 
-/* Moves the k best candidates of c[0..n) to the front (unordered). */
-static void select_top(cand *c, int32_t n, int32_t k) {
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        cand pivot = c[lo + (hi - lo) / 2];
-        int32_t i = lo, j = hi;
-        while (i <= j) {
-            while (before(&c[i], &pivot)) i++;
-            while (before(&pivot, &c[j])) j--;
-            if (i <= j) {
-                cand t = c[i];
-                c[i++] = c[j];
-                c[j--] = t;
-            }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else break;
-    }
-}
-
 static void swap_cand(cand *a, cand *b) {
     cand t = *a;
     *a = *b;
@@ -253,6 +232,17 @@ static int32_t partition(cand *c, int32_t lo, int32_t hi) {
         if (before(&c[j], &c[z])) swap_cand(&c[i++], &c[j]);
     swap_cand(&c[i], &c[z]);
     return i;
+}
+
+/* Moves the k best candidates of c[0..n) to the front (unordered). */
+static void select_top(cand *c, int32_t n, int32_t k) {
+    int32_t lo = 0, hi = n; /* the k-th best lies in [lo, hi) */
+    while (hi - lo > 1) {
+        int32_t p = partition(c, lo, hi);
+        if (p == k || p == k - 1) return;
+        if (p < k) lo = p + 1;
+        else hi = p;
+    }
 }
 
 /* Top-p's cut: moves to the front of c[0..n) (weights in .logit) the fewest best candidates
