@@ -319,6 +319,24 @@ static void test_down_replica_slots_not_counted(void **state) {
     csd_engine_destroy(e);
 }
 
+/* Replicas f[0], which refuses every request alone, and f[1], whose steps take 2 ms; with
+ * long_ctx, requests may run until stopped. */
+static csd_engine *refusing_pair(fake_pipe *f, int parallel, int queue_max, bool long_ctx) {
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    if (long_ctx) f[0].base.max_ctx = f[1].base.max_ctx = 1 << 20;
+    atomic_store(&f[0].refuse, true);
+    atomic_store(&f[1].step_ms, 2);
+    return engine_over_pair(f, parallel, queue_max);
+}
+
+/* Waits until the engine has rerouted n requests in all. */
+static void wait_rerouted(csd_engine *e, int64_t n) {
+    csd_engine_stats st;
+    for (csd_engine_get_stats(e, &st); st.requests_rerouted < n; csd_engine_get_stats(e, &st))
+        sleep_ms(1);
+}
+
 /* Of two replicas, one refuses every request alone: every request still completes, on the other
  * one, and the refusing replica pauses between tries instead of taking its share of them. The
  * serving one's steps take 2 ms, so requests wait in the queue for a while: without the pause
@@ -326,12 +344,8 @@ static void test_down_replica_slots_not_counted(void **state) {
 static void test_refusing_replica_passes_requests_on(void **state) {
     (void)state;
     static fake_pipe f[2]; /* static: a failed test leaves its engine running */
-    fake_init(&f[0]);
-    fake_init(&f[1]);
-    atomic_store(&f[0].refuse, true);
-    atomic_store(&f[1].step_ms, 2);
     enum { N = 16 };
-    csd_engine *e = engine_over_pair(f, 1, N);
+    csd_engine *e = refusing_pair(f, 1, N, false);
     int32_t prompt[3] = {1, 2, 3};
     static outcome out[N];
     for (int i = 0; i < N; i++) submit(e, prompt, 3, 4, &out[i]);
@@ -375,22 +389,13 @@ static void test_request_every_replica_refuses_fails(void **state) {
 static void test_refused_request_not_stranded(void **state) {
     (void)state;
     static fake_pipe f[2]; /* static: a failed test leaves its engine running */
-    fake_init(&f[0]);
-    fake_init(&f[1]);
-    f[0].base.max_ctx = f[1].base.max_ctx = 1 << 20; /* the busy request runs until stopped */
-    atomic_store(&f[0].refuse, true);
-    atomic_store(&f[1].step_ms, 2);
-    csd_engine *e = engine_over_pair(f, 1, 4);
+    csd_engine *e = refusing_pair(f, 1, 4, true); /* the busy request runs until stopped */
     int32_t prompt[3] = {1, 2, 3};
     static outcome busy, refused;
     submit(e, prompt, 3, 100000, &busy); /* holds the other replica's only slot */
     while (atomic_load(&f[1].opens) == 0) sleep_ms(1);
     submit(e, prompt, 3, 2, &refused);
-    csd_engine_stats st;
-    do { /* the refusing replica has tried it: it waits for the busy one */
-        sleep_ms(1);
-        csd_engine_get_stats(e, &st);
-    } while (st.requests_rerouted == 0);
+    wait_rerouted(e, 1); /* the refusing replica has tried it: it waits for the busy one */
     sleep_ms(400); /* the pause (250 ms) is over */
     atomic_store(&f[1].up, false); /* the busy request fails with it */
     assert_true(wait_done_ms(&busy, 10000));
@@ -408,12 +413,7 @@ static void test_refused_request_not_stranded(void **state) {
 static void test_rerouted_requests_keep_order(void **state) {
     (void)state;
     static fake_pipe f[2]; /* static: a failed test leaves its engine running */
-    fake_init(&f[0]);
-    fake_init(&f[1]);
-    f[0].base.max_ctx = f[1].base.max_ctx = 1 << 20; /* the long requests run until cancelled */
-    atomic_store(&f[0].refuse, true);
-    atomic_store(&f[1].step_ms, 2);
-    csd_engine *e = engine_over_pair(f, 2, 8);
+    csd_engine *e = refusing_pair(f, 2, 8, true); /* the long requests run until cancelled */
     int32_t prompt[3] = {1, 2, 3};
     static outcome busy[2], r[4];
     uint64_t busy_id[2];
@@ -425,10 +425,7 @@ static void test_rerouted_requests_keep_order(void **state) {
     } while (st.ttft_count < 2);
     int64_t base = st.requests_rerouted;
     for (int i = 0; i < 4; i++) submit(e, prompt, 3, 2, &r[i]);
-    do { /* the refusing replica has refused all four (two at a time, after its pauses) */
-        sleep_ms(5);
-        csd_engine_get_stats(e, &st);
-    } while (st.requests_rerouted < base + 4);
+    wait_rerouted(e, base + 4); /* all four refused (two at a time, after its pauses) */
     for (int i = 0; i < 2; i++) csd_engine_cancel(e, busy_id[i]);
     for (int i = 0; i < 4; i++) {
         assert_true(wait_done_ms(&r[i], 10000));

@@ -54,6 +54,17 @@ void *csd_alloc_array(size_t n, size_t size) {
 
 void csd_free(void *p) { free(p); }
 
+void *csd_grow(void *p, size_t *cap, size_t n, size_t elem, size_t first) {
+    if (n < *cap) return p;
+    size_t more = *cap ? *cap * 2 : first;
+    void *q = csd_alloc_array(more, elem);
+    if (!q) return NULL;
+    if (n) memcpy(q, p, n * elem);
+    csd_free(p);
+    *cap = more;
+    return q;
+}
+
 char *csd_strdup(const char *s) {
     size_t n = strlen(s) + 1;
     char *d = csd_alloc(n);

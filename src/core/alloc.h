@@ -12,6 +12,10 @@ void *csd_alloc(size_t n);
 /* n * size with overflow check; NULL on overflow or failure. Zeroed, 64-byte aligned. */
 void *csd_alloc_array(size_t n, size_t size);
 void csd_free(void *p);
+/* Room for one more element in array p of *cap elements of elem bytes, n of them in use: p itself
+ * while n < *cap, else a new array of twice the capacity (first when empty) holding the n, p
+ * freed and *cap updated. NULL when that allocation fails (p and *cap are then as they were). */
+void *csd_grow(void *p, size_t *cap, size_t n, size_t elem, size_t first);
 /* Duplicates a NUL-terminated string (csd_free it). */
 char *csd_strdup(const char *s);
 /* Number of successful csd_alloc* calls since start (all threads). */

@@ -11,15 +11,9 @@
 
 static int new_node(csd_tok_trie *t, uint8_t byte, int32_t *at) {
     if (t->n == CSD_TOK_MAX_TRIE_NODES) return CSD_ERANGE;
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        csd_tok_trie_node *p = csd_alloc_array(cap, sizeof *p);
-        if (!p) return CSD_ENOMEM;
-        if (t->n) memcpy(p, t->p, t->n * sizeof *p);
-        csd_free(t->p);
-        t->p = p;
-        t->cap = cap;
-    }
+    csd_tok_trie_node *p = csd_grow(t->p, &t->cap, t->n, sizeof *p, 64);
+    if (!p) return CSD_ENOMEM;
+    t->p = p;
     t->p[t->n] = (csd_tok_trie_node){.child = NONE, .sibling = NONE, .sym = NONE, .byte = byte};
     *at = (int32_t)t->n++;
     return 0;

@@ -30,15 +30,9 @@ typedef struct enc_ctx {
 } enc_ctx;
 
 static int sec_push(sections *s, size_t off, size_t len, int32_t id) {
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? s->cap * 2 : 16;
-        section *p = csd_alloc_array(cap, sizeof *p);
-        if (!p) return CSD_ENOMEM;
-        if (s->n) memcpy(p, s->p, s->n * sizeof *p);
-        csd_free(s->p);
-        s->p = p;
-        s->cap = cap;
-    }
+    section *p = csd_grow(s->p, &s->cap, s->n, sizeof *p, 16);
+    if (!p) return CSD_ENOMEM;
+    s->p = p;
     s->p[s->n++] = (section){off, len, id};
     return 0;
 }

@@ -67,15 +67,9 @@ typedef struct cpvec {
 } cpvec;
 
 static int cp_push(cpvec *v, uint32_t cp) {
-    if (v->len == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 256;
-        uint32_t *p = csd_alloc_array(cap, sizeof *p);
-        if (!p) return CSD_ENOMEM;
-        if (v->len) memcpy(p, v->p, v->len * sizeof *p);
-        csd_free(v->p);
-        v->p = p;
-        v->cap = cap;
-    }
+    uint32_t *p = csd_grow(v->p, &v->cap, v->len, sizeof *p, 256);
+    if (!p) return CSD_ENOMEM;
+    v->p = p;
     v->p[v->len++] = cp;
     return 0;
 }

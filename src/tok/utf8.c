@@ -38,15 +38,9 @@ void csd_tok_buf_free(csd_tok_buf *b) {
 }
 
 int csd_tok_ids_push(csd_tok_ids *v, int32_t id) {
-    if (v->len == v->cap) {
-        size_t cap = v->cap ? v->cap * 2 : 64;
-        int32_t *p = csd_alloc_array(cap, sizeof *p);
-        if (!p) return CSD_ENOMEM;
-        if (v->len) memcpy(p, v->p, v->len * sizeof *p);
-        csd_free(v->p);
-        v->p = p;
-        v->cap = cap;
-    }
+    int32_t *p = csd_grow(v->p, &v->cap, v->len, sizeof *p, 64);
+    if (!p) return CSD_ENOMEM;
+    v->p = p;
     v->p[v->len++] = id;
     return 0;
 }
