@@ -11,6 +11,7 @@
 #  - serve waits for workers that start after it; a wrong export fails at once.
 #  - a request whose cached prefix a worker evicted computes its prompt instead of failing.
 #  - a replica that refuses every request passes them to the other replica.
+#  - speculative decoding (--spec-draft) through 2 stages gives the answers it gives without.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -532,4 +533,51 @@ moved=$(curl -s "http://127.0.0.1:$port/metrics" | sed -n 's/^cascadia_requests_
 echo "ok: with one replica refusing every request, 6/6 were answered by the other ($moved moved)"
 passed=$((passed + 1))
 fleet_down
+
+# 13. speculative decoding (--spec-draft 4) through a 2-stage fleet: each answer is the one it is
+#     without speculation (greedy, and sampled with logprobs), while /metrics counts draft tokens
+#     the model agreed with. stories260K: a real model's text repeats itself, so drafts come up.
+if [ -e "$CSD_SHARED_DIR/models/stories260K/golden.json" ]; then
+    d="$WORK/s-2"
+    fleet_up "$d" 2 --insecure
+    for k in 0 4; do
+        : >"$WORK/serve.log"
+        CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "$FLEET" --insecure --port 0 \
+            --hidden-dtype f32 --spec-draft $k >"$WORK/serve.log" 2>&1 &
+        spid=$!
+        wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve --spec-draft $k did not start"; }
+        for b in '"temperature":0' '"temperature":0.8,"seed":5,"logprobs":2'; do
+            curl -s -m 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+                -d "{\"prompt\":\"Once upon a time\",\"max_tokens\":150,\"ignore_eos\":true,$b}"
+            echo
+        done >"$WORK/spec$k.json"
+        curl -s "http://127.0.0.1:$port/metrics" >"$WORK/spec$k.metrics"
+        kill "$spid"; wait "$spid" 2>/dev/null || true
+    done
+    if ! /usr/bin/python3 - "$WORK/spec0.json" "$WORK/spec4.json" <<'PY'
+import json, sys
+plain, spec = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
+for a, b in zip(plain, spec):
+    ca, cb = a["choices"][0], b["choices"][0]
+    assert b["usage"]["completion_tokens"] == 150, b
+    assert ca["text"] == cb["text"], (ca["text"][-80:], cb["text"][-80:])
+    la, lb = (c["logprobs"]["token_logprobs"] if c.get("logprobs") else [] for c in (ca, cb))
+    assert len(la) == len(lb) and all(abs(x - y) < 1e-3 for x, y in zip(la, lb)), (la[:5], lb[:5])
+assert len(plain) == len(spec) == 2
+PY
+    then
+        cut -c1-300 "$WORK/spec0.json" "$WORK/spec4.json"; tail -5 "$WORK/serve.log"
+        fail "speculative decoding changed an answer"
+    fi
+    drafted=$(sed -n 's/^cascadia_spec_draft_tokens_total //p' "$WORK/spec4.metrics")
+    agreed=$(sed -n 's/^cascadia_spec_accepted_tokens_total //p' "$WORK/spec4.metrics")
+    [ "${agreed:-0}" -ge 1 ] || fail "no draft token was agreed with (nothing was tested): $agreed of $drafted"
+    grep -q '^cascadia_spec_draft_tokens_total 0$' "$WORK/spec0.metrics" ||
+        fail "drafts without --spec-draft: $(grep spec_draft "$WORK/spec0.metrics")"
+    echo "ok: --spec-draft 4 through 2 stages gives the same answers ($agreed of $drafted draft tokens agreed)"
+    passed=$((passed + 1))
+    fleet_down
+else
+    echo "speculative decoding part skipped: $CSD_SHARED_DIR/models/stories260K not found"
+fi
 echo "$passed passed, 0 failed"

@@ -518,6 +518,8 @@ typedef struct overlap_pipe {
     csd_err err[2];
     int head, count;
     atomic_bool cancelled;     /* set by the test when it cancels the watched one */
+    long hold_at;              /* > 0: a step begun once this many tokens were sent waits for the
+                                * cancel (however slowly the test's thread is scheduled) */
     atomic_long sent, sent_after_cancel;
 } overlap_pipe;
 
@@ -531,6 +533,8 @@ static int overlap_begin(csd_pipeline *p, const csd_step_entry *en, int n, float
     (void)err;
     overlap_pipe *o = (overlap_pipe *)p;
     assert_true(o->count < 2); /* the engine keeps to max_in_flight */
+    while (o->hold_at > 0 && atomic_load(&o->sent) >= o->hold_at && !atomic_load(&o->cancelled))
+        usleep(100);
     for (int i = 0; i < n; i++) {
         atomic_fetch_add(&o->sent, en[i].n);
         if (atomic_load(&o->cancelled)) atomic_fetch_add(&o->sent_after_cancel, en[i].n);
@@ -586,6 +590,7 @@ static void test_cancel_mid_prompt_with_steps_in_flight(void **state) {
     o.base.ops = &overlap_ops;
     o.base.max_in_flight = 2;
     o.in = f->pipe;
+    o.hold_at = 6;
     csd_pipeline *pipe = &o.base;
     csd_engine_opts opts;
     csd_engine_opts_default(&opts);

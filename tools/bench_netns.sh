@@ -3,6 +3,8 @@
 # bridge), 3 ms each way (netem, or tools/delay_relay.py where the kernel has no sch_netem), and
 # `cascadia bench --fleet` in a third namespace. Root only.
 # usage: tools/bench_netns.sh EXPORT_DIR [N_TOKENS] [WORKER_THREADS]
+#        BENCH_ARGS="--concurrency 1 --spec-draft 4" adds flags to the bench (speculative decoding
+#        across the round trip, with and without, side by side)
 set -euo pipefail
 X=$1; N=${2:-64}; WT=${3:-2}
 C=${CASCADIA:-$(cd "$(dirname "$0")/.." && pwd)/build/cascadia}
@@ -40,4 +42,5 @@ start $T-a "$X/stage-0.shard" 10.199.78.2
 start $T-b "$X/stage-1.shard" 10.199.78.3
 sleep 4
 echo "delay: $mode, 3 ms each way (6 ms round trip)"
-ip netns exec $T-c "$C" bench --fleet 10.199.78.2:7600,10.199.78.3:7600 --manifest "$X" --insecure -n "$N" -t 2
+ip netns exec $T-c "$C" bench --fleet 10.199.78.2:7600,10.199.78.3:7600 --manifest "$X" --insecure -n "$N" -t 2 \
+    ${BENCH_ARGS:-}

@@ -114,6 +114,8 @@ typedef struct level_result {
     double step_ms;         /* mean batched step of the engine */
     double wall_s;
     double load_avg;        /* 1-minute load average at the end of the level */
+    int spec_draft;         /* the engine's --spec-draft */
+    int64_t drafted, accepted; /* draft tokens checked and agreed with */
 } level_result;
 
 /* Submits c streams at once and waits for all of them. */
@@ -170,7 +172,14 @@ static int run_level(csd_engine *e, const csd_bench_args *a, int c, int64_t n_ge
     out->ttft_s = ttft / c;
     int64_t steps = st1.step_count - st0.step_count;
     out->step_ms = steps > 0 ? (st1.step_sum_s - st0.step_sum_s) / (double)steps * 1e3 : 0;
+    out->drafted = st1.spec_draft_tokens - st0.spec_draft_tokens;
+    out->accepted = st1.spec_accepted_tokens - st0.spec_accepted_tokens;
     return 0;
+}
+
+/* Percent of the draft tokens the model agreed with (0 when none were checked). */
+static double accepted_pct(const level_result *r) {
+    return r->drafted > 0 ? 100.0 * (double)r->accepted / (double)r->drafted : 0;
 }
 
 /* The levels' table as a JSON array, one object per concurrency level. */
@@ -190,6 +199,9 @@ static void print_levels_json(const csd_bench_args *a, const char *where, int th
         csd_cli_json_set_real(o, "ttft_s", res[i].ttft_s);
         csd_cli_json_set_real(o, "step_ms", res[i].step_ms);
         csd_cli_json_set_real(o, "load_avg", res[i].load_avg);
+        json_object_set_new(o, "spec_draft", json_integer(res[i].spec_draft));
+        json_object_set_new(o, "draft_tokens", json_integer(res[i].drafted));
+        json_object_set_new(o, "accepted_tokens", json_integer(res[i].accepted));
         csd_cli_bench_json_build(o);
         json_array_append_new(all, o);
     }
@@ -204,16 +216,79 @@ static void print_levels(const csd_bench_args *a, const bench_target *t, const l
         print_levels_json(a, where, threads, res, n);
         return;
     }
-    printf(
-        "| pipeline | threads | streams | prompt | gen | aggregate t/s | per-stream t/s | vs "
-        "first level | TTFT s | step ms | load |\n");
-    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| pipeline | threads | streams | spec draft | prompt | gen | aggregate t/s | "
+           "per-stream t/s | vs first level | TTFT s | step ms | accepted | load |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+           "---: |\n");
     for (int i = 0; i < n; i++)
-        printf("| %s | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.2f |\n", where,
-               threads, res[i].concurrency, (long long)a->stream_prompt, (long long)a->n_gen,
-               res[i].aggregate_tps, res[i].per_stream_tps,
+        printf("| %s | %d | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.1f%% | "
+               "%.2f |\n",
+               where, threads, res[i].concurrency, res[i].spec_draft, (long long)a->stream_prompt,
+               (long long)a->n_gen, res[i].aggregate_tps, res[i].per_stream_tps,
                res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
-               res[i].ttft_s, res[i].step_ms, res[i].load_avg);
+               res[i].ttft_s, res[i].step_ms, accepted_pct(&res[i]), res[i].load_avg);
+}
+
+/* Adds one repetition's figures to a level's means over reps. */
+static void add_rep(level_result *sum, const level_result *one, int reps) {
+    sum->aggregate_tps += one->aggregate_tps / reps;
+    sum->per_stream_tps += one->per_stream_tps / reps;
+    sum->ttft_s += one->ttft_s / reps;
+    sum->step_ms += one->step_ms / reps;
+    sum->wall_s += one->wall_s / reps;
+    sum->drafted += one->drafted;
+    sum->accepted += one->accepted;
+}
+
+/* The engines under test: without speculation, and with --spec-draft when it is given. Each
+ * repetition runs both on the same prompts, one after the other, so that their figures share
+ * the machine's moment. Returns how many engines were made (0 on failure). */
+static int make_engines(const csd_bench_args *a, int max_c, bench_target *t, csd_engine **e,
+                        csd_err *err) {
+    int n = a->spec_draft > 0 ? 2 : 1;
+    for (int k = 0; k < n; k++) {
+        csd_engine_opts eo;
+        csd_engine_opts_default(&eo);
+        eo.parallel = max_c;
+        eo.max_ctx = a->stream_prompt + a->n_gen + 8;
+        eo.spec_draft = k ? (int)a->spec_draft : 0;
+        if (csd_engine_create(&e[k], &t->pipe, 1, NULL, 0, &eo, err)) return 0;
+    }
+    return n;
+}
+
+/* Runs every level a->reps times on each engine; rows of res: a level's engines in order. */
+static int run_levels(const csd_bench_args *a, csd_engine **e, int n_eng, level_run *run,
+                      stream_ctx *sc, int32_t *prompt, level_result *res, csd_err *err) {
+    uint64_t rng = a->seed;
+    level_result warm;
+    int rc = 0;
+    for (int k = 0; !rc && k < n_eng; k++) /* pages, scratch */
+        rc = run_level(e[k], a, 1, 8, &rng, run, sc, prompt, &warm, err);
+    for (int l = 0; !rc && l < a->n_levels; l++) {
+        level_result *rows = res + l * n_eng;
+        for (int r = 0; !rc && r < a->reps; r++) {
+            uint64_t start = rng;
+            for (int k = 0; !rc && k < n_eng; k++) {
+                level_result one;
+                rng = start; /* the same prompts for every engine */
+                rc = run_level(e[k], a, a->levels[l], a->n_gen, &rng, run, sc, prompt, &one, err);
+                if (rc) break;
+                fprintf(stderr,
+                        "streams %d spec %d rep %d: %.2f t/s aggregate, %.2f t/s per stream, "
+                        "step %.1f ms\n",
+                        a->levels[l], k ? (int)a->spec_draft : 0, r + 1, one.aggregate_tps,
+                        one.per_stream_tps, one.step_ms);
+                add_rep(&rows[k], &one, a->reps);
+            }
+        }
+        for (int k = 0; k < n_eng; k++) {
+            rows[k].concurrency = a->levels[l];
+            rows[k].spec_draft = k ? (int)a->spec_draft : 0;
+            rows[k].load_avg = csd_cli_bench_loadavg();
+        }
+    }
+    return rc;
 }
 
 int csd_cli_bench_concurrency(csd_bench_args *a) {
@@ -221,11 +296,11 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
     int max_c = 1;
     for (int i = 0; i < a->n_levels; i++) max_c = a->levels[i] > max_c ? a->levels[i] : max_c;
     bench_target t;
-    csd_engine *e = NULL;
+    csd_engine *e[2] = {NULL, NULL};
     level_run *run = csd_alloc(sizeof *run);
     stream_ctx *sc = csd_alloc_array((size_t)max_c, sizeof *sc);
     int32_t *prompt = csd_alloc_array((size_t)a->stream_prompt, sizeof(int32_t));
-    level_result res[CSD_BENCH_MAX_LEVELS];
+    level_result res[2 * CSD_BENCH_MAX_LEVELS];
     memset(res, 0, sizeof res);
     if (!run || !sc || !prompt) {
         csd_free(run);
@@ -237,39 +312,13 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
     int rc = target_open(a, max_c, a->stream_prompt + a->n_gen + 16, &t, &err);
-    if (!rc) {
-        csd_engine_opts eo;
-        csd_engine_opts_default(&eo);
-        eo.parallel = max_c;
-        eo.max_ctx = a->stream_prompt + a->n_gen + 8;
-        rc = csd_engine_create(&e, &t.pipe, 1, NULL, 0, &eo, &err);
-    }
-    uint64_t rng = a->seed;
-    level_result warm;
-    if (!rc) rc = run_level(e, a, 1, 8, &rng, run, sc, prompt, &warm, &err); /* pages, scratch */
-    for (int l = 0; !rc && l < a->n_levels; l++) {
-        level_result sum;
-        memset(&sum, 0, sizeof sum);
-        for (int r = 0; !rc && r < a->reps; r++) {
-            level_result one;
-            rc = run_level(e, a, a->levels[l], a->n_gen, &rng, run, sc, prompt, &one, &err);
-            if (rc) break;
-            fprintf(stderr,
-                    "streams %d rep %d: %.2f t/s aggregate, %.2f t/s per stream, step %.1f ms\n",
-                    a->levels[l], r + 1, one.aggregate_tps, one.per_stream_tps, one.step_ms);
-            sum.aggregate_tps += one.aggregate_tps / a->reps;
-            sum.per_stream_tps += one.per_stream_tps / a->reps;
-            sum.ttft_s += one.ttft_s / a->reps;
-            sum.step_ms += one.step_ms / a->reps;
-            sum.wall_s += one.wall_s / a->reps;
-        }
-        sum.concurrency = a->levels[l];
-        sum.load_avg = csd_cli_bench_loadavg();
-        res[l] = sum;
-    }
-    if (!rc) print_levels(a, &t, res, a->n_levels);
+    int n_eng = rc ? 0 : make_engines(a, max_c, &t, e, &err);
+    if (!rc && n_eng == 0) rc = err.code ? err.code : CSD_EINVAL;
+    if (!rc) rc = run_levels(a, e, n_eng, run, sc, prompt, res, &err);
+    if (!rc) print_levels(a, &t, res, a->n_levels * n_eng);
     if (rc) csd_cli_error("bench", &err);
-    csd_engine_destroy(e);
+    csd_engine_destroy(e[0]);
+    csd_engine_destroy(e[1]);
     target_close(a, &t);
     pthread_cond_destroy(&run->cv);
     pthread_mutex_destroy(&run->mu);
@@ -325,7 +374,7 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
         uint64_t s = csd_now_ns();
         /* greedy decode steps, as `run` makes them */
         for (int64_t i = 0; !rc && i < a->n_gen; i++) {
-            csd_step_entry e = {req, &ids[i], 1, true, true};
+            csd_step_entry e = {req, &ids[i], 1, true, true, false};
             rc = p->ops->step_begin(p, &e, 1, logits, err);
             if (!rc) rc = p->ops->step_end(p, NULL, err);
         }

@@ -34,6 +34,7 @@ typedef struct csd_bench_args {
     int levels[CSD_BENCH_MAX_LEVELS]; /* --concurrency */
     int n_levels;
     int64_t stream_prompt;        /* prompt tokens of each concurrent stream */
+    int64_t spec_draft;           /* --spec-draft: also run each level with speculation */
     csd_cli_fleet fleet;
 } csd_bench_args;
 

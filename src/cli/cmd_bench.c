@@ -13,6 +13,7 @@
 #include "cli_json.h"
 #include "cli_util.h"
 #include "commands.h"
+#include "coord/ngram_draft.h"
 #include "core/alloc.h"
 #include "core/build_info.h"
 #include "core/clock.h"
@@ -35,6 +36,9 @@ static const char *const bench_usage =
     "  --json              one JSON object (a list with --concurrency) instead of the table\n"
     "  --concurrency LIST  concurrent streams through the engine, e.g. 1,2,4,8,16\n"
     "  --stream-prompt N   prompt tokens of each concurrent stream (default 16)\n"
+    "  --spec-draft N      with --concurrency: run each level twice, without speculative\n"
+    "                      decoding and with N draft tokens (serve --spec-draft), on the same\n"
+    "                      prompts, and give the share of drafts the model agreed with\n"
     "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it,\n"
     "                      the paired roofline (tg again, each token followed by a read of its\n"
     "                      bytes) and the stream ceiling (tg again, each token followed by every\n"
@@ -125,6 +129,7 @@ static int parse_number_flag(const char *f, const char *value, csd_bench_args *a
         {"--membw-mib", 0, max, &a->membw_mib},
         {"--peak-min-mib", 0, max, &a->peak_min_mib},
         {"--stream-prompt", 1, max, &a->stream_prompt},
+        {"--spec-draft", 0, CSD_SPEC_MAX_DRAFT, &a->spec_draft},
     };
     for (size_t i = 0; i < sizeof flags / sizeof *flags; i++) {
         if (strcmp(f, flags[i].flag)) continue;
@@ -174,6 +179,10 @@ static bool finish_args(csd_bench_args *a) {
     if (a->n_gen < 0) a->n_gen = a->n_levels ? 64 : 128;
     if (!a->n_levels && a->n_prompt == 0 && a->n_gen == 0) {
         fprintf(stderr, "cascadia bench: -p 0 and -n 0 leave nothing to measure\n");
+        return false;
+    }
+    if (a->spec_draft > 0 && !a->n_levels) {
+        fprintf(stderr, "cascadia bench: --spec-draft applies to --concurrency\n");
         return false;
     }
     if (a->n_levels && a->n_gen < 2) {

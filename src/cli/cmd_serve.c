@@ -14,6 +14,7 @@
 #include "fleet_setup.h"
 #include "commands.h"
 #include "coord/engine.h"
+#include "coord/ngram_draft.h"
 #include "coord/pipeline.h"
 #include "core/alloc.h"
 #include "core/build_info.h"
@@ -56,8 +57,12 @@ static const char *const serve_usage =
     "                       close a connection after this long without traffic (default 60;\n"
     "                       a response still generating is not idle)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
-    "                       (default 4, 0 = off)\n" CSD_CLI_MODEL_DIR_HELP CSD_CLI_MODEL_FLAGS_HELP
-        CSD_CLI_FLEET_FLAGS_HELP;
+    "                       (default 4, 0 = off)\n"
+    "  --spec-draft N       speculative decoding: each decoding request proposes up to N tokens\n"
+    "                       found after an earlier occurrence of its last tokens (in its prompt\n"
+    "                       or answer), and one step checks them all; the answer is the same\n"
+    "                       (default 0 = off; at most 16)\n" CSD_CLI_MODEL_DIR_HELP
+        CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
 /* --wait-workers' default: longer than a worker waits (45 s) before it replaces a quiet
@@ -80,6 +85,7 @@ typedef struct serve_args {
     int max_per_ip;
     int idle_timeout_s;
     int prefix_cache;
+    int spec_draft;
     csd_model_opts model;
     csd_cli_fleet fleet;                      /* shared fleet settings (manifest, key, ...) */
     const char *fleets[SERVE_MAX_FLEETS];     /* one --fleet per pipeline replica */
@@ -118,6 +124,9 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
     if (!strcmp(f, "--prefix-cache")) {
         if (!csd_cli_int("serve", f, value, 0, 1024, &v)) return 2;
         a->prefix_cache = (int)v;
+    } else if (!strcmp(f, "--spec-draft")) {
+        if (!csd_cli_int("serve", f, value, 0, CSD_SPEC_MAX_DRAFT, &v)) return 2;
+        a->spec_draft = (int)v;
     } else if (!strcmp(f, "--host")) {
         a->host = value;
     } else if (!strcmp(f, "--port")) {
@@ -410,6 +419,7 @@ static int start_engine(const serve_args *a, const csd_tok *tok, serve_backend *
     eo.parallel = a->parallel;
     eo.queue_max = a->queue_max;
     eo.prefix_cache = a->prefix_cache;
+    eo.spec_draft = a->spec_draft;
     return csd_engine_create(engine, b->pipes, b->n_pipes, eog, n_eog, &eo, err);
 }
 

@@ -19,6 +19,15 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "ngram_draft.h"
+
+_Static_assert(CSD_SPEC_MAX_DRAFT + 1 <= CSD_STEP_MAX_ALL_ROWS,
+               "a checked draft and its last token fit one entry's logit rows");
+
+/* Draft tokens one step checks at most, over all its requests: drafts pay off while a step costs
+ * about the same for a few more tokens (its weights are read once); a large batch has no such
+ * slack, and the logits rows are held for every step in flight. */
+#define SPEC_STEP_ROWS 64
 
 enum req_state { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
 
@@ -26,8 +35,10 @@ typedef struct req {
     struct req *next;         /* queue or active list */
     uint64_t id;
     uint32_t pid;             /* its pipeline id: id's low bits, a new one if it starts over */
-    int32_t *prompt;          /* owned copy */
+    int32_t *prompt;          /* owned copy; with speculation, the answer follows it (hist_cap) */
     int64_t n_prompt;
+    int64_t hist_cap;         /* room in prompt for the prompt and the answer; 0: prompt only */
+    int32_t spec_ids[CSD_SPEC_MAX_DRAFT + 1]; /* a decode step's tokens: the last one, a draft */
     int64_t n_prefilled;
     int64_t n_gen;
     int32_t last_token;
@@ -535,23 +546,49 @@ static void step_release(worker *w, req *r, int rc, bool alone, const char *msg)
     }
 }
 
-/* Builds a step from idle requests: every decoding one contributes its last token, prefilling
- * ones a chunk within the prefill budget. Takes at most `limit` requests. */
+/* Draft tokens one step may check (SPEC_STEP_ROWS). */
+static int64_t spec_rows(const csd_engine *e) {
+    int64_t n = (int64_t)e->opts.parallel * e->opts.spec_draft;
+    return n < SPEC_STEP_ROWS ? n : SPEC_STEP_ROWS;
+}
+
+/* The draft a decoding request r proposes after its last token (speculative decoding) into
+ * r->spec_ids[1..]: at most `room` tokens, none past its max_tokens or its context. Returns how
+ * many (0: none, or speculation is off). */
+static int draft(const csd_engine *e, req *r, int64_t room) {
+    int64_t k = e->opts.spec_draft;
+    int64_t left = r->params.max_tokens - r->n_gen - 1;   /* the step yields up to k + 1 */
+    int64_t ctx_left = e->max_ctx - (r->n_prompt + r->n_gen); /* the step's KV ends at + k */
+    if (left < k) k = left;
+    if (ctx_left < k) k = ctx_left;
+    if (room < k) k = room;
+    if (k <= 0 || r->hist_cap == 0) return 0;
+    return csd_ngram_draft(r->prompt, r->n_prompt + r->n_gen, r->spec_ids + 1, (int)k);
+}
+
+/* Builds a step from idle requests: every decoding one contributes its last token (and a draft
+ * to check, with speculation), prefilling ones a chunk within the prefill budget. Takes at most
+ * `limit` requests. */
 static void build_step(worker *w, inflight_step *s, int limit) {
-    int64_t budget = w->e->opts.prefill_chunk, tokens = 0;
+    int64_t budget = w->e->opts.prefill_chunk, tokens = 0, drafts = spec_rows(w->e);
     int64_t max_tokens = w->pipe->max_step_tokens;
     s->n = 0;
     for (req *r = w->active; r && s->n < limit && s->n < CSD_STEP_MAX_ENTRIES; r = r->next) {
         if (!can_step(r)) continue;
         csd_step_entry *en = &s->entries[s->n];
-        en->req = r->pid;
+        *en = (csd_step_entry){.req = r->pid}; /* nothing left of the step this slot carried */
         en->argmax_only = csd_sampler_is_plain_argmax(&r->params.sampling) &&
                           !r->params.logprobs && !r->params.json_vocab;
         if (r->state == REQ_DECODE) {
             if (tokens + 1 > max_tokens) break;
-            en->ids = &r->last_token;
-            en->n = 1;
+            int64_t room = max_tokens - tokens - 1;
+            int k = draft(w->e, r, room < drafts ? room : drafts);
+            drafts -= k;
+            r->spec_ids[0] = r->last_token;
+            en->ids = r->spec_ids;
+            en->n = 1 + k;
             en->want_logits = true;
+            en->all_logits = k > 0;
         } else {
             int64_t left = r->n_prompt - r->n_sent;
             int64_t take = left < budget ? left : budget;
@@ -585,8 +622,9 @@ static int32_t next_token(req *r, float *logits, int32_t vocab) {
     return -1;
 }
 
-/* Turns one request's logits into a token event and decides whether it goes on. */
-static void emit_token(worker *w, req *r, float *logits) {
+/* Turns one request's logits into a token event and decides whether it goes on: false when r
+ * has ended (and is freed). */
+static bool emit_token(worker *w, req *r, float *logits) {
     csd_engine *e = w->e;
     int32_t vocab = (int32_t)e->cfg.vocab_size;
     csd_token_event ev = {0};
@@ -596,7 +634,7 @@ static void emit_token(worker *w, req *r, float *logits) {
         remove_active(w, r);
         finish(w, r, CSD_REQ_END_ERROR, CSD_EINVAL,
                "response_format: no token of the vocabulary can continue the JSON object");
-        return;
+        return false;
     }
     csd_sampler_accept(r->sampler, ev.id);
     if (r->params.logprobs) {
@@ -620,6 +658,7 @@ static void emit_token(worker *w, req *r, float *logits) {
     pthread_mutex_unlock(&e->mu);
     if (!r->t_first) r->t_first = now;
     r->t_last = now;
+    if (r->n_prompt + r->n_gen < r->hist_cap) r->prompt[r->n_prompt + r->n_gen] = ev.id;
     r->n_gen++;
     r->last_token = ev.id;
     r->state = REQ_DECODE;
@@ -637,6 +676,37 @@ static void emit_token(worker *w, req *r, float *logits) {
         remove_active(w, r);
         finish(w, r, end, 0, NULL);
     }
+    return !end;
+}
+
+/* Speculative decoding: en carried r's last token and a draft of en->n - 1 tokens, and rows holds
+ * the logits after each. The token drawn from row i is r's next token exactly as without a draft
+ * (the same sampler, in the same order); while it equals draft token i + 1, that token's KV is
+ * already computed and row i + 1 gives the next. The first difference ends the step, and the KV
+ * of the draft tokens after it is dropped. */
+static void check_draft(worker *w, req *r, const csd_step_entry *en, float *rows) {
+    csd_engine *e = w->e;
+    int64_t vocab = e->cfg.vocab_size, base = r->n_prompt + r->n_gen - 1; /* ids[0]'s position */
+    int64_t used = 0; /* tokens of en whose KV stays: ids[0] and the agreed draft */
+    /* counted before the tokens go out: the last one's on_done may be read at once */
+    pthread_mutex_lock(&e->mu);
+    e->stats.spec_draft_tokens += en->n - 1;
+    pthread_mutex_unlock(&e->mu);
+    bool going = true;
+    for (;;) {
+        going = emit_token(w, r, rows + used * vocab);
+        used++;
+        if (!going || used == en->n || r->last_token != en->ids[used]) break;
+        pthread_mutex_lock(&e->mu);
+        e->stats.spec_accepted_tokens++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    if (!going || used == en->n) return; /* ended (r is freed), or the whole draft held */
+    csd_err err = {0};
+    if (w->pipe->ops->truncate(w->pipe, r->pid, base + used, &err)) {
+        remove_active(w, r);
+        finish(w, r, CSD_REQ_END_ERROR, err.code ? err.code : CSD_EIO, err.msg);
+    }
 }
 
 static void complete_step(worker *w, inflight_step *s) {
@@ -650,7 +720,8 @@ static void complete_step(worker *w, inflight_step *s) {
     int64_t vocab = e->cfg.vocab_size, row = 0;
     for (int i = 0; i < s->n; i++) {
         req *r = s->reqs[i];
-        bool wanted = s->entries[i].want_logits;
+        const csd_step_entry *en = &s->entries[i];
+        int64_t wanted = !en->want_logits ? 0 : en->all_logits ? en->n : 1;
         /* the pipeline failed (a worker died) or refused this request: fail it, keep serving */
         const csd_err *alone = &s->entry_err[i];
         int failed = rc ? rc : alone->code ? alone->code : r->fail_code;
@@ -659,11 +730,11 @@ static void complete_step(worker *w, inflight_step *s) {
             row += wanted;
             continue;
         }
-        if (r->state == REQ_PREFILL) r->n_prefilled += s->entries[i].n;
+        if (r->state == REQ_PREFILL) r->n_prefilled += en->n;
         r->in_flight--;
-        if (!wanted) continue;
-        emit_token(w, r, s->logits + row * vocab);
-        row++;
+        if (en->all_logits) check_draft(w, r, en, s->logits + row * vocab);
+        else if (wanted) emit_token(w, r, s->logits + row * vocab);
+        row += wanted;
     }
 }
 
@@ -750,6 +821,8 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
     if (e->opts.parallel > CSD_STEP_MAX_ENTRIES) e->opts.parallel = CSD_STEP_MAX_ENTRIES;
     if (e->opts.queue_max < 0) e->opts.queue_max = 0;
     if (e->opts.prefill_chunk <= 0) e->opts.prefill_chunk = 256;
+    if (e->opts.spec_draft < 0) e->opts.spec_draft = 0;
+    if (e->opts.spec_draft > CSD_SPEC_MAX_DRAFT) e->opts.spec_draft = CSD_SPEC_MAX_DRAFT;
     e->cfg = pipes[0]->cfg;
     e->max_ctx =
         opts->max_ctx > 0 && opts->max_ctx < pipes[0]->max_ctx ? opts->max_ctx : pipes[0]->max_ctx;
@@ -779,9 +852,10 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
         w->steps = csd_alloc_array((size_t)flight, sizeof(inflight_step));
         w->scratch_logits = csd_alloc_array((size_t)e->cfg.vocab_size, sizeof(float));
         int ok = w->steps && w->scratch_logits;
+        /* a row per request, or its last token's and its draft's with speculation */
+        size_t rows = (size_t)e->opts.parallel + (size_t)spec_rows(e);
         for (int s = 0; ok && s < flight; s++) {
-            w->steps[s].logits = csd_alloc_array(
-                (size_t)e->opts.parallel * (size_t)e->cfg.vocab_size, sizeof(float));
+            w->steps[s].logits = csd_alloc_array(rows * (size_t)e->cfg.vocab_size, sizeof(float));
             ok = w->steps[s].logits != NULL;
         }
         if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
@@ -856,7 +930,11 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     req *r = csd_alloc(sizeof *r);
     int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
                : csd_err_set(err, CSD_ENOMEM, "request");
-    if (!rc && !(r->prompt = csd_alloc_array((size_t)n_prompt, sizeof(int32_t))))
+    /* with speculation the answer is kept after the prompt: drafts are looked up in both */
+    int64_t room = e->max_ctx - n_prompt < params->max_tokens ? e->max_ctx - n_prompt
+                                                               : params->max_tokens;
+    int64_t cap = e->opts.spec_draft > 0 ? n_prompt + room : n_prompt;
+    if (!rc && !(r->prompt = csd_alloc_array((size_t)cap, sizeof(int32_t))))
         rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
     if (!rc && params->json_schema && !(r->schema = csd_json_schema_copy(params->json_schema)))
         rc = csd_err_set(err, CSD_ENOMEM, "schema copy");
@@ -867,6 +945,7 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept_prompt(r->sampler, prompt[i]);
     r->n_prompt = n_prompt;
+    r->hist_cap = e->opts.spec_draft > 0 ? cap : 0;
     r->params = *params;
     r->params.json_schema = r->schema;
     if (r->schema) csd_json_accept_init_schema(&r->json, r->schema);

@@ -27,6 +27,9 @@ typedef struct csd_engine_opts {
     int prefix_cache;      /* finished prompts kept (KV in every stage) for reuse, per pipeline;
                             * the pipeline needs parallel + prefix_cache request slots. 0: off */
     int64_t prefix_min;    /* shortest shared prefix worth reusing, in tokens; default 16 */
+    int spec_draft;        /* speculative decoding: draft tokens a decoding request proposes per
+                            * step from its own text (ngram_draft.h), all checked in that one
+                            * step; 0 (default): off; at most CSD_SPEC_MAX_DRAFT */
 } csd_engine_opts;
 
 void csd_engine_opts_default(csd_engine_opts *o);
@@ -99,6 +102,8 @@ typedef struct csd_engine_stats {
     int64_t prefix_refused;    /* requests refused after a copy: they computed their prompt */
     int prefix_entries;        /* prompts held in the cache now */
     int64_t requests_rerouted; /* failed on a replica before their first token, sent to another */
+    int64_t spec_draft_tokens;    /* draft tokens checked (speculative decoding) */
+    int64_t spec_accepted_tokens; /* of them, the ones the model agreed with */
 } csd_engine_stats;
 
 typedef struct csd_engine csd_engine;

@@ -32,13 +32,13 @@
 typedef struct pending_step {
     int n;                                   /* entries */
     uint32_t req[CSD_STEP_MAX_ENTRIES];
-    bool want[CSD_STEP_MAX_ENTRIES];
+    int64_t rows[CSD_STEP_MAX_ENTRIES];      /* logit rows it gets: 0, 1, or n (all_logits) */
     bool resolved[CSD_STEP_MAX_ENTRIES];
     int n_resolved;
     int entry_rc[CSD_STEP_MAX_ENTRIES];      /* a stage refused this entry's request alone */
     /* fields above are zeroed when a step begins */
     char entry_msg[CSD_STEP_MAX_ENTRIES][CSD_ERR_MSG_MAX]; /* why, where entry_rc is set */
-    float *logits;                           /* caller's buffer, packed rows for want entries */
+    float *logits;                           /* caller's buffer, packed rows (rows) */
     int rc;                                  /* first error of the step */
     char msg[CSD_ERR_MSG_MAX];
     uint64_t t_begin;
@@ -147,10 +147,41 @@ static pending_step *match_entry(fleet *f, uint32_t req, int *entry, int64_t *ro
                 *row = r;
                 return s;
             }
-            r += s->want[i];
+            r += s->rows[i];
         }
     }
     return NULL;
+}
+
+/* The last `rows` rows of a result into dst (rows, vocab): logits as they are, sampled ids as
+ * logits that make each id the argmax (a greedy request). */
+static int take_rows(const csd_wire_act *act, float *dst, int64_t rows, int64_t vocab,
+                     csd_err *err) {
+    if (act->n_tokens < (uint32_t)rows)
+        return csd_err_set(err, CSD_EPROTO, "result of %u rows, %lld expected",
+                           (unsigned)act->n_tokens, (long long)rows);
+    size_t skip = (size_t)(act->n_tokens - (uint32_t)rows);
+    csd_wire_act last = *act;
+    last.n_tokens = (uint32_t)rows;
+    if (act->kind == CSD_WIRE_ACT_LOGITS && act->dim == (uint32_t)vocab) {
+        last.data = act->data + skip * (size_t)vocab * 4;
+        last.data_bytes = (size_t)rows * (size_t)vocab * 4;
+        return csd_wire_act_to_f32(&last, dst, (size_t)(rows * vocab), err);
+    }
+    if (act->kind != CSD_WIRE_ACT_SAMPLED)
+        return csd_err_set(err, CSD_EPROTO, "result of kind %s",
+                           csd_wire_act_kind_name(act->kind));
+    uint32_t ids[CSD_STEP_MAX_ALL_ROWS]; /* step_begin bounds an entry's rows */
+    last.data = act->data + skip * 4;
+    last.data_bytes = (size_t)rows * 4;
+    int rc = csd_wire_act_ids(&last, ids, (uint32_t)rows, err);
+    for (int64_t r = 0; !rc && r < rows; r++) {
+        if (ids[r] >= (uint32_t)vocab)
+            return csd_err_set(err, CSD_EPROTO, "sampled id out of range");
+        float *row = dst + r * vocab;
+        for (int64_t v = 0; v < vocab; v++) row[v] = v == (int64_t)ids[r] ? 0.0f : -1e30f;
+    }
+    return rc;
 }
 
 static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
@@ -166,33 +197,9 @@ static void on_result(fleet *f, const csd_wire_hdr *h, const uint8_t *data) {
         CSD_LOGW("fleet: unexpected result for req=%u", h->request_id);
         return;
     }
-    int64_t vocab = f->opts.cfg.vocab_size;
-    if (!rc && s->want[entry]) {
-        float *dst = s->logits + row * vocab;
-        if (act.kind == CSD_WIRE_ACT_LOGITS && act.dim == (uint32_t)vocab && act.n_tokens >= 1) {
-            /* the last row is the next-token distribution */
-            csd_wire_act last = act;
-            last.data = act.data + (size_t)(act.n_tokens - 1) * (size_t)vocab * 4;
-            last.n_tokens = 1;
-            last.data_bytes = (size_t)vocab * 4;
-            rc = csd_wire_act_to_f32(&last, dst, (size_t)vocab, &err);
-        } else if (act.kind == CSD_WIRE_ACT_SAMPLED && act.n_tokens >= 1) {
-            uint32_t ids[1];
-            csd_wire_act one = act;
-            one.data = act.data + (size_t)(act.n_tokens - 1) * 4;
-            one.n_tokens = 1;
-            one.data_bytes = 4;
-            rc = csd_wire_act_ids(&one, ids, 1, &err);
-            if (!rc && ids[0] >= (uint32_t)vocab)
-                rc = csd_err_set(&err, CSD_EPROTO, "sampled id out of range");
-            /* a greedy request: logits that make the chosen id the argmax */
-            for (int64_t v = 0; !rc && v < vocab; v++)
-                dst[v] = v == (int64_t)ids[0] ? 0.0f : -1e30f;
-        } else {
-            rc = csd_err_set(&err, CSD_EPROTO, "result of kind %s",
-                             csd_wire_act_kind_name(act.kind));
-        }
-    }
+    if (!rc && s->rows[entry] > 0)
+        rc = take_rows(&act, s->logits + row * f->opts.cfg.vocab_size, s->rows[entry],
+                       f->opts.cfg.vocab_size, &err);
     if (rc && !s->rc) {
         s->rc = rc;
         snprintf(s->msg, sizeof s->msg, "%s", err.msg);
@@ -680,7 +687,12 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     if (n <= 0 || n > CSD_STEP_MAX_ENTRIES)
         return csd_err_set(err, CSD_EINVAL, "step of %d entries", n);
     int64_t total = 0;
-    for (int i = 0; i < n; i++) total += e[i].n;
+    for (int i = 0; i < n; i++) {
+        total += e[i].n;
+        if (e[i].all_logits && e[i].n > CSD_STEP_MAX_ALL_ROWS)
+            return csd_err_set(err, CSD_EINVAL, "logits of %lld rows for one request",
+                               (long long)e[i].n);
+    }
     if (total > f->opts.max_step_tokens)
         return csd_err_set(err, CSD_ERANGE, "step of %lld tokens exceeds the fleet's %lld",
                            (long long)total, (long long)f->opts.max_step_tokens);
@@ -709,7 +721,7 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
     s->n = n;
     for (int i = 0; i < n; i++) {
         s->req[i] = e[i].req;
-        s->want[i] = e[i].want_logits;
+        s->rows[i] = !e[i].want_logits ? 0 : e[i].all_logits ? e[i].n : 1;
     }
     s->logits = logits;
     s->rc = 0;
@@ -721,6 +733,7 @@ static int fleet_step_begin(csd_pipeline *p, const csd_step_entry *e, int n, flo
         /* the last stage answers with the token id unless the caller needs the distribution */
         uint16_t flags = (e[i].want_logits && !e[i].argmax_only ? CSD_WIRE_FLAG_OUT_LOGITS
                                                                 : CSD_WIRE_FLAG_OUT_SAMPLE) |
+                         (e[i].want_logits && e[i].all_logits ? CSD_WIRE_FLAG_ALL_TOKENS : 0) |
                          (i + 1 < n ? CSD_WIRE_FLAG_BATCH_MORE : 0);
         size_t len = 0;
         uint32_t pos;
@@ -814,7 +827,7 @@ static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int6
     fleet *f = (fleet *)p;
     for (int64_t done = 0; done < n;) { /* prompts in chunks the workers accept */
         int64_t chunk = n - done < f->opts.max_step_tokens ? n - done : f->opts.max_step_tokens;
-        csd_step_entry e = {req, ids + done, chunk, done + chunk == n, false};
+        csd_step_entry e = {req, ids + done, chunk, done + chunk == n, false, false};
         int rc = fleet_step_begin(p, &e, 1, logits, err);
         if (!rc) rc = fleet_step_end(p, NULL, err);
         if (rc) return rc;

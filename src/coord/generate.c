@@ -30,7 +30,7 @@ static bool is_eog(const csd_pipeline *p, const csd_gen_params *gp, int32_t id) 
  * back the token id instead of the whole logits row (128 KB for a 32K vocabulary). */
 static int decode_step(csd_pipeline *p, uint32_t req, const int32_t *id, bool argmax_only,
                        float *logits, csd_err *err) {
-    csd_step_entry e = {req, id, 1, true, argmax_only};
+    csd_step_entry e = {req, id, 1, true, argmax_only, false};
     int rc = p->ops->step_begin(p, &e, 1, logits, err);
     return rc ? rc : p->ops->step_end(p, NULL, err);
 }

@@ -65,7 +65,8 @@ static int run_step(local_pipeline *lp, const csd_step_entry *entries, int n_ent
         for (int64_t i = 0; i < entries[e].n; i++) {
             lp->batch_kv[fill] = s->kv;
             lp->batch_ids[fill] = entries[e].ids[i];
-            lp->batch_want[fill] = entries[e].want_logits && i == entries[e].n - 1;
+            lp->batch_want[fill] =
+                entries[e].want_logits && (entries[e].all_logits || i == entries[e].n - 1);
             bool last_token = e == n_entries - 1 && i == entries[e].n - 1;
             if (++fill == lp->max_batch || last_token) {
                 csd_batch b = {fill, lp->batch_ids, NULL, lp->batch_kv, lp->batch_want};

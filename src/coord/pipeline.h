@@ -22,10 +22,14 @@ typedef struct csd_step_entry {
     bool argmax_only;    /* the caller only takes the argmax (greedy, no penalties): a fleet may
                           * return the token id instead of the logits, and a one-hot row stands
                           * in */
+    bool all_logits;     /* with want_logits: the logits after every one of the n tokens (n
+                          * rows, in order), to check a speculative draft */
 } csd_step_entry;
 
 /* Most entries one step may carry. */
 #define CSD_STEP_MAX_ENTRIES 256
+/* Most tokens of an entry with all_logits. */
+#define CSD_STEP_MAX_ALL_ROWS 32
 
 typedef struct csd_pipeline_ops {
     /* Creates request req's state (KV caches in every stage) for up to max_ctx positions. */
@@ -34,7 +38,8 @@ typedef struct csd_pipeline_ops {
     int (*forward)(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_t n, float *logits,
                    csd_err *err);
     /* Starts a batched step over several requests (one forward per stage for all of them).
-     * Logits of the entries with want_logits are written to logits, packed in entry order, by
+     * Logits of the entries with want_logits are written to logits, packed in entry order (one
+     * row each, n rows for an entry with all_logits), by
      * the time the matching step_end returns; entries and logits must stay valid until then.
      * Up to max_in_flight steps may be begun before the oldest is ended: while stage 1 computes
      * step A, stage 0 computes step B. Steps end in the order they began. */

@@ -1,0 +1,341 @@
+/* Speculative decoding in the engine (--spec-draft): requests give exactly the tokens they give
+ * without it (greedy, seeded sampling with penalties, logprobs, a JSON answer), several at once
+ * and with prompts prefilled in chunks, while the stats show drafts checked and agreed with; the
+ * KV of rejected drafts is dropped (else the later tokens would differ); alone, a request takes
+ * one step fewer for each draft token agreed with; max_tokens and the context bound a draft. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord/engine.h"
+#include "model/model.h"
+#include "test_synth.h"
+#include "test_util.h"
+
+#define MAX_IDS 200
+#define N_REQ 6
+
+typedef struct collected {
+    int32_t ids[MAX_IDS];
+    float logprobs[MAX_IDS];
+    int n, end;
+    bool done;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} collected;
+
+static bool on_token(void *ctx, const csd_token_event *ev) {
+    collected *c = ctx;
+    if (c->n < MAX_IDS) {
+        c->logprobs[c->n] = ev->logprob;
+        c->ids[c->n++] = ev->id;
+    }
+    return false;
+}
+
+static void on_done(void *ctx, const csd_req_result *res) {
+    collected *c = ctx;
+    pthread_mutex_lock(&c->mu);
+    c->end = res->end;
+    c->done = true;
+    pthread_cond_signal(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void wait_done(collected *c) {
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+typedef struct fixture {
+    char dir[64];
+    csd_model *model;
+    csd_pipeline *pipe;
+    csd_vocab_bytes *vocab;
+} fixture;
+
+/* Token i of the tiny model's 300 is the byte i below 128; the rest have no bytes. */
+static int byte_tokens(void *ctx, int32_t id, uint8_t *out, size_t cap, size_t *len) {
+    (void)ctx;
+    *len = id < 128 && cap > 0;
+    if (*len) out[0] = (uint8_t)id;
+    return 0;
+}
+
+static int setup(void **state) {
+    fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/csd-spec-XXXXXX");
+    f->model = csd_test_load_tiny(f->dir, 256, 2);
+    csd_err err = {0};
+    assert_int_equal(csd_local_pipeline_create(&f->pipe, f->model, 8, &err), 0);
+    assert_int_equal(csd_vocab_bytes_create(&f->vocab, 300, byte_tokens, NULL, &err), 0);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state) {
+    fixture *f = *state;
+    csd_vocab_bytes_destroy(f->vocab);
+    f->pipe->ops->destroy(f->pipe);
+    csd_model_destroy(f->model);
+    assert_int_equal(csd_test_remove_tree(f->dir), 0);
+    free(f);
+    return 0;
+}
+
+/* Request i: a prompt that repeats a short pattern (drafts come from the first step on), and
+ * its own way of choosing tokens. */
+static void request_for(int i, int32_t *prompt, int *n, csd_req_params *p) {
+    int period = 3 + i % 3;
+    *n = 10 + 3 * i;
+    for (int k = 0; k < *n; k++) prompt[k] = (int32_t)(1 + ((k % period) * 37 + i * 11) % 290);
+    memset(p, 0, sizeof *p);
+    csd_sampler_params_default(&p->sampling);
+    p->max_tokens = 60;
+    p->ignore_eos = true;
+    p->sampling.seed = 7 + (uint64_t)i;
+    switch (i % 3) {
+    case 0: p->sampling.temperature = 0; break;      /* greedy */
+    case 1:                                          /* sampling, penalties, logprobs */
+        p->sampling.temperature = 0.8f;
+        p->sampling.frequency_penalty = 0.3f;
+        p->logprobs = true;
+        break;
+    default:                                         /* greedy with a repetition penalty */
+        p->sampling.temperature = 0;
+        p->sampling.repetition_penalty = 1.1f;
+        p->sampling.penalty_scope = CSD_PENALTY_OPENAI;
+    }
+}
+
+/* Runs the N_REQ requests at once (4 slots: two wait) with spec_draft k; their tokens in c. */
+static void run_all(fixture *f, int k, collected *c, csd_engine_stats *st) {
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 4;
+    o.prefill_chunk = 8;
+    o.spec_draft = k;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    csd_req_callbacks cb = {on_token, on_done};
+    for (int i = 0; i < N_REQ; i++) {
+        int32_t prompt[64];
+        int n;
+        csd_req_params p;
+        request_for(i, prompt, &n, &p);
+        memset(&c[i], 0, sizeof c[i]);
+        pthread_mutex_init(&c[i].mu, NULL);
+        pthread_cond_init(&c[i].cv, NULL);
+        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &c[i], NULL, &err), 0);
+    }
+    for (int i = 0; i < N_REQ; i++) wait_done(&c[i]);
+    csd_engine_get_stats(e, st);
+    csd_engine_destroy(e);
+}
+
+static void test_same_tokens_as_without(void **state) {
+    fixture *f = *state;
+    collected plain[N_REQ], spec[N_REQ];
+    csd_engine_stats st0, st1;
+    run_all(f, 0, plain, &st0);
+    run_all(f, 4, spec, &st1);
+    for (int i = 0; i < N_REQ; i++) {
+        assert_int_equal(plain[i].end, CSD_REQ_END_LENGTH);
+        assert_int_equal(spec[i].end, CSD_REQ_END_LENGTH);
+        assert_int_equal(spec[i].n, 60);
+        if (memcmp(plain[i].ids, spec[i].ids, 60 * sizeof(int32_t)))
+            fail_msg("request %d: the tokens differ with speculation", i);
+        for (int t = 0; t < 60; t++) /* the same distribution each token was drawn from */
+            assert_float_equal(plain[i].logprobs[t], spec[i].logprobs[t], 1e-4);
+    }
+    assert_int_equal(st0.spec_draft_tokens, 0);
+    assert_true(st1.spec_draft_tokens > 0);
+    assert_true(st1.spec_accepted_tokens > 0);
+    assert_true(st1.spec_accepted_tokens <= st1.spec_draft_tokens);
+    assert_int_equal(st1.completion_tokens_total, N_REQ * 60);
+    /* agreed drafts save steps */
+    assert_true(st1.step_count < st0.step_count);
+    printf("speculation: %lld of %lld draft tokens agreed; %lld steps instead of %lld\n",
+           (long long)st1.spec_accepted_tokens, (long long)st1.spec_draft_tokens,
+           (long long)st1.step_count, (long long)st0.step_count);
+}
+
+/* A JSON answer (response_format) checks each drafted token against the object so far. */
+static void test_json_answer(void **state) {
+    fixture *f = *state;
+    collected c[2];
+    csd_engine_stats st;
+    for (int k = 0; k < 2; k++) {
+        csd_engine_opts o;
+        csd_engine_opts_default(&o);
+        o.spec_draft = k ? 6 : 0;
+        csd_engine *e = NULL;
+        csd_err err = {0};
+        assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+        csd_req_params p;
+        memset(&p, 0, sizeof p);
+        csd_sampler_params_default(&p.sampling);
+        p.sampling.temperature = 0.7f;
+        p.sampling.seed = 3;
+        p.max_tokens = 80;
+        p.json_vocab = f->vocab;
+        /* a prompt that spells JSON, so drafts are JSON too */
+        const char *text = "{\"a\": \"bb\", \"a\": \"bb\", \"a\": \"b";
+        int32_t prompt[64];
+        int n = (int)strlen(text);
+        for (int i = 0; i < n; i++) prompt[i] = (int32_t)text[i];
+        csd_req_callbacks cb = {on_token, on_done};
+        memset(&c[k], 0, sizeof c[k]);
+        pthread_mutex_init(&c[k].mu, NULL);
+        pthread_cond_init(&c[k].cv, NULL);
+        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &c[k], NULL, &err), 0);
+        wait_done(&c[k]);
+        csd_engine_get_stats(e, &st);
+        csd_engine_destroy(e);
+    }
+    assert_true(st.spec_draft_tokens > 0); /* the speculating run checked drafts */
+    assert_int_equal(c[1].end, c[0].end);
+    assert_int_equal(c[1].n, c[0].n);
+    assert_memory_equal(c[1].ids, c[0].ids, (size_t)c[0].n * sizeof(int32_t));
+}
+
+/* One request alone: each agreed draft token saves exactly one step. */
+static void test_a_step_saved_per_agreed_token(void **state) {
+    fixture *f = *state;
+    int64_t steps[2], agreed = 0;
+    collected c[2];
+    for (int k = 0; k < 2; k++) {
+        csd_engine_opts o;
+        csd_engine_opts_default(&o);
+        o.spec_draft = k ? 5 : 0;
+        csd_engine *e = NULL;
+        csd_err err = {0};
+        assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+        int32_t prompt[64];
+        int n;
+        csd_req_params p;
+        request_for(0, prompt, &n, &p);
+        p.max_tokens = 120;
+        csd_req_callbacks cb = {on_token, on_done};
+        memset(&c[k], 0, sizeof c[k]);
+        pthread_mutex_init(&c[k].mu, NULL);
+        pthread_cond_init(&c[k].cv, NULL);
+        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &c[k], NULL, &err), 0);
+        wait_done(&c[k]);
+        csd_engine_stats st;
+        csd_engine_get_stats(e, &st);
+        steps[k] = st.step_count;
+        agreed = st.spec_accepted_tokens;
+        csd_engine_destroy(e);
+    }
+    assert_int_equal(c[1].n, 120);
+    assert_memory_equal(c[0].ids, c[1].ids, 120 * sizeof(int32_t));
+    assert_true(agreed > 0);
+    assert_int_equal(steps[0] - steps[1], agreed);
+}
+
+/* Submits request i (max_tokens: max) to e and waits for it. */
+static void run_one(csd_engine *e, int i, int64_t max, collected *c) {
+    int32_t prompt[64];
+    int n;
+    csd_req_params p;
+    request_for(i, prompt, &n, &p);
+    p.max_tokens = max;
+    csd_req_callbacks cb = {on_token, on_done};
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    csd_err err = {0};
+    assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, c, NULL, &err), 0);
+    wait_done(c);
+    assert_int_equal(c->end, CSD_REQ_END_LENGTH);
+}
+
+static csd_engine *engine_with(fixture *f, int spec_draft) {
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.spec_draft = spec_draft;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    return e;
+}
+
+/* Requests one after another on one engine: a request's prompt is never taken for a draft of the
+ * one before it. (The step entry that carried the last draft of one, when its answer ended within
+ * that draft, is reused for the next one's prompt; among the answer lengths below some end so.) */
+static void test_one_after_another(void **state) {
+    fixture *f = *state;
+    collected alone, first, second;
+    csd_engine *plain = engine_with(f, 0);
+    run_one(plain, 1, 30, &alone);
+    csd_engine_destroy(plain);
+    csd_engine *e = engine_with(f, 4);
+    for (int64_t max = 20; max < 36; max++) {
+        run_one(e, 0, max, &first);
+        run_one(e, 1, 30, &second);
+        if (memcmp(second.ids, alone.ids, 30 * sizeof(int32_t)))
+            fail_msg("after a first answer of %lld tokens the second one differs", (long long)max);
+    }
+    csd_engine_destroy(e);
+}
+
+/* Near max_tokens and the context a draft is cut short: a request asked for 2 tokens gets 2, and
+ * one whose prompt nearly fills the context ends there, as without speculation. */
+static void test_bounds(void **state) {
+    fixture *f = *state;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.spec_draft = 16;
+    o.max_ctx = 40;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    int32_t prompt[38];
+    for (int i = 0; i < 38; i++) prompt[i] = 5 + i % 2;
+    csd_req_callbacks cb = {on_token, on_done};
+    const struct {
+        int n_prompt;
+        int64_t max_tokens;
+        int expect;
+    } cases[] = {{10, 2, 2}, {36, 100, 4}, {10, 100, 30}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        csd_req_params p;
+        memset(&p, 0, sizeof p);
+        csd_sampler_params_default(&p.sampling);
+        p.sampling.temperature = 0;
+        p.max_tokens = cases[i].max_tokens;
+        p.ignore_eos = true;
+        collected c;
+        memset(&c, 0, sizeof c);
+        pthread_mutex_init(&c.mu, NULL);
+        pthread_cond_init(&c.cv, NULL);
+        assert_int_equal(
+            csd_engine_submit(e, prompt, cases[i].n_prompt, &p, &cb, &c, NULL, &err), 0);
+        wait_done(&c);
+        assert_int_equal(c.end, CSD_REQ_END_LENGTH);
+        assert_int_equal(c.n, cases[i].expect);
+    }
+    csd_engine_destroy(e);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_same_tokens_as_without),
+        cmocka_unit_test(test_json_answer),
+        cmocka_unit_test(test_a_step_saved_per_agreed_token),
+        cmocka_unit_test(test_one_after_another),
+        cmocka_unit_test(test_bounds),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
