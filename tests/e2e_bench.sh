@@ -86,7 +86,8 @@ set +e
 set -e
 [ $rc -eq 2 ] && grep -q -- "--depth applies" "$WORK/err" || fail "-d with --concurrency: rc $rc, $(cat "$WORK/err")"
 # bad values are usage errors (exit 2) naming the flag, before the model is loaded
-for args in "-r 0" "-r 1001" "--concurrency 1,," "--concurrency 0" "-p -1" "--bogus 1"; do
+for args in "-r 0" "-r 1001" "--concurrency 1,," "--concurrency 0" "-p -1" "--bogus 1" \
+    "--spec-draft 17" "--spec-draft 2"; do
     flag=${args%% *}
     # shellcheck disable=SC2086 # args is a list of words
     rc=0; "$CASCADIA" bench "$M" $args >/dev/null 2>"$WORK/err" || rc=$?
@@ -116,4 +117,14 @@ assert abs(levels[1]["speedup_vs_1"] - levels[1]["aggregate_tps"] / levels[0]["a
 assert all(l["per_stream_tps"] > 0 and l["ttft_s"] > 0 and l["step_ms"] > 0 for l in levels), levels
 assert all(l["build_commit"] and l["version"] and l["cpu"] for l in levels), levels
 PY
-echo "8 passed, 0 failed"
+# --spec-draft: each level without and with speculation, side by side
+"$CASCADIA" bench "$M" --concurrency 1,2 -n 8 --spec-draft 2 --json > "$WORK/spec.json" 2>"$WORK/err" ||
+    fail "bench --spec-draft: $(cat "$WORK/err")"
+/usr/bin/python3 - "$WORK/spec.json" <<'PY' || fail "bench --spec-draft --json: $(cat "$WORK/spec.json")"
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert [(r["concurrency"], r["spec_draft"]) for r in rows] == [(1, 0), (1, 2), (2, 0), (2, 2)], rows
+assert all(r["aggregate_tps"] > 0 and 0 <= r["accepted_tokens"] <= r["draft_tokens"] for r in rows)
+assert rows[0]["draft_tokens"] == 0 and rows[2]["draft_tokens"] == 0, rows
+PY
+echo "9 passed, 0 failed"

@@ -92,6 +92,32 @@ static int teardown(void **state) {
     return 0;
 }
 
+/* An engine over the fixture's pipeline: spec_draft draft tokens, a context of max_ctx (0: the
+ * model's), 4 slots. */
+static csd_engine *engine_with(fixture *f, int spec_draft, int64_t max_ctx) {
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.spec_draft = spec_draft;
+    o.max_ctx = max_ctx;
+    o.parallel = 4;
+    o.prefill_chunk = 8; /* prompts prefill over several steps while others decode */
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    return e;
+}
+
+/* Submits a request whose tokens go to c. */
+static void submit(csd_engine *e, const int32_t *prompt, int n, const csd_req_params *p,
+                   collected *c) {
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    csd_req_callbacks cb = {on_token, on_done};
+    csd_err err = {0};
+    assert_int_equal(csd_engine_submit(e, prompt, n, p, &cb, c, NULL, &err), 0);
+}
+
 /* Request i: a prompt that repeats a short pattern (drafts come from the first step on), and
  * its own way of choosing tokens. */
 static void request_for(int i, int32_t *prompt, int *n, csd_req_params *p) {
@@ -119,24 +145,13 @@ static void request_for(int i, int32_t *prompt, int *n, csd_req_params *p) {
 
 /* Runs the N_REQ requests at once (4 slots: two wait) with spec_draft k; their tokens in c. */
 static void run_all(fixture *f, int k, collected *c, csd_engine_stats *st) {
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.parallel = 4;
-    o.prefill_chunk = 8;
-    o.spec_draft = k;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
-    csd_req_callbacks cb = {on_token, on_done};
+    csd_engine *e = engine_with(f, k, 0);
     for (int i = 0; i < N_REQ; i++) {
         int32_t prompt[64];
         int n;
         csd_req_params p;
         request_for(i, prompt, &n, &p);
-        memset(&c[i], 0, sizeof c[i]);
-        pthread_mutex_init(&c[i].mu, NULL);
-        pthread_cond_init(&c[i].cv, NULL);
-        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &c[i], NULL, &err), 0);
+        submit(e, prompt, n, &p, &c[i]);
     }
     for (int i = 0; i < N_REQ; i++) wait_done(&c[i]);
     csd_engine_get_stats(e, st);
@@ -175,30 +190,21 @@ static void test_json_answer(void **state) {
     fixture *f = *state;
     collected c[2];
     csd_engine_stats st;
+    /* a prompt that spells JSON, so drafts are JSON too */
+    const char *text = "{\"a\": \"bb\", \"a\": \"bb\", \"a\": \"b";
+    int32_t prompt[64];
+    int n = (int)strlen(text);
+    for (int i = 0; i < n; i++) prompt[i] = (int32_t)text[i];
+    csd_req_params p;
+    memset(&p, 0, sizeof p);
+    csd_sampler_params_default(&p.sampling);
+    p.sampling.temperature = 0.7f;
+    p.sampling.seed = 3;
+    p.max_tokens = 80;
+    p.json_vocab = f->vocab;
     for (int k = 0; k < 2; k++) {
-        csd_engine_opts o;
-        csd_engine_opts_default(&o);
-        o.spec_draft = k ? 6 : 0;
-        csd_engine *e = NULL;
-        csd_err err = {0};
-        assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
-        csd_req_params p;
-        memset(&p, 0, sizeof p);
-        csd_sampler_params_default(&p.sampling);
-        p.sampling.temperature = 0.7f;
-        p.sampling.seed = 3;
-        p.max_tokens = 80;
-        p.json_vocab = f->vocab;
-        /* a prompt that spells JSON, so drafts are JSON too */
-        const char *text = "{\"a\": \"bb\", \"a\": \"bb\", \"a\": \"b";
-        int32_t prompt[64];
-        int n = (int)strlen(text);
-        for (int i = 0; i < n; i++) prompt[i] = (int32_t)text[i];
-        csd_req_callbacks cb = {on_token, on_done};
-        memset(&c[k], 0, sizeof c[k]);
-        pthread_mutex_init(&c[k].mu, NULL);
-        pthread_cond_init(&c[k].cv, NULL);
-        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &c[k], NULL, &err), 0);
+        csd_engine *e = engine_with(f, k ? 6 : 0, 0);
+        submit(e, prompt, n, &p, &c[k]);
         wait_done(&c[k]);
         csd_engine_get_stats(e, &st);
         csd_engine_destroy(e);
@@ -215,22 +221,13 @@ static void test_a_step_saved_per_agreed_token(void **state) {
     int64_t steps[2], agreed = 0;
     collected c[2];
     for (int k = 0; k < 2; k++) {
-        csd_engine_opts o;
-        csd_engine_opts_default(&o);
-        o.spec_draft = k ? 5 : 0;
-        csd_engine *e = NULL;
-        csd_err err = {0};
-        assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+        csd_engine *e = engine_with(f, k ? 5 : 0, 0);
         int32_t prompt[64];
         int n;
         csd_req_params p;
         request_for(0, prompt, &n, &p);
         p.max_tokens = 120;
-        csd_req_callbacks cb = {on_token, on_done};
-        memset(&c[k], 0, sizeof c[k]);
-        pthread_mutex_init(&c[k].mu, NULL);
-        pthread_cond_init(&c[k].cv, NULL);
-        assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, &c[k], NULL, &err), 0);
+        submit(e, prompt, n, &p, &c[k]);
         wait_done(&c[k]);
         csd_engine_stats st;
         csd_engine_get_stats(e, &st);
@@ -244,31 +241,16 @@ static void test_a_step_saved_per_agreed_token(void **state) {
     assert_int_equal(steps[0] - steps[1], agreed);
 }
 
-/* Submits request i (max_tokens: max) to e and waits for it. */
+/* Runs request i (max_tokens: max) on e. */
 static void run_one(csd_engine *e, int i, int64_t max, collected *c) {
     int32_t prompt[64];
     int n;
     csd_req_params p;
     request_for(i, prompt, &n, &p);
     p.max_tokens = max;
-    csd_req_callbacks cb = {on_token, on_done};
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    csd_err err = {0};
-    assert_int_equal(csd_engine_submit(e, prompt, n, &p, &cb, c, NULL, &err), 0);
+    submit(e, prompt, n, &p, c);
     wait_done(c);
     assert_int_equal(c->end, CSD_REQ_END_LENGTH);
-}
-
-static csd_engine *engine_with(fixture *f, int spec_draft) {
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.spec_draft = spec_draft;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
-    return e;
 }
 
 /* Requests one after another on one engine: a request's prompt is never taken for a draft of the
@@ -277,10 +259,10 @@ static csd_engine *engine_with(fixture *f, int spec_draft) {
 static void test_one_after_another(void **state) {
     fixture *f = *state;
     collected alone, first, second;
-    csd_engine *plain = engine_with(f, 0);
+    csd_engine *plain = engine_with(f, 0, 0);
     run_one(plain, 1, 30, &alone);
     csd_engine_destroy(plain);
-    csd_engine *e = engine_with(f, 4);
+    csd_engine *e = engine_with(f, 4, 0);
     for (int64_t max = 20; max < 36; max++) {
         run_one(e, 0, max, &first);
         run_one(e, 1, 30, &second);
@@ -294,16 +276,9 @@ static void test_one_after_another(void **state) {
  * one whose prompt nearly fills the context ends there, as without speculation. */
 static void test_bounds(void **state) {
     fixture *f = *state;
-    csd_engine_opts o;
-    csd_engine_opts_default(&o);
-    o.spec_draft = 16;
-    o.max_ctx = 40;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
+    csd_engine *e = engine_with(f, 16, 40);
     int32_t prompt[38];
     for (int i = 0; i < 38; i++) prompt[i] = 5 + i % 2;
-    csd_req_callbacks cb = {on_token, on_done};
     const struct {
         int n_prompt;
         int64_t max_tokens;
@@ -317,11 +292,7 @@ static void test_bounds(void **state) {
         p.max_tokens = cases[i].max_tokens;
         p.ignore_eos = true;
         collected c;
-        memset(&c, 0, sizeof c);
-        pthread_mutex_init(&c.mu, NULL);
-        pthread_cond_init(&c.cv, NULL);
-        assert_int_equal(
-            csd_engine_submit(e, prompt, cases[i].n_prompt, &p, &cb, &c, NULL, &err), 0);
+        submit(e, prompt, cases[i].n_prompt, &p, &c);
         wait_done(&c);
         assert_int_equal(c.end, CSD_REQ_END_LENGTH);
         assert_int_equal(c.n, cases[i].expect);
