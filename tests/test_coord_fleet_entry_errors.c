@@ -3,7 +3,9 @@
  * requests 11 and 13 with different codes and texts and answers 12. Through step_end with
  * per-entry errors each refused entry gets its own code and message (until stop 49 every refused
  * entry got the first refusal's text), the answered one none; without them the step fails with
- * the first. A refused OPEN's reason reaches the step that then finds the request not open. */
+ * the first. A refused OPEN's reason reaches the step that then finds the request not open. An
+ * error that names its stage ("stage N: ...", as a worker's do) is reported with that stage's
+ * address. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -19,7 +21,9 @@
 
 static const char *refuse_odd(uint32_t request_id, int *code) {
     *code = request_id == 11 ? CSD_ERANGE : CSD_ENOTFOUND;
-    if (request_id == 11) return "request 11: position beyond this stage's context";
+    /* a worker names itself (stage_server.c, send_req_error); a peer that does not is named by
+     * the link the refusal came on */
+    if (request_id == 11) return "stage 0: request 11: position beyond this stage's context";
     if (request_id == 13) return "request 13 is not open on this stage";
     return NULL;
 }
@@ -55,6 +59,7 @@ static void test_each_refused_entry_has_its_reason(void **state) {
     assert_int_equal(p->ops->step_end(p, entry_err, &err), 0);
     assert_int_equal(entry_err[0].code, CSD_ERANGE);
     assert_non_null(strstr(entry_err[0].msg, "request 11: position beyond"));
+    assert_non_null(strstr(entry_err[0].msg, "stage 0 at 127.0.0.1:")); /* the stage it names */
     assert_int_equal(entry_err[1].code, 0);
     assert_string_equal(entry_err[1].msg, "");
     assert_int_equal(entry_err[2].code, CSD_ENOTFOUND);

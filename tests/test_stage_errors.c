@@ -10,7 +10,10 @@
  *    would answer it too, and the coordinator match the extra answers to later steps);
  *  - when the last frame of a BATCH_MORE group fails, the frame sent on for the group ends it, so
  *    the next stage does not wait for one that never comes;
- *  - the last stage refuses OUT_HIDDEN, which it does not serve, instead of answering logits. */
+ *  - the last stage refuses OUT_HIDDEN, which it does not serve, instead of answering logits;
+ *  - a frame of a batched group that cannot run fails alone: one past its request's context, a
+ *    second frame of a request already in the group, one asking no output or two; the group's
+ *    other frames are answered. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -140,13 +143,15 @@ static void send_frame(csd_conn *c, int type, uint16_t flags, uint32_t req, uint
     if (csd_conn_send(c, &h, payload, len, &err)) fail_msg("send: %s", err.msg);
 }
 
-static void send_open(csd_conn *c, uint32_t req) {
-    csd_wire_open o = csd_wire_open_default(MAX_CTX);
+static void send_open_ctx(csd_conn *c, uint32_t req, uint32_t max_ctx) {
+    csd_wire_open o = csd_wire_open_default(max_ctx);
     uint8_t buf[64];
     size_t len = 0;
     assert_int_equal(csd_wire_encode_open(buf, sizeof buf, &o, &len, NULL), 0);
     send_frame(c, CSD_WIRE_OPEN, 0, req, 0, buf, len);
 }
+
+static void send_open(csd_conn *c, uint32_t req) { send_open_ctx(c, req, MAX_CTX); }
 
 /* FORWARD of n token ids (stage 0's input) at position pos. */
 static void send_tokens(csd_conn *c, uint32_t req, uint32_t pos, const uint32_t *ids, uint32_t n,
@@ -336,12 +341,80 @@ static void test_last_stage_refuses_out_hidden(void **state) {
     csd_conn_destroy(coord);
 }
 
+/* FORWARD of n hidden rows (the last stage's input) at position pos. */
+static void send_hidden(csd_conn *c, uint32_t req, uint32_t pos, uint32_t n, uint16_t flags) {
+    float x[2 * 64];
+    for (int i = 0; i < 2 * 64; i++) x[i] = (float)(i % 7) * 0.1f;
+    uint8_t payload[CSD_WIRE_ACT_HDR_SIZE + sizeof x];
+    size_t len = 0;
+    assert_true(n <= 2);
+    assert_int_equal(csd_wire_encode_rows_f32(payload, sizeof payload, CSD_WIRE_ACT_HIDDEN,
+                                              CSD_DTYPE_F32, x, n, 64, &len, NULL),
+                     0);
+    send_frame(c, CSD_WIRE_FORWARD, flags, req, pos, payload, len);
+}
+
+/* One frame of a group: request, position, rows, flags. */
+typedef struct frame {
+    uint32_t req, pos, n;
+    uint16_t flags;
+} frame;
+
+/* Sends a group of two frames (the first with BATCH_MORE) and takes the two answers: an ERROR
+ * for frame fr[bad] (its text must hold why) and the RESULT of the other. */
+static void expect_one_refused(csd_conn *c, const frame fr[2], int bad, const char *why) {
+    send_hidden(c, fr[0].req, fr[0].pos, fr[0].n, fr[0].flags | CSD_WIRE_FLAG_BATCH_MORE);
+    send_hidden(c, fr[1].req, fr[1].pos, fr[1].n, fr[1].flags);
+    const frame *good = &fr[1 - bad];
+    csd_netbuf buf = {0};
+    int errors = 0, results = 0;
+    for (int k = 0; k < 2; k++) {
+        csd_wire_hdr h = next_frame(c, &buf);
+        if (h.type == CSD_WIRE_RESULT) {
+            assert_int_equal(h.request_id, good->req);
+            assert_int_equal(h.position, good->pos);
+            results++;
+            continue;
+        }
+        csd_wire_error e;
+        error_text(&h, &buf, &e);
+        assert_int_equal(h.request_id, fr[bad].req);
+        if (!strstr(e.text, why)) fail_msg("ERROR '%s', expected '%s'", e.text, why);
+        errors++;
+    }
+    assert_int_equal(errors, 1);
+    assert_int_equal(results, 1);
+    csd_netbuf_fini(&buf);
+}
+
+static void test_batch_member_fails_alone(void **state) {
+    fixture *f = *state;
+    csd_conn *coord = connect_coord(f, 1);
+    const uint16_t sample = CSD_WIRE_FLAG_OUT_SAMPLE;
+    send_open_ctx(coord, 5, 1); /* room for one position */
+    send_open(coord, 6);
+    /* two rows past request 5's context of one: 5 fails, 6 is answered */
+    expect_one_refused(coord, (frame[2]){{5, 0, 2, sample}, {6, 0, 1, sample}}, 0,
+                       "sequence is full");
+    /* request 6 twice in one group: its second frame fails */
+    expect_one_refused(coord, (frame[2]){{6, 1, 1, sample}, {6, 2, 1, sample}}, 1,
+                       "twice in one batch");
+    /* no output asked, then two: refused, not answered with a guess */
+    expect_one_refused(coord, (frame[2]){{6, 2, 1, 0}, {5, 0, 1, sample}}, 0,
+                       "exactly one output");
+    const uint16_t both = sample | CSD_WIRE_FLAG_OUT_HIDDEN;
+    expect_one_refused(coord, (frame[2]){{6, 2, 1, both}, {5, 0, 1, sample}}, 0,
+                       "exactly one output");
+    csd_conn_destroy(coord);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_broken_next_link_is_reported, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refused_truncate_answered_once, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_group_end_still_ends_group, setup, teardown),
         cmocka_unit_test_setup_teardown(test_last_stage_refuses_out_hidden, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_batch_member_fails_alone, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

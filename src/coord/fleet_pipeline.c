@@ -237,6 +237,21 @@ static bool claim_refusal(fleet *f, uint32_t req, pending_step *s, int entry) {
     return false;
 }
 
+/* A request's ERROR names its stage ("stage N: why", from the worker that refused it), while it
+ * arrives on the last stage's link: msg names the worker that refused, by its address. */
+static void error_source(const fleet *f, int index, const char *text, char *msg, size_t cap) {
+    unsigned stage = 0;
+    int used = 0;
+    if (sscanf(text, "stage %u: %n", &stage, &used) == 1 && used > 0 &&
+        stage >= f->opts.first_remote_stage &&
+        stage - f->opts.first_remote_stage < (unsigned)f->opts.n_addrs) {
+        snprintf(msg, cap, "stage %u at %s: %s", stage,
+                 f->opts.addrs[stage - f->opts.first_remote_stage], text + used);
+        return;
+    }
+    snprintf(msg, cap, "stage at %s: %s", f->opts.addrs[index], text);
+}
+
 static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *data) {
     csd_wire_error e;
     csd_err err = {0};
@@ -255,7 +270,7 @@ static void on_error(fleet *f, int index, const csd_wire_hdr *h, const uint8_t *
     int64_t row;
     pending_step *s = match_entry(f, h->request_id, &entry, &row);
     char msg[CSD_ERR_MSG_MAX];
-    snprintf(msg, sizeof msg, "stage at %s: %s", f->opts.addrs[index], e.text);
+    error_source(f, index, e.text, msg, sizeof msg);
     if (s) { /* the stage refused this request alone and went on with the step's others */
         if (!claim_refusal(f, h->request_id, s, entry)) { /* else its OPEN's refusal says why */
             snprintf(s->entry_msg[entry], sizeof s->entry_msg[entry], "%s", msg);

@@ -165,11 +165,16 @@ static int send_out(csd_stage_server *s, const csd_wire_hdr *h, const void *payl
     return rc;
 }
 
+/* A request's ERROR reaches the coordinator through the later stages, so its text names the
+ * stage it comes from ("stage N: ..."): the coordinator tells its operator which worker to look
+ * at. */
 static void send_req_error(csd_stage_server *s, uint32_t req, int code, const char *text) {
     CSD_LOGW("stage=%u req=%u error: %s", s->opts.stage_index, req, text);
+    char named[CSD_WIRE_MAX_ERROR_TEXT];
+    snprintf(named, sizeof named, "stage %u: %s", s->opts.stage_index, text);
     uint8_t buf[CSD_WIRE_ERROR_HDR_SIZE + CSD_WIRE_MAX_ERROR_TEXT];
     size_t len = 0;
-    if (csd_wire_encode_error(buf, sizeof buf, code, text, &len, NULL)) return;
+    if (csd_wire_encode_error(buf, sizeof buf, code, named, &len, NULL)) return;
     csd_wire_hdr h = csd_wire_hdr_make(CSD_WIRE_ERROR, 0, req, 0, (uint32_t)len);
     send_out(s, &h, buf, len, true, NULL);
 }
@@ -296,10 +301,30 @@ static void handle_control(csd_stage_server *s, item *it) {
 
 /* ---- forward ---- */
 
+/* Checks that frame it of request r may join the batch filled up to fill, before anything of it
+ * is loaded: one output asked, r not in the batch already (its rows' positions follow the KV
+ * length at the batch's start), and the frame's positions within r's context. A frame that fails
+ * fails alone; the others of the batch go on. */
+static int check_frame(csd_stage_server *s, const item *it, const stage_req *r, int64_t fill,
+                       int64_t n, csd_err *err) {
+    int rc = csd_wire_check_act_flags(it->hdr.flags, err);
+    if (rc) return rc;
+    for (int64_t i = 0; i < fill; i++)
+        if (s->batch_kv[i] == r->kv)
+            return csd_err_set(err, CSD_EPROTO, "request %u twice in one batch",
+                               it->hdr.request_id);
+    if ((int64_t)it->hdr.position + n > csd_kv_capacity(r->kv))
+        return csd_err_set(err, CSD_EFULL, "sequence is full: %lld tokens at position %u, "
+                           "context %lld", (long long)n, it->hdr.position,
+                           (long long)csd_kv_capacity(r->kv));
+    return 0;
+}
+
 /* Loads the rows of one FORWARD frame into the batch at offset *fill. */
 static int load_rows(csd_stage_server *s, item *it, stage_req *r, int64_t *fill, csd_err *err) {
     csd_wire_act act;
     int rc = csd_wire_decode_act(it->data, it->hdr.payload_len, &act, err);
+    if (!rc) rc = check_frame(s, it, r, *fill, act.n_tokens, err);
     if (rc) return rc;
     if (w_of(s)->has_head &&
         (it->hdr.flags & CSD_WIRE_FLAG_OUT_MASK) == CSD_WIRE_FLAG_OUT_HIDDEN)
