@@ -688,7 +688,8 @@ static void check_draft(worker *w, req *r, const csd_step_entry *en, float *rows
     csd_engine *e = w->e;
     int64_t vocab = e->cfg.vocab_size, base = r->n_prompt + r->n_gen - 1; /* ids[0]'s position */
     int64_t used = 0; /* tokens of en whose KV stays: ids[0] and the agreed draft */
-    /* counted before the tokens go out: the last one's on_done may be read at once */
+    /* Counted before the tokens go out (the last one's on_done may be read at once): every draft
+     * token was computed, also those after a disagreement or after the answer ended. */
     pthread_mutex_lock(&e->mu);
     e->stats.spec_draft_tokens += en->n - 1;
     pthread_mutex_unlock(&e->mu);

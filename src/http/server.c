@@ -284,7 +284,7 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
            "another replica.",
            "cascadia_requests_rerouted_total %lld\n", (long long)st->requests_rerouted);
     metric(b, "cascadia_spec_draft_tokens_total", "counter",
-           "Draft tokens checked by speculative decoding (--spec-draft).",
+           "Draft tokens speculative decoding proposed and computed (--spec-draft).",
            "cascadia_spec_draft_tokens_total %lld\n", (long long)st->spec_draft_tokens);
     metric(b, "cascadia_spec_accepted_tokens_total", "counter",
            "Draft tokens the model agreed with: each saved a step.",
