@@ -11,7 +11,8 @@
 #  - serve waits for workers that start after it; a wrong export fails at once.
 #  - a request whose cached prefix a worker evicted computes its prompt instead of failing.
 #  - a replica that refuses every request passes them to the other replica.
-#  - speculative decoding (--spec-draft) through 2 stages gives the answers it gives without.
+#  - speculative decoding (serve and run --spec-draft) through 2 stages gives the answers it gives
+#    without.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -575,6 +576,22 @@ PY
     grep -q '^cascadia_spec_draft_tokens_total 0$' "$WORK/spec0.metrics" ||
         fail "drafts without --spec-draft: $(grep spec_draft "$WORK/spec0.metrics")"
     echo "ok: --spec-draft 4 through 2 stages gives the same answers ($agreed of $drafted draft tokens agreed)"
+    passed=$((passed + 1))
+    # cascadia run: the same ids with and without, greedy (g) and sampled with a penalty (s)
+    for samp in "g --temp 0" "s --temp 0.8 --seed 3 --repeat-penalty 1.1"; do
+        m=${samp%% *}
+        for k in 0 4; do
+            # shellcheck disable=SC2086 # the sampling flags are a list of words
+            "$CASCADIA" run --fleet "$FLEET" --manifest "$d" --insecure --hidden-dtype f32 -p "$PROMPT" \
+                -n 150 ${samp#* } --print-ids --spec-draft $k >"$WORK/run-$m$k" 2>"$WORK/run-$m$k.err" ||
+                fail "run --spec-draft $k: $(cat "$WORK/run-$m$k.err")"
+        done
+        cmp -s "$WORK/run-${m}0" "$WORK/run-${m}4" ||
+            fail "run ${samp#* }: ids differ with --spec-draft 4: $(cat "$WORK/run-${m}0") vs $(cat "$WORK/run-${m}4")"
+    done
+    grep -q "speculative decoding: [1-9][0-9]* of [0-9]* draft tokens agreed" "$WORK/run-g4.err" ||
+        fail "run --spec-draft 4 agreed with no draft: $(cat "$WORK/run-g4.err")"
+    echo "ok: run --spec-draft 4 through 2 stages gives the same ids ($(grep -o '[0-9]* of [0-9]*' "$WORK/run-g4.err") agreed, greedy)"
     passed=$((passed + 1))
     fleet_down
 else

@@ -2,7 +2,8 @@
  * without it (greedy, seeded sampling with penalties, logprobs, a JSON answer), several at once
  * and with prompts prefilled in chunks, while the stats show drafts checked and agreed with; the
  * KV of rejected drafts is dropped (else the later tokens would differ); alone, a request takes
- * one step fewer for each draft token agreed with; max_tokens and the context bound a draft. */
+ * one step fewer for each draft token agreed with; max_tokens and the context bound a draft.
+ * csd_generate (`cascadia run`) gives the same tokens with a draft too. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 
 #include "coord/engine.h"
+#include "coord/generate.h"
 #include "model/model.h"
 #include "test_synth.h"
 #include "test_util.h"
@@ -300,6 +302,51 @@ static void test_bounds(void **state) {
     csd_engine_destroy(e);
 }
 
+/* csd_generate (`cascadia run`): the same tokens with a draft, greedy and sampled. */
+typedef struct gen_ids {
+    int32_t ids[MAX_IDS];
+    int n;
+} gen_ids;
+
+static bool gen_token(void *ctx, int32_t id, const float *logits) {
+    (void)logits;
+    gen_ids *g = ctx;
+    if (g->n < MAX_IDS) g->ids[g->n++] = id;
+    return false;
+}
+
+static void test_generate_same_tokens(void **state) {
+    fixture *f = *state;
+    int64_t drafted = 0;
+    for (int i = 0; i < 3; i++) {
+        int32_t prompt[64];
+        int n;
+        csd_req_params rp;
+        request_for(i, prompt, &n, &rp);
+        gen_ids got[2];
+        csd_gen_stats st[2];
+        for (int k = 0; k < 2; k++) {
+            csd_gen_params gp;
+            memset(&gp, 0, sizeof gp);
+            gp.sampling = rp.sampling;
+            gp.max_tokens = 100;
+            gp.ignore_eos = true;
+            gp.spec_draft = k ? 4 : 0;
+            got[k].n = 0;
+            csd_err err = {0};
+            if (csd_generate(f->pipe, 1, prompt, n, &gp, gen_token, &got[k], &st[k], &err))
+                fail_msg("generate: %s", err.msg);
+        }
+        assert_int_equal(got[1].n, 100);
+        if (memcmp(got[0].ids, got[1].ids, 100 * sizeof(int32_t)))
+            fail_msg("request %d: csd_generate's tokens differ with a draft", i);
+        assert_int_equal(st[0].spec_draft_tokens, 0);
+        drafted += st[1].spec_draft_tokens;
+        if (i == 0) assert_true(st[1].spec_accepted_tokens > 0); /* greedy */
+    }
+    assert_true(drafted > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_tokens_as_without),
@@ -307,6 +354,7 @@ int main(void) {
         cmocka_unit_test(test_a_step_saved_per_agreed_token),
         cmocka_unit_test(test_one_after_another),
         cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_generate_same_tokens),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

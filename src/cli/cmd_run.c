@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "fleet_setup.h"
 #include "coord/generate.h"
+#include "coord/ngram_draft.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/dtype.h"
@@ -29,6 +30,9 @@ static const char *const run_usage =
     "  --seed S            sampling seed (default 24301)\n"
     "  --logit-bias ID=B   add B (-100..100) to token ID's logit; repeatable (also ID+B, ID-B)\n"
     "  --ignore-eos        keep generating past end-of-text\n"
+    "  --spec-draft N      speculative decoding: propose up to N tokens found after an earlier\n"
+    "                      occurrence of the last ones, checked in one step (the text is the\n"
+    "                      same; default 0 = off, at most 16)\n"
     "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -130,6 +134,10 @@ static int parse_args(int argc, char **argv, run_args *a) {
             if (!csd_cli_int("run", f, value, 1, 1 << 20, &v)) return 2;
             a->gen.max_tokens = v;
             i++;
+        } else if (!strcmp(f, "--spec-draft")) {
+            if (!csd_cli_int("run", f, value, 0, CSD_SPEC_MAX_DRAFT, &v)) return 2;
+            a->gen.spec_draft = (int)v;
+            i++;
         } else if (f[0] == '-') {
             bool takes = true;
             int r = csd_cli_fleet_flag("run", f, value, &a->fleet, &takes);
@@ -195,6 +203,9 @@ static void print_stats(const csd_gen_stats *st) {
         stderr,
         "\nprompt: %lld tokens, %.2f tok/s | generation: %lld tokens, %.2f tok/s | finish: %s\n",
         (long long)st->n_prompt, pp, (long long)st->n_gen, tg, csd_finish_name(st->finish));
+    if (st->spec_draft_tokens > 0)
+        fprintf(stderr, "speculative decoding: %lld of %lld draft tokens agreed\n",
+                (long long)st->spec_accepted_tokens, (long long)st->spec_draft_tokens);
 }
 
 static int generate_text(const run_args *a, csd_pipeline *pipe, const csd_tok *tok, csd_err *err) {

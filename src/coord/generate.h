@@ -26,6 +26,8 @@ typedef struct csd_gen_params {
     const int32_t *eog_ids;      /* end-of-generation ids; NULL: the config's eos ids */
     int n_eog;
     bool need_logits;            /* the token callback reads the logits (not only the token) */
+    int spec_draft;              /* speculative decoding: draft tokens per step looked up in the
+                                  * text so far (ngram_draft.h); 0: off; the tokens are the same */
 } csd_gen_params;
 
 typedef struct csd_gen_stats {
@@ -34,6 +36,8 @@ typedef struct csd_gen_stats {
     double prompt_s;     /* prefill time */
     double gen_s;        /* time spent producing tokens after the first */
     int finish;          /* enum csd_finish */
+    int64_t spec_draft_tokens;    /* draft tokens proposed (spec_draft) */
+    int64_t spec_accepted_tokens; /* of them, the ones the model agreed with */
 } csd_gen_stats;
 
 /* Called for every generated token (before the next forward) with its logits (the model's raw
