@@ -20,8 +20,8 @@ for r in (d0, d40):
         assert r[f] > 0, (f, r)
     assert r["n_prompt"] == 16 and r["n_gen"] == 8, r
 assert d0["depth"] == 0 and d40["depth"] == 40, (d0, d40)
-# tg reads the cache at its mean context: depth + (n + 1) // 2 positions of equal size
-per_pos0, per_pos40 = d0["kv_bytes"] / 4, d40["kv_bytes"] / 44
+# tg reads the cache at its mean context: depth + (n + 1) / 2 positions of equal size (4.5 at n 8)
+per_pos0, per_pos40 = d0["kv_bytes"] / 4.5, d40["kv_bytes"] / 44.5
 assert per_pos0 == per_pos40 and per_pos0 == int(per_pos0), (d0["kv_bytes"], d40["kv_bytes"])
 assert d0["weight_bytes"] == d40["weight_bytes"]
 roof = d40["membw_gbs"] * 1e9 / (d40["weight_bytes"] + d40["kv_bytes"])
@@ -117,6 +117,10 @@ assert abs(levels[1]["speedup_vs_1"] - levels[1]["aggregate_tps"] / levels[0]["a
 assert all(l["per_stream_tps"] > 0 and l["ttft_s"] > 0 and l["step_ms"] > 0 for l in levels), levels
 assert all(l["build_commit"] and l["version"] and l["cpu"] for l in levels), levels
 PY
+# a --ctx that cannot hold the streams is refused (they used to end early, reported as -n)
+rc=0; "$CASCADIA" bench "$M" --concurrency 1 -n 64 --ctx 32 -r 1 >/dev/null 2>"$WORK/err" || rc=$?
+[ $rc -eq 1 ] && grep -q "cannot hold 16 prompt and 64 generated tokens" "$WORK/err" ||
+    fail "bench --concurrency with a small --ctx: rc $rc, $(cat "$WORK/err")"
 # --spec-draft: each level without and with speculation, side by side
 "$CASCADIA" bench "$M" --concurrency 1,2 -n 8 --spec-draft 2 --json > "$WORK/spec.json" 2>"$WORK/err" ||
     fail "bench --spec-draft: $(cat "$WORK/err")"

@@ -41,6 +41,18 @@ refused() {
 refused 2 "-p needs a value" "$CASCADIA" run "$M" -p Once -p
 refused 2 "--ids needs a value" "$CASCADIA" logits "$M" --ids
 refused 2 "--out needs a value" "$CASCADIA" logits "$M" --ids 1,2 --out
+# --out through a symbolic link writes its target (the link stays); to a FIFO (as to a device),
+# into it: neither is replaced by a file
+echo old >"$WORK/target"
+ln -s "$WORK/target" "$WORK/link"
+"$CASCADIA" logits "$M" --ids 1,2 --top 0 --out "$WORK/link" 2>"$WORK/err" || fail "logits --out LINK: $(cat "$WORK/err")"
+[ -L "$WORK/link" ] && [ "$(stat -c %s "$WORK/target")" -gt 4 ] || fail "logits --out replaced the link"
+mkfifo "$WORK/fifo"
+timeout 20 cat "$WORK/fifo" >"$WORK/fifo.out" &
+reader=$!
+"$CASCADIA" logits "$M" --ids 1,2 --top 0 --out "$WORK/fifo" 2>"$WORK/err" || fail "logits --out FIFO: $(cat "$WORK/err")"
+wait "$reader" || fail "nothing was written into the FIFO"
+[ -p "$WORK/fifo" ] && [ -s "$WORK/fifo.out" ] || fail "logits --out replaced the FIFO"
 refused 2 "--ids needs a value" "$CASCADIA" perplexity "$M" --ids
 refused 2 "--out needs a value" "$CASCADIA" keygen --out
 for flag in "--insecure" "--key $WORK/none.key" "--wait-workers 5" "--hidden-dtype f32" \

@@ -105,6 +105,9 @@ parts = d["remote_compute_ms"] + d["network_wait_ms"] + d["coordinator_ms"] + d[
 assert abs(parts - d["ms_per_token"]) <= 0.05 * d["ms_per_token"] + 0.01, (parts, d)
 assert d["build_commit"] and d["version"] and d["cpu"], d
 PY
+            # no prompt test: the warm-up takes one token (it took 32, past the ids and the context)
+            "$CASCADIA" bench --fleet "$FLEET" --manifest "$d" --insecure -p 0 -n 4 -r 1 --json \
+                > "$WORK/fleet0.json" 2>"$WORK/bench.err" || fail "bench --fleet -p 0: $(cat "$WORK/bench.err")"
             echo "ok: bench --fleet --json"; passed=$((passed + 1))
         fi
         fleet_down

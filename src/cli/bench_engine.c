@@ -312,6 +312,13 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
     pthread_mutex_init(&run->mu, NULL);
     pthread_cond_init(&run->cv, NULL);
     int rc = target_open(a, max_c, a->stream_prompt + a->n_gen + 16, &t, &err);
+    int64_t need = a->stream_prompt + a->n_gen + 8; /* the engines' context (make_engines) */
+    if (!rc && t.pipe->max_ctx < need) /* else every stream would end early, unreported */
+        rc = csd_err_set(&err, CSD_ERANGE,
+                         "a context of %lld tokens (--ctx) cannot hold %lld prompt and %lld "
+                         "generated tokens; give at least %lld",
+                         (long long)t.pipe->max_ctx, (long long)a->stream_prompt,
+                         (long long)a->n_gen, (long long)need);
     int n_eng = rc ? 0 : make_engines(a, max_c, &t, e, &err);
     if (!rc && n_eng == 0) rc = err.code ? err.code : CSD_EINVAL;
     if (!rc) rc = run_levels(a, e, n_eng, run, sc, prompt, res, &err);
@@ -356,9 +363,9 @@ static int fleet_measure(csd_bench_args *a, csd_pipeline *p, fleet_result *out, 
         rc = p->ops->open(p, req, a->n_prompt + a->n_gen + 16, err);
         opened = !rc;
     }
-    if (!rc)
-        rc = p->ops->forward(p, req, ids, a->n_prompt > 0 && a->n_prompt < 32 ? a->n_prompt : 32,
-                             logits, err);
+    /* warm-up: as the single-model test's (cmd_bench.c), within the ids and the context */
+    int64_t warm = a->n_prompt > 0 ? (a->n_prompt < 32 ? a->n_prompt : 32) : 1;
+    if (!rc) rc = p->ops->forward(p, req, ids, warm, logits, err);
     for (int r = 0; !rc && a->n_prompt > 0 && r < a->reps; r++) {
         rc = p->ops->truncate(p, req, 0, err);
         uint64_t t0 = csd_now_ns();

@@ -400,7 +400,8 @@ static int bench_model(csd_model *m, const csd_bench_args *a, bench_result *res,
         csd_cli_bench_random_ids(ids, n_ids + 1, c->vocab_size, &rng);
         res->weight_bytes = bytes_per_token(m);
         /* attention reads every cached position once per token: depth + i at step i */
-        res->kv_bytes = csd_kv_position_bytes(kv) * (size_t)(a->depth + (a->n_gen + 1) / 2);
+        res->kv_bytes = (size_t)((double)csd_kv_position_bytes(kv) *
+                                 ((double)a->depth + (double)(a->n_gen + 1) / 2.0));
         /* warm-up: page in every weight and the scratch, as llama-bench does */
         int64_t warm = a->n_prompt > 0 ? (a->n_prompt < 32 ? a->n_prompt : 32) : 1;
         rc = csd_model_forward_seq(m, kv, ids, NULL, warm, logits, err);

@@ -3,7 +3,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -96,8 +98,31 @@ int csd_file_read_all(const char *path, size_t max_bytes, char **out, size_t *ou
     return 0;
 }
 
+/* Writes data to path as it is (a device, a FIFO: no temporary beside it, no rename over it). */
+static int write_in_place(const char *path, const void *data, size_t len, csd_err *err) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return csd_err_set(err, CSD_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t put = len ? fwrite(data, 1, len, f) : 0;
+    int e = put == len ? 0 : errno;
+    if (fclose(f) != 0 && !e) e = errno;
+    if (put != len || e)
+        return csd_err_set(err, CSD_EIO, "%s: write failed: %s", path, strerror(e ? e : EIO));
+    return 0;
+}
+
 int csd_file_write_all(const char *path, const void *data, size_t len, csd_err *err) {
-    char tmp[4096];
+    /* A symbolic link is written through (its target replaced), not replaced by a file; what is
+     * not a regular file is written as it is. */
+    char real[PATH_MAX];
+    struct stat st;
+    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+        if (!realpath(path, real))
+            return csd_err_set(err, CSD_EIO, "%s: cannot follow the link: %s", path,
+                               strerror(errno));
+        path = real;
+    }
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return write_in_place(path, data, len, err);
+    char tmp[PATH_MAX + 8];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return csd_err_set(err, CSD_ERANGE, "%s: path too long", path);
     FILE *f = fopen(tmp, "wb");

@@ -418,7 +418,11 @@ AI uint64_t read_streams(const int pf, const int S, const uint8_t *p, size_t byt
         }
 #pragma GCC unroll 4
     for (int s = 1; s < S; s++) acc[0] = _mm512_add_epi64(acc[0], acc[s]);
-    return (uint64_t)_mm512_reduce_add_epi64(acc[0]);
+    /* summed as unsigned: the intrinsic's reduction adds signed lanes, which overflow (UB) */
+    uint64_t lanes[8], sum = 0;
+    _mm512_storeu_si512((void *)lanes, acc[0]);
+    for (int i = 0; i < 8; i++) sum += lanes[i];
+    return sum;
 }
 
 CSD_DEF_READ_STREAMS(avx512_read_streams)
