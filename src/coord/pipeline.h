@@ -39,8 +39,8 @@ typedef struct csd_pipeline_ops {
                    csd_err *err);
     /* Starts a batched step over several requests (one forward per stage for all of them).
      * Logits of the entries with want_logits are written to logits, packed in entry order (one
-     * row each, n rows for an entry with all_logits), by
-     * the time the matching step_end returns; entries and logits must stay valid until then.
+     * row each, n rows for an entry with all_logits), by the time the matching step_end returns;
+     * entries and logits must stay valid until then.
      * Up to max_in_flight steps may be begun before the oldest is ended: while stage 1 computes
      * step A, stage 0 computes step B. Steps end in the order they began. */
     int (*step_begin)(csd_pipeline *p, const csd_step_entry *entries, int n_entries, float *logits,

@@ -5,7 +5,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -111,16 +110,11 @@ static int write_in_place(const char *path, const void *data, size_t len, csd_er
 }
 
 int csd_file_write_all(const char *path, const void *data, size_t len, csd_err *err) {
-    /* A symbolic link is written through (its target replaced), not replaced by a file; what is
-     * not a regular file is written as it is. */
-    char real[PATH_MAX];
+    /* What is not a regular file (a device, a FIFO, or a link to one) is written as it is. A link
+     * to a regular file is replaced, as the file would be, never written through: an export
+     * whose output holds links into the model it reads (a Hugging Face cache's snapshot is made
+     * of them) must not write into that model. */
     struct stat st;
-    if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
-        if (!realpath(path, real))
-            return csd_err_set(err, CSD_EIO, "%s: cannot follow the link: %s", path,
-                               strerror(errno));
-        path = real;
-    }
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return write_in_place(path, data, len, err);
     char tmp[PATH_MAX + 8];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)

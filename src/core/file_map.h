@@ -24,8 +24,8 @@ void csd_file_map_drop_pages(const void *p, size_t n);
  * max_bytes so a hostile path cannot exhaust memory. *out_len excludes the NUL. */
 int csd_file_read_all(const char *path, size_t max_bytes, char **out, size_t *out_len,
                       csd_err *err);
-/* Writes len bytes to path atomically (temp file + rename); through a symbolic link to its target,
- * and as it is to what is not a regular file (a device, a FIFO). */
+/* Writes len bytes to path atomically (temp file + rename: a symbolic link there is replaced, not
+ * written through); what is not a regular file (a device, a FIFO) is written as it is. */
 int csd_file_write_all(const char *path, const void *data, size_t len, csd_err *err);
 /* Joins dir and name into out (size cap); returns CSD_ERANGE when it does not fit. */
 int csd_path_join(char *out, size_t cap, const char *dir, const char *name);
