@@ -115,7 +115,7 @@ typedef struct level_result {
     double wall_s;
     double load_avg;        /* 1-minute load average at the end of the level */
     int spec_draft;         /* the engine's --spec-draft */
-    int64_t drafted, accepted; /* draft tokens checked and agreed with */
+    int64_t drafted, accepted; /* draft tokens proposed and agreed with (over the reps) */
 } level_result;
 
 /* Submits c streams at once and waits for all of them. */
@@ -177,7 +177,7 @@ static int run_level(csd_engine *e, const csd_bench_args *a, int c, int64_t n_ge
     return 0;
 }
 
-/* Percent of the draft tokens the model agreed with (0 when none were checked). */
+/* Percent of the draft tokens the model agreed with (0 when none were proposed). */
 static double accepted_pct(const level_result *r) {
     return r->drafted > 0 ? 100.0 * (double)r->accepted / (double)r->drafted : 0;
 }
@@ -229,7 +229,7 @@ static void print_levels(const csd_bench_args *a, const bench_target *t, const l
                res[i].ttft_s, res[i].step_ms, accepted_pct(&res[i]), res[i].load_avg);
 }
 
-/* Adds one repetition's figures to a level's means over reps. */
+/* Adds one repetition's figures to a level's means over reps (its draft counts to totals). */
 static void add_rep(level_result *sum, const level_result *one, int reps) {
     sum->aggregate_tps += one->aggregate_tps / reps;
     sum->per_stream_tps += one->per_stream_tps / reps;
