@@ -130,5 +130,9 @@ rows = json.load(open(sys.argv[1]))
 assert [(r["concurrency"], r["spec_draft"]) for r in rows] == [(1, 0), (1, 2), (2, 0), (2, 2)], rows
 assert all(r["aggregate_tps"] > 0 and 0 <= r["accepted_tokens"] <= r["draft_tokens"] for r in rows)
 assert rows[0]["draft_tokens"] == 0 and rows[2]["draft_tokens"] == 0, rows
+for plain, spec in ((rows[0], rows[1]), (rows[2], rows[3])):  # each against its own level's
+    assert plain["speedup_vs_no_draft"] == 1, plain
+    want = spec["aggregate_tps"] / plain["aggregate_tps"]
+    assert abs(spec["speedup_vs_no_draft"] - want) < 1e-6 * want, (spec, want)
 PY
 echo "9 passed, 0 failed"

@@ -115,6 +115,7 @@ typedef struct level_result {
     double wall_s;
     double load_avg;        /* 1-minute load average at the end of the level */
     int spec_draft;         /* the engine's --spec-draft */
+    double vs_no_draft;     /* aggregate against the same level without speculation (1 there) */
     int64_t drafted, accepted; /* draft tokens proposed and agreed with (over the reps) */
 } level_result;
 
@@ -200,6 +201,7 @@ static void print_levels_json(const csd_bench_args *a, const char *where, int th
         csd_cli_json_set_real(o, "step_ms", res[i].step_ms);
         csd_cli_json_set_real(o, "load_avg", res[i].load_avg);
         json_object_set_new(o, "spec_draft", json_integer(res[i].spec_draft));
+        csd_cli_json_set_real(o, "speedup_vs_no_draft", res[i].vs_no_draft);
         json_object_set_new(o, "draft_tokens", json_integer(res[i].drafted));
         json_object_set_new(o, "accepted_tokens", json_integer(res[i].accepted));
         csd_cli_bench_json_build(o);
@@ -217,16 +219,20 @@ static void print_levels(const csd_bench_args *a, const bench_target *t, const l
         return;
     }
     printf("| pipeline | threads | streams | spec draft | prompt | gen | aggregate t/s | "
-           "per-stream t/s | vs first level | TTFT s | step ms | accepted | load |\n");
+           "per-stream t/s | vs first level | vs no draft | TTFT s | step ms | accepted | load "
+           "|\n");
     printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-           "---: |\n");
-    for (int i = 0; i < n; i++)
-        printf("| %s | %d | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.3f | %.1f | %.1f%% | "
-               "%.2f |\n",
+           "---: | ---: |\n");
+    for (int i = 0; i < n; i++) {
+        char acc[32] = "-"; /* no draft proposed */
+        if (res[i].drafted > 0) snprintf(acc, sizeof acc, "%.1f%%", accepted_pct(&res[i]));
+        printf("| %s | %d | %d | %d | %lld | %lld | %.2f | %.2f | %.2fx | %.2fx | %.3f | %.1f | %s "
+               "| %.2f |\n",
                where, threads, res[i].concurrency, res[i].spec_draft, (long long)a->stream_prompt,
                (long long)a->n_gen, res[i].aggregate_tps, res[i].per_stream_tps,
                res[0].aggregate_tps > 0 ? res[i].aggregate_tps / res[0].aggregate_tps : 0,
-               res[i].ttft_s, res[i].step_ms, accepted_pct(&res[i]), res[i].load_avg);
+               res[i].vs_no_draft, res[i].ttft_s, res[i].step_ms, acc, res[i].load_avg);
+    }
 }
 
 /* Adds one repetition's figures to a level's means over reps (its draft counts to totals). */
@@ -283,6 +289,8 @@ static int run_levels(const csd_bench_args *a, csd_engine **e, int n_eng, level_
             }
         }
         for (int k = 0; k < n_eng; k++) {
+            rows[k].vs_no_draft =
+                rows[0].aggregate_tps > 0 ? rows[k].aggregate_tps / rows[0].aggregate_tps : 0;
             rows[k].concurrency = a->levels[l];
             rows[k].spec_draft = k ? (int)a->spec_draft : 0;
             rows[k].load_avg = csd_cli_bench_loadavg();

@@ -597,9 +597,9 @@ static bool reserve_queue(csd_stage_server *s, const csd_wire_hdr *h) {
     if (!fits) {
         char text[200];
         snprintf(text, sizeof text,
-                 "stage %u: %.1f MiB of frames already wait to be computed (at most %.1f MiB): "
+                 "%.1f MiB of frames already wait to be computed (at most %.1f MiB): "
                  "a %s frame of %u bytes was dropped",
-                 s->opts.stage_index, (double)queued / (1 << 20),
+                 (double)queued / (1 << 20),
                  (double)s->queue_cap / (1 << 20), csd_wire_type_name(h->type), h->payload_len);
         send_req_error(s, h->request_id, CSD_EFULL, text);
     }
