@@ -556,11 +556,8 @@ static int64_t spec_rows(const csd_engine *e) {
  * r->spec_ids[1..]: at most `room` tokens, none past its max_tokens or its context. Returns how
  * many (0: none, or speculation is off). */
 static int draft(const csd_engine *e, req *r, int64_t room) {
-    int64_t k = e->opts.spec_draft;
-    int64_t left = r->params.max_tokens - r->n_gen - 1;   /* the step yields up to k + 1 */
-    int64_t ctx_left = e->max_ctx - (r->n_prompt + r->n_gen); /* the step's KV ends at + k */
-    if (left < k) k = left;
-    if (ctx_left < k) k = ctx_left;
+    int64_t k = csd_spec_draft_limit(e->opts.spec_draft, r->params.max_tokens, e->max_ctx,
+                                     r->n_prompt, r->n_gen);
     if (room < k) k = room;
     if (k <= 0 || r->hist_cap == 0) return 0;
     return csd_ngram_draft(r->prompt, r->n_prompt + r->n_gen, r->spec_ids + 1, (int)k);
@@ -932,9 +929,9 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
                : csd_err_set(err, CSD_ENOMEM, "request");
     /* with speculation the answer is kept after the prompt: drafts are looked up in both */
-    int64_t room = e->max_ctx - n_prompt < params->max_tokens ? e->max_ctx - n_prompt
-                                                               : params->max_tokens;
-    int64_t cap = e->opts.spec_draft > 0 ? n_prompt + room : n_prompt;
+    int64_t cap = e->opts.spec_draft > 0
+                      ? csd_spec_text_cap(n_prompt, params->max_tokens, e->max_ctx)
+                      : n_prompt;
     if (!rc && !(r->prompt = csd_alloc_array((size_t)cap, sizeof(int32_t))))
         rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
     if (!rc && params->json_schema && !(r->schema = csd_json_schema_copy(params->json_schema)))

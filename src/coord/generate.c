@@ -51,10 +51,7 @@ static int decode_step(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_
  * tokens, none past max_tokens, the context or a step's size. */
 static int draft(const csd_pipeline *p, const csd_gen_params *gp, gen_bufs *b, int64_t n_prompt,
                  int64_t n_gen) {
-    int64_t k = gp->spec_draft;
-    int64_t left = gp->max_tokens - n_gen - 1, ctx_left = p->max_ctx - (n_prompt + n_gen);
-    if (left < k) k = left;
-    if (ctx_left < k) k = ctx_left;
+    int64_t k = csd_spec_draft_limit(gp->spec_draft, gp->max_tokens, p->max_ctx, n_prompt, n_gen);
     if (p->max_step_tokens - 1 < k) k = p->max_step_tokens - 1;
     if (k <= 0 || !b->hist) return 0;
     return csd_ngram_draft(b->hist, b->n_hist, b->ids + 1, (int)k);
@@ -138,8 +135,7 @@ int csd_generate(csd_pipeline *p, uint32_t req, const int32_t *prompt, int64_t n
     gen_bufs b = {0};
     b.logits = csd_alloc_array((size_t)(1 + spec) * (size_t)vocab, sizeof(float));
     b.raw = csd_alloc_array((size_t)vocab, sizeof(float));
-    int64_t room = p->max_ctx - n_prompt < gp->max_tokens ? p->max_ctx - n_prompt : gp->max_tokens;
-    b.hist_cap = spec > 0 ? n_prompt + room : 0;
+    b.hist_cap = spec > 0 ? csd_spec_text_cap(n_prompt, gp->max_tokens, p->max_ctx) : 0;
     if (spec > 0) b.hist = csd_alloc_array((size_t)b.hist_cap, sizeof(int32_t));
     int rc = b.logits && b.raw && (spec == 0 || b.hist) ? 0
                                                         : csd_err_set(err, CSD_ENOMEM, "logits");

@@ -11,6 +11,17 @@ static int64_t latest_match(const int32_t *hist, int64_t n_hist, int n) {
     return -1;
 }
 
+int64_t csd_spec_draft_limit(int64_t want, int64_t max_tokens, int64_t max_ctx, int64_t n_prompt,
+                             int64_t n_gen) {
+    int64_t k = want, left = max_tokens - n_gen - 1, ctx_left = max_ctx - (n_prompt + n_gen);
+    if (left < k) k = left;
+    return ctx_left < k ? ctx_left : k;
+}
+
+int64_t csd_spec_text_cap(int64_t n_prompt, int64_t max_tokens, int64_t max_ctx) {
+    return n_prompt + (max_ctx - n_prompt < max_tokens ? max_ctx - n_prompt : max_tokens);
+}
+
 int csd_ngram_draft(const int32_t *hist, int64_t n_hist, int32_t *out, int max_out) {
     if (max_out <= 0) return 0;
     for (int n = CSD_NGRAM_MAX; n >= CSD_NGRAM_MIN; n--) {

@@ -21,4 +21,13 @@
  * occurrence. Linear in n_hist. */
 int csd_ngram_draft(const int32_t *hist, int64_t n_hist, int32_t *out, int max_out);
 
+/* Draft tokens a request may propose after its last token: want, but none a step would compute
+ * for nothing: the step yields up to k + 1 tokens (max_tokens) and its KV ends at
+ * n_prompt + n_gen + k (max_ctx). n_gen counts the tokens generated so far. <= 0: none. */
+int64_t csd_spec_draft_limit(int64_t want, int64_t max_tokens, int64_t max_ctx, int64_t n_prompt,
+                             int64_t n_gen);
+
+/* Tokens a request's text (prompt, then answer) can reach: what its drafts are looked up in. */
+int64_t csd_spec_text_cap(int64_t n_prompt, int64_t max_tokens, int64_t max_ctx);
+
 #endif
