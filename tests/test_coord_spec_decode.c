@@ -180,8 +180,8 @@ static void test_same_tokens_as_without(void **state) {
     assert_true(st1.spec_accepted_tokens > 0);
     assert_true(st1.spec_accepted_tokens <= st1.spec_draft_tokens);
     assert_int_equal(st1.completion_tokens_total, N_REQ * 60);
-    /* agreed drafts save steps */
-    assert_true(st1.step_count < st0.step_count);
+    /* (how many steps requests served together take depends on when each was admitted: the
+     * saving is asserted exactly for a request alone, test_a_step_saved_per_agreed_token) */
     printf("speculation: %lld of %lld draft tokens agreed; %lld steps instead of %lld\n",
            (long long)st1.spec_accepted_tokens, (long long)st1.spec_draft_tokens,
            (long long)st1.step_count, (long long)st0.step_count);
