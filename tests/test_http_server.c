@@ -141,6 +141,39 @@ static void test_metrics_not_ready(void **state) {
     assert_non_null(strstr(resp, "cascadia_time_to_first_token_seconds_count 0\n"));
 }
 
+/* After csd_http_server_drain: /health and new generation requests get 503 shutting down (with
+ * Connection: close, even to a client that asked to keep it), /metrics still answers and shows the
+ * drain, and a refused request does not stay counted in flight. */
+static void test_drain_refuses_new_requests(void **state) {
+    (void)state;
+    void *own; /* a server of its own: the group's must not drain */
+    assert_int_equal(setup(&own), 0);
+    fixture *f = own;
+    char resp[16384];
+    csd_http_server_drain(f->srv);
+    assert_int_equal(roundtrip(f->port,
+                               "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               resp, sizeof resp),
+                     503);
+    assert_string_equal(body_of(resp), "{\"status\":\"shutting_down\"}");
+    const char *req = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                      "Authorization: Bearer k3y\r\nContent-Type: application/json\r\n"
+                      "Content-Length: 2\r\n\r\n{}";
+    assert_int_equal(roundtrip(f->port, req, resp, sizeof resp), 503);
+    assert_non_null(strstr(body_of(resp), "\"code\":\"server_shutting_down\""));
+    assert_non_null(strcasestr(resp, "\r\nConnection: close\r\n"));
+    /* the count drops once MHD has completed the request, just after the client saw it */
+    for (int i = 0; i < 500 && csd_http_server_in_flight(f->srv) > 0; i++) usleep(10000);
+    assert_int_equal(csd_http_server_in_flight(f->srv), 0);
+    assert_int_equal(roundtrip(f->port,
+                               "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               resp, sizeof resp),
+                     200);
+    assert_non_null(strstr(resp, "\ncascadia_draining 1\n"));
+    assert_non_null(strstr(resp, "\ncascadia_http_requests_in_flight 0\n"));
+    teardown(&own);
+}
+
 static void test_routes_methods_auth_limits(void **state) {
     fixture *f = *state;
     char resp[8192];
@@ -444,6 +477,7 @@ int main(void) {
         cmocka_unit_test(test_health_loading),
         cmocka_unit_test(test_api_loading),
         cmocka_unit_test(test_metrics_not_ready),
+        cmocka_unit_test(test_drain_refuses_new_requests),
         cmocka_unit_test(test_routes_methods_auth_limits),
         cmocka_unit_test(test_chunked_body_limits),
         cmocka_unit_test(test_connection_limit),

@@ -1,7 +1,9 @@
 /* cmd_serve: `cascadia serve MODEL_DIR`: the OpenAI-compatible HTTP API on one machine.
  * Loads the tokenizer and chat template first (a model without a template fails here, before the
  * slow weight load), starts listening (/health says loading), loads the model, builds the
- * pipelines and the engine, then serves until SIGINT/SIGTERM and shuts down in reverse order.
+ * pipelines and the engine, then serves until SIGINT/SIGTERM. The first signal drains: new
+ * requests get 503 while those in flight finish (up to --shutdown-timeout); a second one, or the
+ * timeout, stops them with an error. Then everything shuts down in reverse order.
  * Model/pipeline construction is one function (build_pipelines): remote stages slot in there. */
 #include <signal.h>
 #include <stdio.h>
@@ -56,6 +58,9 @@ static const char *const serve_usage =
     "  --idle-timeout SECONDS\n"
     "                       close a connection after this long without traffic (default 60;\n"
     "                       a response still generating is not idle)\n"
+    "  --shutdown-timeout SECONDS\n"
+    "                       on SIGTERM, requests in flight may finish for this long while new\n"
+    "                       ones get 503 (default 30; 0 = stop them at once; docs/api.md)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
     "                       (default 4, 0 = off)\n"
     "  --spec-draft N       speculative decoding: each decoding request proposes up to N tokens\n"
@@ -68,6 +73,8 @@ static const char *const serve_usage =
 /* --wait-workers' default: longer than a worker waits (45 s) before it replaces a quiet
  * coordinator */
 #define SERVE_WAIT_WORKERS_S 60
+/* --shutdown-timeout's default: Kubernetes' default grace period before it kills a pod */
+#define SERVE_SHUTDOWN_TIMEOUT_S 30
 
 typedef struct serve_args {
     const char *model_dir;
@@ -84,6 +91,7 @@ typedef struct serve_args {
     int max_connections;
     int max_per_ip;
     int idle_timeout_s;
+    int shutdown_timeout_s;
     int prefix_cache;
     int spec_draft;
     csd_model_opts model;
@@ -101,8 +109,13 @@ typedef struct serve_backend {
 } serve_backend;
 
 static volatile sig_atomic_t g_stop_signal;
+static volatile sig_atomic_t g_signal_count; /* a second signal ends the drain at once */
 
-static void on_signal(int sig) { g_stop_signal = sig; }
+/* The handler cannot nest: install_signals blocks both signals while it runs. */
+static void on_signal(int sig) {
+    g_stop_signal = sig;
+    if (g_signal_count < 2) g_signal_count = g_signal_count + 1;
+}
 
 /* --tool-call-format's names of the formats (enum csd_tool_split_mode), or -1. */
 static const char *const tool_format_names[] = {
@@ -150,6 +163,9 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
     } else if (!strcmp(f, "--idle-timeout")) {
         if (!csd_cli_int("serve", f, value, 1, CSD_HTTP_IDLE_TIMEOUT_LIMIT, &v)) return 2;
         a->idle_timeout_s = (int)v;
+    } else if (!strcmp(f, "--shutdown-timeout")) {
+        if (!csd_cli_int("serve", f, value, 0, CSD_HTTP_IDLE_TIMEOUT_LIMIT, &v)) return 2;
+        a->shutdown_timeout_s = (int)v;
     } else if (!strcmp(f, "--api-key")) {
         if (!value[0]) { /* an empty key would check nothing while the banner says auth=on */
             fprintf(stderr, "cascadia serve: --api-key must not be empty\n");
@@ -237,6 +253,7 @@ static void default_args(serve_args *a) {
     a->max_body = CSD_HTTP_DEFAULT_MAX_BODY;
     a->max_connections = CSD_HTTP_DEFAULT_MAX_CONNECTIONS;
     a->idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
+    a->shutdown_timeout_s = SERVE_SHUTDOWN_TIMEOUT_S;
     a->prefix_cache = 4;
     csd_cli_fleet_init(&a->fleet);
 }
@@ -372,6 +389,8 @@ static void install_signals(void) {
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN); /* a client that hangs up must not kill the server */
@@ -408,6 +427,29 @@ static int start_http(const serve_args *a, csd_tok *tok, csd_chat_template *tmpl
                 tool_format_names[o.tool_format],
                 csd_build_fingerprint());
     return rc;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000 * 1000};
+    nanosleep(&ts, NULL);
+}
+
+/* The first signal's graceful part: no new requests, and those in flight may finish until the
+ * timeout or a second signal. */
+static void drain(csd_http_server *srv, int timeout_s) {
+    csd_http_server_drain(srv);
+    int n = csd_http_server_in_flight(srv);
+    fprintf(stderr,
+            "cascadia serve: signal %d: draining, new requests get 503; %d in flight may finish "
+            "within %d s (a second signal stops them)\n",
+            (int)g_stop_signal, n, timeout_s);
+    double give_up = csd_now_s() + timeout_s;
+    while ((n = csd_http_server_in_flight(srv)) > 0 && g_signal_count < 2 &&
+           csd_now_s() < give_up)
+        sleep_ms(50);
+    if (n > 0)
+        fprintf(stderr, "cascadia serve: stopping %d request%s still in flight\n", n,
+                n == 1 ? "" : "s");
 }
 
 static int start_engine(const serve_args *a, const csd_tok *tok, serve_backend *b,
@@ -455,16 +497,15 @@ int csd_cmd_serve(int argc, char **argv) {
         csd_http_server_set_engine(srv, engine);
         fprintf(stderr, "cascadia serve: ready (context %lld tokens, %d parallel)\n",
                 (long long)csd_engine_max_ctx(engine), a.parallel);
-        while (!g_stop_signal) {
-            struct timespec ts = {0, 100 * 1000 * 1000};
-            nanosleep(&ts, NULL);
-        }
+        while (!g_stop_signal) sleep_ms(100);
+        drain(srv, a.shutdown_timeout_s);
     }
     if (g_stop_signal)
         fprintf(stderr, "cascadia serve: signal %d, shutting down\n", (int)g_stop_signal);
     if (rc && err.code == CSD_ECANCELED && g_stop_signal) rc = 0; /* stopped while waiting */
     if (rc) csd_cli_error("serve", &err);
-    /* reverse order: no new requests, then the engine ends what is left, then the model */
+    /* reverse order: no new requests (those still running end with an error), then the engine
+     * ends what is left, then the model */
     csd_http_server_destroy(srv);
     csd_engine_destroy(engine);
     serve_backend_fini(&b);

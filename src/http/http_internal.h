@@ -23,6 +23,10 @@
 
 typedef struct csd_http_job csd_http_job;
 
+/* Seconds a request cancelled because the server stops may take to end (its error sent) before
+ * its connection is closed without it. */
+#define CSD_HTTP_SHUTDOWN_GRACE_S 5.0
+
 /* One choice of a request (OpenAI's `n`): one engine request with its own text state. */
 typedef struct csd_http_choice {
     csd_http_job *job;
@@ -78,6 +82,10 @@ struct csd_http_job {
     bool others_stopped; /* ... and the connection thread has cancelled them */
     bool cancelled;   /* a choice ended cancelled, not for a failed one (the client left, the
                        * server stops) */
+    /* the server stops while the request runs: it was cancelled for that, and its cancelled
+     * choices end as errors the client is told about (503 server_shutting_down) */
+    bool shutdown;
+    double shutdown_at; /* csd_now_s() of that cancel */
 };
 
 /* Creates a job for a parsed request, with req->n choices (refs = 1, the connection's). */
@@ -96,11 +104,15 @@ void csd_http_job_release(csd_http_job *j);
 static inline bool csd_http_job_done(const csd_http_job *j) { return j->n_done == j->n_submitted; }
 /* Cancels every submitted choice still running (not under mu). */
 void csd_http_job_cancel(csd_http_job *j);
-/* Waits until the job is done. Returns false (after cancelling the request) when the client
- * socket fd hung up or *stopping became true. */
+/* Waits until the job is done. When *stopping becomes true the request is cancelled and ends as
+ * a shutdown error (still answered). Returns false (after cancelling the request) when the client
+ * socket fd hung up, or the engine has not ended a request stopped for shutdown after
+ * CSD_HTTP_SHUTDOWN_GRACE_S. */
 bool csd_http_job_wait(csd_http_job *j, int fd, const atomic_int *stopping);
 /* Streaming: copies up to max pending SSE bytes into buf, waiting for some. Returns the byte count,
- * 0 at the end of the stream, -1 when the client hung up or the server stops (then cancelled). */
+ * 0 at the end of the stream, -1 when the client hung up (then cancelled) or, as for
+ * csd_http_job_wait, a request stopped for shutdown did not end in time. A request stopped for
+ * shutdown that ends in time closes its stream with an error event and [DONE]. */
 ssize_t csd_http_job_read(csd_http_job *j, char *buf, size_t max, int fd,
                           const atomic_int *stopping);
 /* Non-streaming: the response body (free()), and its HTTP status (200, or 500 on engine error). */

@@ -509,11 +509,23 @@ static const char *finish_reason(const csd_http_job *j, const csd_http_choice *c
     return called ? "tool_calls" : "stop";
 }
 
+/* The error of a request whose choice ch ended in error (or, non-streamed, was cancelled). */
+static void failure_error(const csd_http_job *j, const csd_http_choice *ch, csd_http_error *e) {
+    if (j->shutdown && ch->res.code == CSD_ECANCELED) {
+        csd_http_error_set(e, 503, "server_error", NULL, "server_shutting_down",
+                           "the server is shutting down; the answer was stopped after %lld "
+                           "tokens",
+                           (long long)ch->res.completion_tokens);
+        return;
+    }
+    csd_http_error_set(e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                       ch->res.end == CSD_REQ_END_CANCELLED ? "cancelled" : ch->res.message);
+}
+
 /* Appends "data: <error json>\n\n" for a choice that failed. mu held. */
-static void emit_failure(csd_http_job *j, const csd_req_result *res) {
+static void emit_failure(csd_http_job *j, const csd_http_choice *ch) {
     csd_http_error e;
-    csd_http_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                       res->message);
+    failure_error(j, ch, &e);
     emit_data(j, csd_http_error_json(&e));
 }
 
@@ -537,7 +549,7 @@ static void emit_usage(csd_http_job *j) {
 /* A stream's events for a choice that ended, and the end of the stream after the last. mu held. */
 static void stream_choice_end(csd_http_job *j, const csd_http_choice *ch) {
     if (ch->res.end == CSD_REQ_END_ERROR)
-        emit_failure(j, &ch->res);
+        emit_failure(j, ch);
     else if (ch->res.end != CSD_REQ_END_CANCELLED)
         emit_choice(j, ch->index, NULL, 0, NULL, finish_reason(j, ch), false);
     if (!csd_http_job_done(j) || j->cancelled) return;
@@ -566,6 +578,11 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
         ch->res.code = lost;
         snprintf(ch->res.message, sizeof ch->res.message,
                  "out of memory while finishing the answer");
+    }
+    if (j->shutdown && ch->res.end == CSD_REQ_END_CANCELLED) { /* stopped for the shutdown */
+        ch->res.end = CSD_REQ_END_ERROR;
+        ch->res.code = CSD_ECANCELED;
+        snprintf(ch->res.message, sizeof ch->res.message, "the server is shutting down");
     }
     j->n_done++;
     if (ch->res.end == CSD_REQ_END_ERROR) j->failed = true;
@@ -611,10 +628,25 @@ static void stop_others(csd_http_job *j) {
     pthread_mutex_lock(&j->mu);
 }
 
+/* mu held: the server stops: cancels the request once, marked so that it ends as a shutdown
+ * error the client is still sent. True once that has taken too long: then give up on it. */
+static bool stop_for_shutdown(csd_http_job *j) {
+    if (!j->shutdown) {
+        j->shutdown = true;
+        j->shutdown_at = csd_now_s();
+        CSD_LOGI("server stopping, cancelling req=%s", j->id);
+        pthread_mutex_unlock(&j->mu);
+        csd_http_job_cancel(j);
+        pthread_mutex_lock(&j->mu);
+    }
+    return csd_now_s() - j->shutdown_at > CSD_HTTP_SHUTDOWN_GRACE_S;
+}
+
 /* mu held: is it time to give up on this request? Cancels it when so. */
 static bool abandon(csd_http_job *j, int fd, const atomic_int *stopping) {
-    if (!atomic_load(stopping) && !client_gone(fd)) return false;
-    CSD_LOGI("client gone or server stopping, cancelling req=%s", j->id);
+    bool gone = client_gone(fd);
+    if (!gone && (!atomic_load(stopping) || !stop_for_shutdown(j))) return false;
+    CSD_LOGI("%s, cancelling req=%s", gone ? "client gone" : "shutdown grace over", j->id);
     if (!csd_http_job_done(j)) {
         pthread_mutex_unlock(&j->mu);
         csd_http_job_cancel(j);
@@ -715,9 +747,8 @@ char *csd_http_job_response(csd_http_job *j, int *status) {
     const csd_http_choice *bad = failed_choice(j);
     if (bad) {
         csd_http_error e;
-        csd_http_error_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
-                           bad->res.end == CSD_REQ_END_CANCELLED ? "cancelled" : bad->res.message);
-        *status = 500;
+        failure_error(j, bad, &e);
+        *status = e.status;
         pthread_mutex_unlock(&j->mu);
         return csd_http_error_json(&e);
     }

@@ -63,7 +63,9 @@ struct csd_http_server {
     size_t max_body;
     unsigned idle_timeout_s; /* MHD's per-connection timeout, restored after each wait for tokens */
     int port;
-    atomic_int stopping;
+    atomic_int draining; /* csd_http_server_drain: new generation requests get 503 */
+    atomic_int stopping; /* csd_http_server_destroy: requests still running are stopped */
+    atomic_int in_flight; /* generation requests between their body and their last byte */
     atomic_llong http_status[SC_COUNT];
     atomic_llong http_by_code[600]; /* responses by status code (/metrics) */
     atomic_llong client_cancels;    /* requests cancelled because the client went away */
@@ -76,6 +78,7 @@ typedef struct conn_state {
     int route;
     bool too_large;
     bool replied; /* a response was queued on the first call (401, 413, ...) */
+    bool in_flight; /* a generation request, counted in the server's in_flight until completed */
     size_t body_seen; /* bytes of body received so far, kept or not (saturating) */
     csd_http_buf body;
 } conn_state;
@@ -209,6 +212,8 @@ static enum MHD_Result handle_models(csd_http_server *s, struct MHD_Connection *
 }
 
 static enum MHD_Result handle_health(csd_http_server *s, struct MHD_Connection *c) {
+    if (atomic_load(&s->draining)) /* a load balancer stops sending requests here */
+        return send_json(s, c, 503, "{\"status\":\"shutting_down\"}", "Connection", "close");
     csd_engine *e = atomic_load(&s->engine);
     if (e && csd_engine_ready(e)) return send_json(s, c, 200, "{\"status\":\"ok\"}", NULL, NULL);
     return send_json(s, c, 503, "{\"status\":\"loading\"}", "Retry-After", RETRY_AFTER_LOADING);
@@ -291,8 +296,14 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
            "cascadia_spec_accepted_tokens_total %lld\n", (long long)st->spec_accepted_tokens);
 }
 
-/* Responses by status code: a code appears once it has been sent. */
+/* Responses by status code (a code appears once it has been sent), and the shutdown state. */
 static void append_http_metrics(csd_http_buf *b, csd_http_server *s) {
+    metric(b, "cascadia_http_requests_in_flight", "gauge",
+           "Generation requests taken and not yet fully answered.",
+           "cascadia_http_requests_in_flight %d\n", atomic_load(&s->in_flight));
+    metric(b, "cascadia_draining", "gauge",
+           "1 once the server is shutting down: new generation requests get 503.",
+           "cascadia_draining %d\n", atomic_load(&s->draining));
     char line[128];
     static const char http_head[] =
         "# HELP cascadia_http_responses_total HTTP responses by status code.\n"
@@ -559,7 +570,16 @@ static int submit_choices(csd_engine *engine, csd_http_job *j, const int32_t *id
 }
 
 static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection *c, int route,
-                                       const conn_state *cs) {
+                                       conn_state *cs) {
+    /* counted before draining is read, so that a drain that sees none in flight has made every
+     * later request see it (both are sequentially consistent) */
+    cs->in_flight = true;
+    atomic_fetch_add(&s->in_flight, 1);
+    if (atomic_load(&s->draining))
+        return send_error_msg(s, c, 503, "server_error", NULL, "server_shutting_down",
+                              "the server is shutting down; send the request to another "
+                              "server or retry later",
+                              "Connection", "close");
     csd_engine *engine = atomic_load(&s->engine);
     if (!engine || !csd_engine_ready(engine))
         return send_error_msg(s, c, 503, "server_error", NULL, "model_loading",
@@ -785,11 +805,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
     (void)c;
     (void)toe;
     conn_state *cs = *con_cls;
     if (!cs) return;
+    if (cs->in_flight) atomic_fetch_sub(&((csd_http_server *)cls)->in_flight, 1);
     csd_http_buf_fini(&cs->body);
     csd_free(cs);
     *con_cls = NULL;
@@ -911,9 +931,21 @@ void csd_http_server_set_engine(csd_http_server *s, csd_engine *engine) {
 
 int csd_http_server_port(const csd_http_server *s) { return s->port; }
 
+void csd_http_server_drain(csd_http_server *s) { atomic_store(&s->draining, 1); }
+
+int csd_http_server_in_flight(csd_http_server *s) { return atomic_load(&s->in_flight); }
+
 void csd_http_server_destroy(csd_http_server *s) {
     if (!s) return;
-    atomic_store(&s->stopping, 1); /* waiting handlers cancel their requests and return */
+    atomic_store(&s->draining, 1);
+    /* running requests are cancelled and end with a shutdown error; MHD_stop_daemon shuts every
+     * socket, so their connections get the time to send it first */
+    atomic_store(&s->stopping, 1);
+    double give_up = csd_now_s() + CSD_HTTP_SHUTDOWN_GRACE_S + 1.0;
+    while (atomic_load(&s->in_flight) > 0 && csd_now_s() < give_up) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     if (s->mhd) MHD_stop_daemon(s->mhd);
     csd_tok_gate_fini(&s->tok_gate);
     csd_free(s->api_key);

@@ -59,8 +59,16 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
 void csd_http_server_set_engine(csd_http_server *s, csd_engine *engine);
 /* The bound TCP port (useful with port 0). */
 int csd_http_server_port(const csd_http_server *s);
-/* Stops listening, cancels the requests of open connections and waits for their threads. Requests
- * still inside the engine end when the engine is destroyed (after this). NULL is a no-op. */
+/* Graceful shutdown, first step: from now on generation requests get 503 server_shutting_down
+ * (with Connection: close) and /health says 503 shutting_down; requests already taken go on. */
+void csd_http_server_drain(csd_http_server *s);
+/* Generation requests taken and not yet fully answered (a stream counts until its last byte). */
+int csd_http_server_in_flight(csd_http_server *s);
+/* Stops: cancels the requests still running, which end with a 503 server_shutting_down error
+ * (a stream's last event, before [DONE]) unless the engine takes longer than
+ * CSD_HTTP_SHUTDOWN_GRACE_S to end them; then stops listening, closes every connection and waits
+ * for their threads. Requests still inside the engine end when the engine is destroyed (after
+ * this). NULL is a no-op. */
 void csd_http_server_destroy(csd_http_server *s);
 
 #endif
