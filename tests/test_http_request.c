@@ -352,6 +352,11 @@ static void test_body_errors(void **state) {
     assert_int_not_equal(parse(&r, CHAT, "[1,2]", &e), 0);
     assert_string_equal(e.code, "invalid_json");
     assert_int_not_equal(parse(&r, CHAT, "{\"a\":1} trailing", &e), 0);
+    /* an integer beyond 64 bits: jansson gives only its line and column; the error names it */
+    expect_chat_error("\"seed\":18446744073709551616", "seed");
+    expect_chat_error("\"stream_options\":{\"include_usage\":-99999999999999999999}",
+                      "stream_options.include_usage");
+    expect_chat_error("\"stop\":[\"a\",1e3,123456789012345678901234567890]", "stop[2]");
     assert_int_not_equal(parse(&r, 7, "{}", &e), 0);
     /* deep nesting is refused, not recursed into */
     char *deep = csd_alloc(200000);

@@ -68,6 +68,43 @@ int csd_http_bad_value(csd_http_error *e, const char *field, const char *want) {
                               want);
 }
 
+/* Finds, depth first, the first number at or beyond 2^63 in magnitude (an integer jansson could
+ * not hold, read as a real) and writes its path ("seed", "a.b[2]") into path. */
+static bool find_huge_number(const json_t *v, char *path, size_t cap, size_t used) {
+    if (json_is_real(v)) return fabs(json_real_value(v)) >= 9223372036854775808.0;
+    if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            int n = snprintf(path + used, cap - used, "[%zu]", i);
+            if (n > 0 && (size_t)n < cap - used &&
+                find_huge_number(json_array_get(v, i), path, cap, used + (size_t)n))
+                return true;
+        }
+    } else if (json_is_object(v)) {
+        const char *key;
+        const json_t *x;
+        json_object_foreach((json_t *)v, key, x) {
+            int n = snprintf(path + used, cap - used, "%s%s", used ? "." : "", key);
+            if (n > 0 && (size_t)n < cap - used && find_huge_number(x, path, cap, used + (size_t)n))
+                return true;
+        }
+    }
+    path[used] = '\0';
+    return false;
+}
+
+/* jansson refuses an integer beyond 64 bits with line and column only: the error names the field
+ * instead where a second reading (integers as reals) finds it. False when it does not. */
+static bool name_too_big_integer(const char *body, size_t len, csd_http_error *e) {
+    json_t *root = json_loadb(body, len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL);
+    char path[128] = "";
+    bool found = root && find_huge_number(root, path, sizeof path, 0) && path[0];
+    json_decref(root);
+    if (found)
+        csd_http_error_set(e, 400, NULL, path, "invalid_value",
+                           "'%s' is an integer out of range (beyond 64 bits)", path);
+    return found;
+}
+
 json_t *csd_http_body_object(const char *body, size_t len, csd_http_error *e) {
     if (!body || len == 0) {
         csd_http_error_set(e, 400, NULL, NULL, "invalid_json", "the request body is empty");
@@ -76,6 +113,7 @@ json_t *csd_http_body_object(const char *body, size_t len, csd_http_error *e) {
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_ALLOW_NUL, &jerr);
     if (!root) {
+        if (strstr(jerr.text, "too big") && name_too_big_integer(body, len, e)) return NULL;
         csd_http_error_set(e, 400, NULL, NULL, "invalid_json",
                            "the body is not valid JSON: %s (line %d, column %d)", jerr.text,
                            jerr.line, jerr.column);
