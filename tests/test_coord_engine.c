@@ -462,6 +462,48 @@ static void test_json_object(void **state) {
     csd_vocab_bytes_destroy(v);
 }
 
+/* response_format json_object, greedy: the best token is taken when the JSON allows it, without
+ * masking the vocabulary; else the best allowed one. 'x' (plain text) is favoured, so both come
+ * up: every answer is JSON, token by token, and one that ended by itself is one whole object. */
+static void test_json_object_greedy(void **state) {
+    fixture *f = *state;
+    csd_vocab_bytes *v = NULL;
+    csd_err err = {0};
+    csd_engine *e = json_engine(f, &v);
+    int closed = 0;
+    for (int k = 0; k < 4; k++) {
+        int32_t prompt[4] = {1 + k, 2, 3, 4};
+        csd_req_params p = params_for(1, 100);
+        p.sampling.temperature = 0.0f;
+        p.ignore_eos = false;
+        p.json_vocab = v;
+        p.sampling.n_logit_bias = 3;
+        p.sampling.logit_bias[0] = (csd_logit_bias){'"', 2.0f + (float)k};
+        p.sampling.logit_bias[1] = (csd_logit_bias){'}', 2.0f + (float)k};
+        p.sampling.logit_bias[2] = (csd_logit_bias){'x', 6.0f};
+        csd_req_callbacks cb = {on_token, on_done};
+        collected c;
+        collected_init(&c);
+        assert_int_equal(csd_engine_submit(e, prompt, 4, &p, &cb, &c, NULL, &err), 0);
+        wait_done(&c);
+        csd_json_accept a;
+        csd_json_accept_init(&a);
+        for (int i = 0; i < c.n; i++)
+            if (!csd_json_accept_token(&a, v, c.ids[i]))
+                fail_msg("prompt %d: token %d ('%c') is not JSON after the ones before", k, i,
+                         (char)c.ids[i]);
+        if (c.end == CSD_REQ_END_STOP) {
+            assert_true(csd_json_accept_done(&a));
+            closed++;
+        } else {
+            assert_int_equal(c.end, CSD_REQ_END_LENGTH);
+        }
+    }
+    assert_true(closed > 0); /* else the end of an object was never checked */
+    csd_engine_destroy(e);
+    csd_vocab_bytes_destroy(v);
+}
+
 /* response_format json_schema: each answer is valid against the schema, and a request keeps its
  * own copy of it (the caller's is destroyed right after submit). */
 static void test_json_schema(void **state) {
@@ -629,6 +671,7 @@ int main(void) {
         cmocka_unit_test(test_group_shares_prompt),
         cmocka_unit_test(test_prefix_cache),
         cmocka_unit_test(test_json_object),
+        cmocka_unit_test(test_json_object_greedy),
         cmocka_unit_test(test_json_schema),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

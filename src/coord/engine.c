@@ -610,6 +610,12 @@ static int32_t next_token(req *r, float *logits, int32_t vocab) {
     const csd_vocab_bytes *v = r->params.json_vocab;
     if (!v) return csd_sampler_sample(r->sampler, logits);
     csd_sampler_adjust(r->sampler, logits);
+    /* greedy: the best token, when the rules allow it (the usual case), is the best allowed one,
+     * so the vocabulary is masked (about 1 ms per token at 150K tokens, serial) only when not */
+    if (r->params.sampling.temperature <= 0.0f) {
+        int32_t best = csd_sampler_pick(r->sampler, logits); /* an argmax: logits unchanged */
+        if (logits[best] != -INFINITY && csd_json_accept_token(&r->json, v, best)) return best;
+    }
     if (csd_json_mask(&r->json, v, logits, vocab) == 0) return -1;
     int32_t id = csd_sampler_pick(r->sampler, logits);
     if (csd_json_accept_token(&r->json, v, id)) return id;
