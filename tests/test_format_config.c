@@ -214,7 +214,7 @@ static void test_llama(void **state) {
     assert_true(c.tie_embeddings);
     check_round_trip(&c, "LlamaForCausalLM");
 
-    /* Linear scaling; attention_bias turns on q/k/v biases; "default" means none. */
+    /* Linear scaling; attention_bias turns on q/k/v and o biases; "default" means none. */
     csd_err err = {0};
     assert_int_equal(parse_edited(llama2_json, "rope_scaling",
                                   "{\"type\": \"linear\", \"factor\": 2.0}", &c, &err),
@@ -224,7 +224,13 @@ static void test_llama(void **state) {
     check_round_trip(&c, "LlamaForCausalLM");
     assert_int_equal(parse_edited(llama2_json, "attention_bias", "true", &c, &err), 0);
     assert_true(c.qkv_bias);
+    assert_true(c.o_bias);
     check_round_trip(&c, "LlamaForCausalLM");
+    csd_model_config contradicts = c; /* one attention_bias cannot say q/k/v without o */
+    contradicts.o_bias = false;
+    char *json = NULL;
+    assert_int_not_equal(csd_model_config_to_json(&contradicts, &json, &err), 0);
+    assert_null(json);
     assert_int_equal(parse_edited(llama2_json, "rope_scaling", "{\"rope_type\": \"default\"}", &c,
                                   &err),
                      0);
@@ -274,6 +280,7 @@ static void test_qwen(void **state) {
     parse_ok(qwen2_json, &c);
     assert_int_equal(c.arch, CSD_ARCH_QWEN2);
     assert_true(c.qkv_bias); /* always on for Qwen2 */
+    assert_false(c.o_bias);  /* q/k/v only, as transformers' Qwen2Attention */
     assert_false(c.qk_norm);
     assert_int_equal(c.head_dim, 64);
     assert_int_equal(c.sliding_window, 0); /* use_sliding_window is false */

@@ -116,6 +116,8 @@ def forward(cfg, W, toks):
         v = v.repeat_interleave(nh // nkv, 0)
         a = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd) + mask, -1) @ v
         x = x + a.transpose(0, 1).reshape(T, nh * hd) @ W[p + "self_attn.o_proj.weight"].T
+        if p + "self_attn.o_proj.bias" in W:  # attention_bias: true (Llama, Qwen3)
+            x = x + W[p + "self_attn.o_proj.bias"]
         h = rms(x, W[p + "post_attention_layernorm.weight"], eps)
         g = torch.nn.functional.silu(h @ W[p + "mlp.gate_proj.weight"].T) * (h @ W[p + "mlp.up_proj.weight"].T)
         x = x + g @ W[p + "mlp.down_proj.weight"].T

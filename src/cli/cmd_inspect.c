@@ -40,7 +40,7 @@ static void print_config(const csd_model_config *c) {
         printf(", linear scaling factor %g", (double)c->rope_factor);
     printf("\n");
     printf("attention       %s%s\n", c->sliding_window ? "sliding window" : "full causal",
-           c->qkv_bias ? ", q/k/v biases" : "");
+           c->o_bias ? ", q/k/v/o biases" : c->qkv_bias ? ", q/k/v biases" : "");
     if (c->sliding_window) printf("window          %lld\n", (long long)c->sliding_window);
     printf("embeddings      %s\n",
            c->tie_embeddings ? "tied to the output head" : "separate output head");

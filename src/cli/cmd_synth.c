@@ -20,10 +20,13 @@
 static const char *const synth_usage =
     "usage: cascadia synth --arch llama|mistral|qwen2|qwen3 --preset NAME --out DIR\n"
     "                      [--tokenizer DIR] [--seed S] [--dtype f32|f16|bf16] [--force]\n"
+    "                      [--attention-bias]\n"
     "       cascadia synth --list-presets\n"
     "Writes config.json, model.safetensors (random weights, deterministic for a seed) and the\n"
     "tokenizer files. Without --tokenizer, a small built-in tokenizer is written. A DIR that\n"
-    "already holds a model is refused unless --force (its weights would be replaced).\n";
+    "already holds a model is refused unless --force (its weights would be replaced).\n"
+    "--attention-bias: q/k/v/o projections with biases (config attention_bias: true; not for\n"
+    "qwen2, whose q/k/v biases are built in and whose o_proj has none).\n";
 
 static void list_presets(void) {
     printf("%-16s %-8s %6s %6s %7s %5s %7s  %s\n", "preset", "family", "dim", "layers", "heads",
@@ -85,8 +88,18 @@ static int check_out_free(const char *out, csd_err *err) {
     return rc;
 }
 
+/* --attention-bias: biases on q, k, v and o, as attention_bias=true gives Llama and Qwen3. */
+static int add_attention_bias(csd_model_config *cfg, const csd_arch_desc *arch, csd_err *err) {
+    if (arch->qkv_bias)
+        return csd_err_set(err, CSD_EINVAL,
+                           "--attention-bias: %s has q/k/v biases built in and no o_proj bias",
+                           arch->model_type);
+    cfg->qkv_bias = cfg->o_bias = true;
+    return 0;
+}
+
 static int synth(const char *arch_name, const char *preset_name, const char *tok_dir,
-                 const char *out, uint64_t seed, int dtype, csd_err *err) {
+                 const char *out, uint64_t seed, int dtype, bool attention_bias, csd_err *err) {
     const csd_arch_desc *arch = csd_arch_find(arch_name);
     if (!arch)
         return csd_err_set(err, CSD_EUNSUPPORTED, "unknown --arch '%s' (supported: %s)", arch_name,
@@ -105,6 +118,7 @@ static int synth(const char *arch_name, const char *preset_name, const char *tok
         rc = csd_synth_config(&cfg, preset, arch->arch, csd_tok_vocab_size(tok), csd_tok_bos(tok),
                               csd_tok_eos(tok), err);
     csd_tok_destroy(tok);
+    if (!rc && attention_bias) rc = add_attention_bias(&cfg, arch, err);
     if (!rc) rc = csd_synth_write(&cfg, dtype >= 0 ? dtype : preset->dtype, seed, out, err);
     return rc;
 }
@@ -113,7 +127,7 @@ int csd_cmd_synth(int argc, char **argv) {
     const char *arch = NULL, *preset = NULL, *tok_dir = NULL, *out = NULL;
     int64_t seed = 1;
     int dtype = -1;
-    bool force = false;
+    bool force = false, attention_bias = false;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i], *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
@@ -124,6 +138,8 @@ int csd_cmd_synth(int argc, char **argv) {
             return 0;
         } else if (!strcmp(f, "--force")) {
             force = true;
+        } else if (!strcmp(f, "--attention-bias")) {
+            attention_bias = true;
         } else if (!value) {
             fprintf(stderr, "cascadia synth: %s needs a value\n%s", f, synth_usage);
             return 2;
@@ -156,7 +172,7 @@ int csd_cmd_synth(int argc, char **argv) {
     csd_err err = {0};
     uint64_t t0 = csd_now_ns();
     int rc = force ? 0 : check_out_free(out, &err);
-    if (!rc) rc = synth(arch, preset, tok_dir, out, (uint64_t)seed, dtype, &err);
+    if (!rc) rc = synth(arch, preset, tok_dir, out, (uint64_t)seed, dtype, attention_bias, &err);
     if (rc) {
         csd_cli_error("synth", &err);
         return 1;

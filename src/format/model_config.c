@@ -333,6 +333,7 @@ static int parse_root(csd_model_config *cfg, const json_t *root, csd_err *err) {
     if (mlp_bias)
         return csd_err_set(err, CSD_EUNSUPPORTED, "config: mlp_bias=true is not supported");
     cfg->qkv_bias = row->qkv_bias || attn_bias;
+    cfg->o_bias = attn_bias && !row->qkv_bias; /* as transformers builds each family's o_proj */
     cfg->qk_norm = row->qk_norm;
     const json_t *act = json_object_get(root, "hidden_act");
     if (!absent(act) && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
@@ -450,8 +451,10 @@ static int check_expressible(const csd_model_config *cfg, const csd_arch_desc *r
     if (cfg->model_type[0] && strcmp(cfg->model_type, row->model_type) != 0)
         return csd_err_set(err, CSD_EINVAL, "config to_json: model_type '%.31s' is not arch %s",
                            cfg->model_type, row->model_type);
-    if (cfg->qk_norm != row->qk_norm || (row->qkv_bias && !cfg->qkv_bias))
-        return csd_err_set(err, CSD_EINVAL, "config to_json: qk_norm/qkv_bias contradict %s",
+    if (cfg->qk_norm != row->qk_norm || (row->qkv_bias && !cfg->qkv_bias) ||
+        cfg->o_bias != (!row->qkv_bias && cfg->qkv_bias)) /* one attention_bias says both */
+        return csd_err_set(err, CSD_EINVAL,
+                           "config to_json: qk_norm/qkv_bias/o_bias contradict %s",
                            row->model_type);
     if (cfg->sliding_window != 0 && !row->uses_sliding_window)
         return csd_err_set(err, CSD_EINVAL, "config to_json: %s has no sliding window",
@@ -538,5 +541,6 @@ bool csd_model_config_equal(const csd_model_config *a, const csd_model_config *b
            a->max_seq_len == b->max_seq_len && a->norm_eps == b->norm_eps &&
            a->sliding_window == b->sliding_window &&
            a->tie_embeddings == b->tie_embeddings && a->qkv_bias == b->qkv_bias &&
-           a->qk_norm == b->qk_norm && a->bos_id == b->bos_id && a->torch_dtype == b->torch_dtype;
+           a->o_bias == b->o_bias && a->qk_norm == b->qk_norm && a->bos_id == b->bos_id &&
+           a->torch_dtype == b->torch_dtype;
 }

@@ -54,6 +54,7 @@ typedef struct csd_arch_desc {
 #define CSD_TN_BQ "model.layers.%d.self_attn.q_proj.bias"
 #define CSD_TN_BK "model.layers.%d.self_attn.k_proj.bias"
 #define CSD_TN_BV "model.layers.%d.self_attn.v_proj.bias"
+#define CSD_TN_BO "model.layers.%d.self_attn.o_proj.bias"
 #define CSD_TN_Q_NORM "model.layers.%d.self_attn.q_norm.weight"
 #define CSD_TN_K_NORM "model.layers.%d.self_attn.k_norm.weight"
 #define CSD_TN_FFN_NORM "model.layers.%d.post_attention_layernorm.weight"
@@ -82,6 +83,8 @@ typedef struct csd_model_config {
     int64_t sliding_window; /* 0 = full attention; Mistral's window otherwise */
     bool tie_embeddings;    /* tie_word_embeddings: lm_head = embed_tokens */
     bool qkv_bias;          /* from the arch row, or attention_bias=true */
+    bool o_bias;            /* o_proj carries a bias: attention_bias=true (Llama, Qwen3; Qwen2's
+                             * built-in biases are q/k/v only) */
     bool qk_norm;           /* from the arch row */
     int bos_id;             /* -1 when absent */
     int eos_ids[CSD_MAX_EOS]; /* eos_token_id (int or list) */

@@ -79,11 +79,11 @@ static csd_qmat qmat_rows(const csd_qmat *w, int64_t r0, int64_t r1) {
 static bool layer_fits(const csd_layer_weights *lw) {
     const csd_qmat *qkv[3] = {&lw->wq, &lw->wk, &lw->wv}, *gu[2] = {&lw->gate, &lw->up};
     const csd_qmat *o = &lw->wo, *down = &lw->down;
-    return !lw->bq && !lw->bk && !lw->bv && csd_lanes_fit(qkv, 3) && csd_lanes_fit(gu, 2) &&
-           csd_lanes_fit(&o, 1) && csd_lanes_fit(&down, 1);
+    return !lw->bq && !lw->bk && !lw->bv && !lw->bo && csd_lanes_fit(qkv, 3) &&
+           csd_lanes_fit(gu, 2) && csd_lanes_fit(&o, 1) && csd_lanes_fit(&down, 1);
 }
 
-/* The one-token path applies: several threads, Q4/Q8 layers the lanes run, no q/k/v biases, and
+/* The one-token path applies: several threads, Q4/Q8 layers the lanes run, no biases, and
  * heads whose rows start on 16-row blocks. */
 static bool model_fits(const csd_model *m, int nth) {
     int64_t n_layers = m->w.layer_end - m->w.layer_begin;

@@ -79,6 +79,7 @@ static void attention_block(csd_model *m, const csd_batch *b, int64_t li) {
     add_bias(m->v, lw->bv, n, m->kv_dim);
     csd_attention_layer(m, b, li); /* RoPE, cache write, attention: q, k, v -> xb */
     csd_matmul(m->pool, &lw->wo, m->xb, n, m->tmp, m->mm_scratch); /* o_proj */
+    add_bias(m->tmp, lw->bo, n, m->cfg.dim);
     csd_model_for_tokens(m, n, residual_tokens, NULL);
 }
 

@@ -130,6 +130,7 @@ static int load_layer(loader *ld, int layer, csd_layer_weights *lw, csd_err *err
         if (!rc) rc = load_vector(ld, LAYER_NAME(CSD_TN_BK), kv_dim, &lw->bk, err);
         if (!rc) rc = load_vector(ld, LAYER_NAME(CSD_TN_BV), kv_dim, &lw->bv, err);
     }
+    if (!rc && c->o_bias) rc = load_vector(ld, LAYER_NAME(CSD_TN_BO), dim, &lw->bo, err);
     if (!rc && c->qk_norm) {
         rc = load_vector(ld, LAYER_NAME(CSD_TN_Q_NORM), c->head_dim, &lw->q_norm, err);
         if (!rc) rc = load_vector(ld, LAYER_NAME(CSD_TN_K_NORM), c->head_dim, &lw->k_norm, err);
@@ -174,6 +175,7 @@ static bool known_tensor(const csd_model_config *c, const char *name) {
         (!strcmp(rest, "self_attn.q_proj.bias") || !strcmp(rest, "self_attn.k_proj.bias") ||
          !strcmp(rest, "self_attn.v_proj.bias")))
         return true;
+    if (c->o_bias && !strcmp(rest, "self_attn.o_proj.bias")) return true;
     return c->qk_norm &&
            (!strcmp(rest, "self_attn.q_norm.weight") || !strcmp(rest, "self_attn.k_norm.weight"));
 }

@@ -53,6 +53,7 @@ typedef struct csd_layer_weights {
     const float *bq;         /* (n_heads * head_dim) or NULL: Qwen2 */
     const float *bk;         /* (n_kv_heads * head_dim) or NULL */
     const float *bv;         /* (n_kv_heads * head_dim) or NULL */
+    const float *bo;         /* (dim) or NULL: attention_bias=true on Llama or Qwen3 */
     csd_qmat wq;             /* (n_heads * head_dim, dim) */
     csd_qmat wk;             /* (n_kv_heads * head_dim, dim) */
     csd_qmat wv;             /* (n_kv_heads * head_dim, dim) */

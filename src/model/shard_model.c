@@ -74,7 +74,7 @@ static bool head_shared(const csd_model_config *c, const csd_weights *w) {
 /* Fills l (capacity computed here) with every tensor w needs, pointing into w and w->layers. */
 static int build_slots(slot_list *l, const csd_model_config *c, csd_weights *w, int precision) {
     int64_t n_layers = w->layer_end - w->layer_begin;
-    int per_layer = 9 + (c->qkv_bias ? 3 : 0) + (c->qk_norm ? 2 : 0);
+    int per_layer = 9 + (c->qkv_bias ? 3 : 0) + (c->o_bias ? 1 : 0) + (c->qk_norm ? 2 : 0);
     l->cap = (int)n_layers * per_layer + 3;
     l->n = 0;
     l->s = csd_alloc_array((size_t)l->cap, sizeof(slot));
@@ -98,6 +98,7 @@ static int build_slots(slot_list *l, const csd_model_config *c, csd_weights *w, 
             add_vec(l, CSD_TN_BK, layer, &lw->bk, kv_dim);
             add_vec(l, CSD_TN_BV, layer, &lw->bv, kv_dim);
         }
+        if (c->o_bias) add_vec(l, CSD_TN_BO, layer, &lw->bo, dim);
         if (c->qk_norm) {
             add_vec(l, CSD_TN_Q_NORM, layer, &lw->q_norm, c->head_dim);
             add_vec(l, CSD_TN_K_NORM, layer, &lw->k_norm, c->head_dim);
@@ -225,7 +226,7 @@ static int load_into_memory(csd_model_shard *ms, csd_err *err) {
     for (int64_t l = 0; l < w->layer_end - w->layer_begin; l++) {
         csd_layer_weights *lw = &w->layers[l];
         const float **vecs[] = {&lw->attn_norm, &lw->ffn_norm, &lw->q_norm, &lw->k_norm,
-                                &lw->bq,        &lw->bk,       &lw->bv};
+                                &lw->bq,        &lw->bk,       &lw->bv, &lw->bo};
         for (size_t i = 0; i < sizeof vecs / sizeof vecs[0]; i++) rebase_vec(vecs[i], base, n, mem);
         csd_qmat *mats[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->gate, &lw->up, &lw->down};
         for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) rebase_mat(mats[i], base, n, mem);

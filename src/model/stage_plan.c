@@ -64,6 +64,7 @@ int csd_plan_costs_get(csd_plan_costs *out, const csd_model_config *c, const csd
                   2 * csd_qmat_bytes(p, (int64_t)hid, (int64_t)dim) +
                   csd_qmat_bytes(p, (int64_t)dim, (int64_t)hid) + 2 * dim * 4;
     if (c->qkv_bias) lw += (q_dim + 2 * kv_dim) * 4;
+    if (c->o_bias) lw += dim * 4;
     if (c->qk_norm) lw += 2 * (uint64_t)c->head_dim * 4;
     out->layer_weight_bytes = lw;
     out->kv_bytes_per_token_layer = 2 * csd_kv_row_bytes(kv, c->n_kv_heads, c->head_dim);

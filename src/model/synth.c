@@ -193,6 +193,7 @@ static void plan_tensors(synth_plan *p, const csd_model_config *c) {
             add(p, L(CSD_TN_BK), kv, 0, 0.1, 0);
             add(p, L(CSD_TN_BV), kv, 0, 0.1, 0);
         }
+        if (c->o_bias) add(p, L(CSD_TN_BO), c->dim, 0, 0.1, 0);
         if (c->qk_norm) {
             add(p, L(CSD_TN_Q_NORM), c->head_dim, 0, 0, 1);
             add(p, L(CSD_TN_K_NORM), c->head_dim, 0, 0, 1);
@@ -230,7 +231,7 @@ int csd_synth_write(const csd_model_config *cfg, int dtype, uint64_t seed, const
                     csd_err *err) {
     char path[4096];
     char *json = NULL;
-    int max_tensors = 4 + (int)cfg->n_layers * 14;
+    int max_tensors = 4 + (int)cfg->n_layers * 16; /* 9 matrices and norms, 4 biases, 2 q/k norms */
     synth_plan plan = {csd_alloc_array((size_t)max_tensors, sizeof(synth_tensor)), 0, dtype, seed};
     csd_st_desc *descs = csd_alloc_array((size_t)max_tensors, sizeof(csd_st_desc));
     int rc = plan.t && descs ? 0 : csd_err_set(err, CSD_ENOMEM, "synth plan");
