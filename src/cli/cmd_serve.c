@@ -6,6 +6,7 @@
  * timeout, stops them with an error. Then everything shuts down in reverse order.
  * Model/pipeline construction is one function (build_pipelines): remote stages slot in there. */
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,13 +109,15 @@ typedef struct serve_backend {
     int n_pipes;
 } serve_backend;
 
-static volatile sig_atomic_t g_stop_signal;
-static volatile sig_atomic_t g_signal_count; /* a second signal ends the drain at once */
+/* Lock-free atomics, which a signal handler may write (C11 7.14.1.1): the handler runs on
+ * whichever thread the signal lands on, and the main thread reads them. */
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "a signal handler may only write lock-free atomics");
+static atomic_int g_stop_signal;
+static atomic_int g_signal_count; /* a second signal ends the drain at once */
 
-/* The handler cannot nest: install_signals blocks both signals while it runs. */
 static void on_signal(int sig) {
-    g_stop_signal = sig;
-    if (g_signal_count < 2) g_signal_count = g_signal_count + 1;
+    atomic_store(&g_stop_signal, sig);
+    atomic_fetch_add(&g_signal_count, 1);
 }
 
 /* --tool-call-format's names of the formats (enum csd_tool_split_mode), or -1. */
@@ -442,9 +445,9 @@ static void drain(csd_http_server *srv, int timeout_s) {
     fprintf(stderr,
             "cascadia serve: signal %d: draining, new requests get 503; %d in flight may finish "
             "within %d s (a second signal stops them)\n",
-            (int)g_stop_signal, n, timeout_s);
+            atomic_load(&g_stop_signal), n, timeout_s);
     double give_up = csd_now_s() + timeout_s;
-    while ((n = csd_http_server_in_flight(srv)) > 0 && g_signal_count < 2 &&
+    while ((n = csd_http_server_in_flight(srv)) > 0 && atomic_load(&g_signal_count) < 2 &&
            csd_now_s() < give_up)
         sleep_ms(50);
     if (n > 0)
@@ -492,17 +495,17 @@ int csd_cmd_serve(int argc, char **argv) {
         rc = csd_vocab_bytes_create(&json_vocab, csd_tok_vocab_size(tok), token_bytes, tok, &err);
     if (!rc) rc = start_http(&a, tok, tmpl, json_vocab, model_name, &srv, &err);
     if (!rc) rc = build_pipelines(&a, &b, &err);
-    if (!rc && !g_stop_signal) rc = start_engine(&a, tok, &b, &engine, &err);
+    if (!rc && !atomic_load(&g_stop_signal)) rc = start_engine(&a, tok, &b, &engine, &err);
     if (!rc && engine) {
         csd_http_server_set_engine(srv, engine);
         fprintf(stderr, "cascadia serve: ready (context %lld tokens, %d parallel)\n",
                 (long long)csd_engine_max_ctx(engine), a.parallel);
-        while (!g_stop_signal) sleep_ms(100);
+        while (!atomic_load(&g_stop_signal)) sleep_ms(100);
         drain(srv, a.shutdown_timeout_s);
     }
-    if (g_stop_signal)
-        fprintf(stderr, "cascadia serve: signal %d, shutting down\n", (int)g_stop_signal);
-    if (rc && err.code == CSD_ECANCELED && g_stop_signal) rc = 0; /* stopped while waiting */
+    int sig = atomic_load(&g_stop_signal);
+    if (sig) fprintf(stderr, "cascadia serve: signal %d, shutting down\n", sig);
+    if (rc && err.code == CSD_ECANCELED && sig) rc = 0; /* stopped while waiting */
     if (rc) csd_cli_error("serve", &err);
     /* reverse order: no new requests (those still running end with an error), then the engine
      * ends what is left, then the model */

@@ -114,7 +114,7 @@ bool csd_cli_fleet_retryable(int code) {
     return code == CSD_EIO || code == CSD_ETIMEOUT || code == CSD_ECLOSED || code == CSD_EFULL;
 }
 
-static bool stopped(const csd_cli_fleet *f) { return f->stop && *f->stop; }
+static bool stopped(const csd_cli_fleet *f) { return f->stop && atomic_load(f->stop); }
 
 /* Sleeps about ms, in short slices so that a stop request is seen at once. */
 static void nap(const csd_cli_fleet *f, int ms) {

@@ -3,7 +3,7 @@
 #ifndef CSD_FLEET_SETUP_H
 #define CSD_FLEET_SETUP_H
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "coord/fleet_pipeline.h"
@@ -23,7 +23,7 @@ typedef struct csd_cli_fleet {
     int micro_batches;          /* --micro-batches; 0: auto (one per machine) */
     int wait_workers_s;         /* --wait-workers; -1 until given: the command sets its default */
     const char *fleet_only;     /* the last flag given that only a fleet uses, or NULL */
-    const volatile sig_atomic_t *stop; /* set (by a signal handler) to give up waiting; or NULL */
+    const atomic_int *stop; /* set (by a signal handler) to give up waiting; or NULL */
     /* what was built */
     csd_fleet_key key;
     csd_model_shard *shard0;    /* local stage 0's shard */
