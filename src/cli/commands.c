@@ -6,6 +6,8 @@
 const csd_command csd_commands[] = {
     {"run", "generate text from a model directory (or a fleet)", csd_cmd_run},
     {"serve", "serve the OpenAI-compatible API from a model directory or a fleet", csd_cmd_serve},
+    {"route", "one OpenAI-compatible endpoint over several providers, at most N requests each",
+     csd_cmd_route},
     {"export", "cut a model into one self-contained shard per pipeline stage", csd_cmd_export},
     {"worker", "serve one stage's shard to the coordinator over TCP", csd_cmd_worker},
     {"keygen", "write a fleet key that authenticates and encrypts every link", csd_cmd_keygen},

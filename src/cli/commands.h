@@ -22,6 +22,7 @@ int csd_cmd_detokenize(int argc, char **argv);
 int csd_cmd_export(int argc, char **argv);
 int csd_cmd_worker(int argc, char **argv);
 int csd_cmd_serve(int argc, char **argv);
+int csd_cmd_route(int argc, char **argv);
 int csd_cmd_keygen(int argc, char **argv);
 int csd_cmd_bench(int argc, char **argv);
 int csd_cmd_perplexity(int argc, char **argv);

@@ -1,0 +1,821 @@
+/* route_server: the router's libmicrohttpd front (see route_server.h). A connection thread reads
+ * the body, checks it is a JSON object, acquires a slot (route_sched.c), and drives the upstream
+ * transfer (route_proxy.c) until the answer's status and first bytes are known; only then is the
+ * response queued, so an upstream that fails before answering is replaced by another. The rest of
+ * the answer is relayed by a content-reader callback as it arrives. This is the one file outside
+ * src/http that includes microhttpd.h: the router is a second HTTP front, not part of the API. */
+#include "route_server.h"
+
+#include <arpa/inet.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "route_proxy.h"
+#include "route_sched.h"
+
+/* Bytes handed to MHD per content-reader call. */
+#define RELAY_BLOCK 16384
+/* Seconds to connect to an upstream at most (or --upstream-timeout when shorter). */
+#define CONNECT_TIMEOUT_S 10
+/* Seconds a client should wait before retrying a 429 or 503. */
+#define RETRY_AFTER "1"
+
+enum route_path {
+    PATH_NONE = 0,
+    PATH_CHAT,        /* POST /v1/chat/completions */
+    PATH_COMPLETIONS, /* POST /v1/completions */
+    PATH_MODELS,      /* GET /v1/models */
+    PATH_MODEL_ONE,   /* GET /v1/models/{id} */
+    PATH_HEALTH,
+    PATH_METRICS,
+    PATH_COUNT
+};
+
+typedef struct upstream {
+    char *url;   /* the base, no trailing slash */
+    char *key;   /* NULL: no Authorization */
+    char *model; /* NULL: "model" forwarded as sent */
+} upstream;
+
+struct csd_route_server {
+    struct MHD_Daemon *mhd;
+    csd_route_sched sched;
+    bool sched_ready;
+    bool curl_ready;
+    int n_up;
+    upstream up[CSD_ROUTE_MAX_UPSTREAMS];
+    char *api_key;
+    char *model_name;
+    size_t max_body;
+    int queue_timeout_s;
+    int upstream_timeout_s;
+    int port;
+    long long started; /* unix seconds, for /v1/models "created" */
+    atomic_int stopping;
+};
+
+/* Per connection (MHD's con_cls): the body being received. */
+typedef struct conn_state {
+    int path;
+    bool too_large;
+    bool replied; /* a response was queued on the first call (401, 404, 413, ...) */
+    char *body;
+    size_t len, cap;
+    size_t seen; /* body bytes received, kept or not (saturating) */
+} conn_state;
+
+/* What the abort callback looks at: the client's socket and the server's stop flag. */
+typedef struct watch {
+    csd_route_server *s;
+    int fd;
+} watch;
+
+/* One answer being relayed: its transfer and the slot it holds. */
+typedef struct relay {
+    csd_route_server *s;
+    struct MHD_Connection *conn;
+    csd_route_xfer *x;
+    watch w;
+    int up;     /* the upstream whose slot it holds; -1 once given back */
+    bool sse;   /* an event stream: a failure mid-way ends it with an error event */
+    char *tail; /* that error event, being sent */
+    size_t tail_len, tail_sent;
+} relay;
+
+void csd_route_opts_default(csd_route_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = CSD_ROUTE_DEFAULT_PORT;
+    o->queue_max = CSD_ROUTE_DEFAULT_QUEUE;
+    o->queue_timeout_s = CSD_ROUTE_DEFAULT_QUEUE_TIMEOUT;
+    o->upstream_timeout_s = CSD_ROUTE_DEFAULT_UPSTREAM_TIMEOUT;
+    o->max_body = CSD_ROUTE_DEFAULT_MAX_BODY;
+    o->model_name = CSD_ROUTE_DEFAULT_MODEL_NAME;
+}
+
+int csd_route_url_check(const char *url, csd_err *err) {
+    size_t n = strlen(url);
+    size_t scheme = !strncasecmp(url, "http://", 7) ? 7 : !strncasecmp(url, "https://", 8) ? 8 : 0;
+    if (!scheme)
+        return csd_err_set(err, CSD_EINVAL, "'%.200s' is not an http:// or https:// URL", url);
+    if (n > CSD_ROUTE_URL_MAX)
+        return csd_err_set(err, CSD_EINVAL, "URL longer than %d bytes", CSD_ROUTE_URL_MAX);
+    if (!url[scheme] || url[scheme] == '/' || url[scheme] == ':' || url[scheme] == '?')
+        return csd_err_set(err, CSD_EINVAL, "'%.200s' names no host", url);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)url[i];
+        /* it goes into metrics labels and log lines as it is */
+        if (ch <= 0x20 || ch >= 0x7f || ch == '"' || ch == '\\')
+            return csd_err_set(err, CSD_EINVAL,
+                               "'%.200s' has a space, quote, backslash or non-ASCII byte", url);
+    }
+    return 0;
+}
+
+/* ---- responses ---- */
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *ctype,
+                                 const char *body, const char *h1, const char *v1) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)(uintptr_t)body,
+                                                             MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (h1) MHD_add_response_header(r, h1, v1);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* OpenAI's error shape, as src/http answers: {"error": {"message", "type", "param", "code"}}. */
+static char *error_json(const char *type, const char *param, const char *code, const char *msg) {
+    json_t *root = json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type", type,
+                             "param", param, "code", code);
+    char *out = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    return out;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *type,
+                                  const char *param, const char *code, const char *h1,
+                                  const char *v1, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+
+static enum MHD_Result send_error(struct MHD_Connection *c, int status, const char *type,
+                                  const char *param, const char *code, const char *h1,
+                                  const char *v1, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    char *json = error_json(type, param, code, msg);
+    /* a message that is not UTF-8 (cut inside a character) cannot be JSON: say less */
+    if (!json) json = error_json(type, param, code, "error (message not representable)");
+    enum MHD_Result ret =
+        send_body(c, status, "application/json", json ? json : "{\"error\":{}}", h1, v1);
+    free(json);
+    return ret;
+}
+
+/* ---- paths and auth ---- */
+
+static int path_of(const char *url) {
+    if (!strncmp(url, "/v1/", 4)) url += 3; /* the /v1 prefix is optional, as in serve */
+    if (!strcmp(url, "/chat/completions")) return PATH_CHAT;
+    if (!strcmp(url, "/completions")) return PATH_COMPLETIONS;
+    if (!strcmp(url, "/models")) return PATH_MODELS;
+    if (!strncmp(url, "/models/", 8) && url[8]) return PATH_MODEL_ONE;
+    if (!strcmp(url, "/health")) return PATH_HEALTH;
+    if (!strcmp(url, "/metrics")) return PATH_METRICS;
+    return PATH_NONE;
+}
+
+static bool path_is_post(int path) { return path == PATH_CHAT || path == PATH_COMPLETIONS; }
+
+/* Constant-time comparison: the key cannot be guessed byte by byte from response times. */
+static bool same_secret(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    unsigned char diff = (unsigned char)(la != lb);
+    for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a[i] ^ b[lb ? i % lb : 0]);
+    return diff == 0;
+}
+
+static bool authorized(const csd_route_server *s, struct MHD_Connection *c, int path) {
+    if (!s->api_key || path == PATH_HEALTH || path == PATH_METRICS) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    return same_secret(h, s->api_key);
+}
+
+/* ---- GET endpoints ---- */
+
+static json_t *model_object(const csd_route_server *s) {
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", s->model_name, "object", "model", "created",
+                     (json_int_t)s->started, "owned_by", "cascadia-route");
+}
+
+static enum MHD_Result handle_models(csd_route_server *s, struct MHD_Connection *c, const char *url,
+                                     int path) {
+    json_t *root;
+    if (path == PATH_MODEL_ONE) {
+        const char *id = strstr(url, "/models/") + 8;
+        if (strcmp(id, s->model_name) != 0)
+            return send_error(c, 404, "invalid_request_error", "model", "model_not_found", NULL,
+                              NULL, "The model '%.100s' does not exist", id);
+        root = model_object(s);
+    } else {
+        root = json_pack("{s:s, s:[o]}", "object", "list", "data", model_object(s));
+    }
+    char *body = root ? json_dumps(root, JSON_COMPACT) : NULL;
+    json_decref(root);
+    enum MHD_Result ret =
+        body ? send_body(c, 200, "application/json", body, NULL, NULL)
+             : send_error(c, 500, "server_error", NULL, NULL, NULL, NULL, "out of memory");
+    free(body);
+    return ret;
+}
+
+static enum MHD_Result handle_health(csd_route_server *s, struct MHD_Connection *c) {
+    if (csd_route_sched_any_up(&s->sched))
+        return send_body(c, 200, "application/json", "{\"status\":\"ok\"}", NULL, NULL);
+    return send_body(c, 503, "application/json", "{\"status\":\"down\"}", "Retry-After",
+                     RETRY_AFTER);
+}
+
+static void appendf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* Appends to a growing text; on out of memory the text stays as it was. */
+static void appendf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+    char line[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n <= 0) return;
+    size_t add = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
+    if (*len + add + 1 > *cap) {
+        size_t nc = *cap ? *cap * 2 : 4096;
+        while (nc < *len + add + 1) nc *= 2;
+        char *nb = csd_alloc(nc);
+        if (!nb) return;
+        if (*len) memcpy(nb, *buf, *len);
+        csd_free(*buf);
+        *buf = nb;
+        *cap = nc;
+    }
+    memcpy(*buf + *len, line, add);
+    *len += add;
+    (*buf)[*len] = 0;
+}
+
+/* One per-upstream family: its HELP and TYPE, then a line per upstream. which: the field. */
+enum up_field { UF_IN_FLIGHT, UF_MAX, UF_PEAK, UF_DOWN, UF_REQUESTS, UF_FAILURES, UF_COUNT };
+
+static void upstream_family(char **b, size_t *len, size_t *cap, const csd_route_server *s,
+                            const csd_route_stats *st, int which) {
+    static const char *const names[UF_COUNT][3] = {
+        {"upstream_in_flight", "gauge", "Requests an upstream is answering now."},
+        {"upstream_max", "gauge", "Requests an upstream may answer at once (--max)."},
+        {"upstream_peak_in_flight", "gauge", "The most requests an upstream held at once."},
+        {"upstream_down", "gauge", "1 while an upstream whose connection failed is avoided."},
+        {"upstream_requests_total", "counter",
+         "Requests sent to an upstream (a request that fails over counts on each it tried)."},
+        {"upstream_failures_total", "counter",
+         "Requests an upstream failed: no connection, a 429 or 5xx status, or a broken answer."},
+    };
+    appendf(b, len, cap, "# HELP cascadia_route_%s %s\n# TYPE cascadia_route_%s %s\n",
+            names[which][0], names[which][2], names[which][0], names[which][1]);
+    for (int i = 0; i < st->n; i++) {
+        const csd_route_upstream_stats *u = &st->up[i];
+        long long v = which == UF_IN_FLIGHT  ? u->in_flight
+                      : which == UF_MAX      ? u->max
+                      : which == UF_PEAK     ? u->peak
+                      : which == UF_DOWN     ? u->down
+                      : which == UF_REQUESTS ? u->requests
+                                             : u->failures;
+        /* URLs were checked: no quote, backslash or newline needs escaping in the label */
+        appendf(b, len, cap, "cascadia_route_%s{upstream=\"%s\"} %lld\n", names[which][0],
+                s->up[i].url, v);
+    }
+}
+
+static enum MHD_Result handle_metrics(csd_route_server *s, struct MHD_Connection *c) {
+    csd_route_stats st;
+    csd_route_sched_stats(&s->sched, &st);
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    for (int f = 0; f < UF_COUNT; f++) upstream_family(&b, &len, &cap, s, &st, f);
+    appendf(&b, &len, &cap,
+            "# HELP cascadia_route_queue_depth Requests waiting for a free upstream slot.\n"
+            "# TYPE cascadia_route_queue_depth gauge\ncascadia_route_queue_depth %d\n",
+            st.queue_depth);
+    appendf(&b, &len, &cap,
+            "# HELP cascadia_route_requests_rejected_total Requests refused with 429: the queue "
+            "was full.\n# TYPE cascadia_route_requests_rejected_total counter\n"
+            "cascadia_route_requests_rejected_total %lld\n",
+            st.rejected);
+    appendf(&b, &len, &cap,
+            "# HELP cascadia_route_queue_timeouts_total Requests answered 503 after waiting "
+            "--queue-timeout.\n# TYPE cascadia_route_queue_timeouts_total counter\n"
+            "cascadia_route_queue_timeouts_total %lld\n",
+            st.timeouts);
+    enum MHD_Result ret =
+        b ? send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", b, NULL, NULL)
+          : send_error(c, 500, "server_error", NULL, NULL, NULL, NULL, "out of memory");
+    csd_free(b);
+    return ret;
+}
+
+/* ---- watching the client ---- */
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+/* The client hung up (or closed its sending side: it cannot be told from one that left until
+ * something is written to it; docs/api.md, "Streaming", decided the same). */
+static bool client_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static bool should_stop(void *ctx) {
+    const watch *w = ctx;
+    return atomic_load(&w->s->stopping) || client_gone(w->fd);
+}
+
+/* A connection waiting for an upstream is not idle: MHD's timeout is off while it waits, and set
+ * again after, which restarts its count (as src/http/server.c does for its streams). */
+static void idle_timeout(struct MHD_Connection *c, bool on) {
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              on ? (unsigned)CSD_ROUTE_IDLE_TIMEOUT : 0u);
+}
+
+/* ---- relaying an answer ---- */
+
+/* Ends the transfer and gives the slot back. The transfer is closed first, so the upstream has
+ * cancelled (or finished) this request before the slot can take another one to it. */
+static void relay_release(relay *r, bool failed) {
+    csd_route_xfer_destroy(r->x);
+    r->x = NULL;
+    if (r->up < 0) return;
+    csd_route_sched_release(&r->s->sched, r->up, failed, false);
+    r->up = -1;
+}
+
+/* The last event of a stream that broke after bytes were relayed: an OpenAI error, as llama-server
+ * and vLLM end theirs. */
+static void relay_error_event(relay *r, const char *why) {
+    char msg[400];
+    snprintf(msg, sizeof msg, "the upstream failed mid-answer: %s", why);
+    char *json = error_json("server_error", NULL, "upstream_error", msg);
+    if (!json) return;
+    size_t n = strlen(json) + 16;
+    r->tail = csd_alloc(n);
+    if (r->tail) r->tail_len = (size_t)snprintf(r->tail, n, "\n\ndata: %s\n\n", json);
+    free(json);
+}
+
+static ssize_t relay_reader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    relay *r = cls;
+    if (max > RELAY_BLOCK) max = RELAY_BLOCK;
+    if (r->tail) {
+        size_t n = r->tail_len - r->tail_sent;
+        if (!n) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (n > max) n = max;
+        memcpy(buf, r->tail + r->tail_sent, n);
+        r->tail_sent += n;
+        return (ssize_t)n;
+    }
+    if (!r->x) return MHD_CONTENT_READER_END_WITH_ERROR; /* ended already */
+    csd_route_abort ab = {should_stop, &r->w};
+    csd_err err = {0};
+    idle_timeout(r->conn, false);
+    ssize_t n = csd_route_xfer_read(r->x, buf, max, &ab, &err);
+    idle_timeout(r->conn, true);
+    if (n > 0) return n;
+    if (n == 0) {
+        relay_release(r, false);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    if (n == -2) { /* the client left or the server stops */
+        relay_release(r, false);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    CSD_LOGW("upstream failed mid-answer upstream=%s error=%s", r->s->up[r->up].url, err.msg);
+    relay_release(r, true);
+    if (r->sse) relay_error_event(r, err.msg);
+    return r->tail ? relay_reader(cls, pos, buf, max) : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+/* MHD calls this when the response is done with, finished or not. */
+static void relay_free(void *cls) {
+    relay *r = cls;
+    relay_release(r, false); /* closes an unfinished transfer: the upstream cancels */
+    csd_free(r->tail);
+    csd_free(r);
+}
+
+/* Queues the upstream's answer: its status, Content-Type and, from the reader, its bytes. Takes
+ * the transfer and the slot (given back when the answer ends). */
+static enum MHD_Result start_relay(csd_route_server *s, struct MHD_Connection *c, csd_route_xfer *x,
+                                   int up, int fd) {
+    relay *r = csd_alloc(sizeof *r);
+    struct MHD_Response *resp = r ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, RELAY_BLOCK,
+                                                                      relay_reader, r, relay_free)
+                                  : NULL;
+    if (!resp) {
+        csd_free(r);
+        csd_route_xfer_destroy(x);
+        csd_route_sched_release(&s->sched, up, false, false);
+        return send_error(c, 500, "server_error", NULL, NULL, NULL, NULL, "out of memory");
+    }
+    *r = (relay){.s = s, .conn = c, .x = x, .w = {s, fd}, .up = up};
+    const char *ctype = csd_route_xfer_content_type(x);
+    r->sse = !strncasecmp(ctype, "text/event-stream", 17);
+    MHD_add_response_header(resp, "Content-Type", ctype[0] ? ctype : "application/json");
+    if (r->sse) MHD_add_response_header(resp, "Cache-Control", "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)csd_route_xfer_status(x), resp);
+    MHD_destroy_response(resp); /* the connection holds it; relay_free runs when it is done */
+    return ret;
+}
+
+/* ---- forwarding ---- */
+
+/* The body for upstream u: as sent, or with "model" rewritten (--upstream-model). NULL when out of
+ * memory; *owned says whether to free() it. */
+static const char *body_for(const upstream *u, json_t *root, const conn_state *cs, size_t *len,
+                            bool *owned) {
+    *owned = false;
+    *len = cs->len;
+    if (!u->model) return cs->body;
+    if (json_object_set_new(root, "model", json_string(u->model))) return NULL;
+    char *out = json_dumps(root, JSON_COMPACT);
+    if (!out) return NULL;
+    *owned = true;
+    *len = strlen(out);
+    return out;
+}
+
+/* One attempt on upstream up. CSD_ROUTE_XFER_OK with *xo set, or how it failed (err). */
+static int attempt(csd_route_server *s, int up, int path, json_t *root, const conn_state *cs,
+                   const csd_route_abort *ab, csd_route_xfer **xo, csd_err *err) {
+    const upstream *u = &s->up[up];
+    char url[CSD_ROUTE_URL_MAX + 32];
+    snprintf(url, sizeof url, "%s%s", u->url,
+             path == PATH_CHAT ? "/chat/completions" : "/completions");
+    bool owned = false;
+    size_t len = 0;
+    const char *body = body_for(u, root, cs, &len, &owned);
+    if (!body) {
+        csd_err_set(err, CSD_ENOMEM, "out of memory");
+        return CSD_ROUTE_XFER_BROKEN;
+    }
+    int timeout = s->upstream_timeout_s;
+    csd_route_xfer_opts o = {
+        url, body, len, u->key, timeout < CONNECT_TIMEOUT_S ? timeout : CONNECT_TIMEOUT_S, timeout};
+    int rc = csd_route_xfer_create(xo, &o, err);
+    if (owned) free((void *)(uintptr_t)body);
+    if (rc) return CSD_ROUTE_XFER_BROKEN;
+    rc = csd_route_xfer_start(*xo, ab, err);
+    if (rc != CSD_ROUTE_XFER_OK) {
+        csd_route_xfer_destroy(*xo);
+        *xo = NULL;
+    }
+    return rc;
+}
+
+/* The answer when no slot was acquired (rc from csd_route_sched_acquire). */
+static enum MHD_Result no_slot(csd_route_server *s, struct MHD_Connection *c, int rc, int last_up,
+                               const csd_err *last) {
+    if (rc == CSD_EFULL)
+        return send_error(c, 429, "rate_limit_error", NULL, "server_busy", "Retry-After",
+                          RETRY_AFTER, "every upstream slot and the queue are full; retry shortly");
+    if (rc == CSD_ETIMEOUT)
+        return send_error(c, 503, "server_error", NULL, "queue_timeout", "Retry-After", RETRY_AFTER,
+                          "no upstream slot became free within %d s", s->queue_timeout_s);
+    if (rc == CSD_ECANCELED) return MHD_NO; /* nobody to answer: close the connection */
+    if (last_up < 0)
+        return send_error(c, 502, "server_error", NULL, "upstream_error", NULL, NULL,
+                          "no upstream could be tried");
+    return send_error(c, 502, "server_error", NULL, "upstream_error", NULL, NULL,
+                      "every upstream failed; the last, %.300s: %.150s", s->up[last_up].url,
+                      last->msg);
+}
+
+/* Forwards the request, failing over while nothing was relayed: each upstream at most once. */
+static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, int path,
+                               json_t *root, const conn_state *cs) {
+    watch w = {s, conn_fd(c)};
+    csd_route_abort ab = {should_stop, &w};
+    csd_route_waiter waiter;
+    memset(&waiter, 0, sizeof waiter);
+    double deadline = csd_now_s() + s->queue_timeout_s;
+    csd_err last = {0};
+    int last_up = -1;
+    idle_timeout(c, false);
+    for (bool retry = false;; retry = true) {
+        int up = csd_route_sched_acquire(&s->sched, &waiter, retry, deadline, &ab);
+        if (up < 0) {
+            idle_timeout(c, true);
+            return no_slot(s, c, up, last_up, &last);
+        }
+        csd_route_xfer *x = NULL;
+        csd_err err = {0};
+        int rc = attempt(s, up, path, root, cs, &ab, &x, &err);
+        if (rc == CSD_ROUTE_XFER_OK) {
+            idle_timeout(c, true);
+            return start_relay(s, c, x, up, w.fd);
+        }
+        bool failed = rc != CSD_ROUTE_XFER_ABORTED;
+        csd_route_sched_release(&s->sched, up, failed, rc == CSD_ROUTE_XFER_CONNECT);
+        if (!failed) return MHD_NO; /* the client left, or the server stops */
+        CSD_LOGW("upstream failed, trying another upstream=%s error=%s", s->up[up].url, err.msg);
+        waiter.tried |= UINT32_C(1) << up;
+        last = err;
+        last_up = up;
+    }
+}
+
+/* Checks the body is a JSON object whose "stream", if any, is a boolean; then forwards it. */
+static enum MHD_Result handle_forward(csd_route_server *s, struct MHD_Connection *c, int path,
+                                      const conn_state *cs) {
+    json_error_t je;
+    json_t *root = cs->len ? json_loadb(cs->body, cs->len, 0, &je) : NULL;
+    if (!root || !json_is_object(root)) {
+        json_decref(root);
+        if (!cs->len)
+            return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
+                              "the request body is empty; send a JSON object");
+        return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
+                          "the request body is not a JSON object");
+    }
+    json_t *stream = json_object_get(root, "stream");
+    if (stream && !json_is_null(stream) && !json_is_boolean(stream)) {
+        json_decref(root);
+        return send_error(c, 400, "invalid_request_error", "stream", "invalid_type", NULL, NULL,
+                          "'stream' must be a boolean");
+    }
+    CSD_LOGD("forwarding path=%s stream=%d bytes=%zu", path == PATH_CHAT ? "chat" : "completions",
+             json_is_true(stream), cs->len);
+    enum MHD_Result ret = forward(s, c, path, root, cs);
+    json_decref(root);
+    return ret;
+}
+
+/* ---- MHD glue ---- */
+
+/* The first call of a request: headers only. Answers at once what needs no body. */
+static enum MHD_Result on_headers(csd_route_server *s, struct MHD_Connection *c, conn_state *cs,
+                                  const char *method) {
+    if (cs->path == PATH_NONE) {
+        cs->replied = true;
+        return send_error(c, 404, "invalid_request_error", NULL, "not_found", NULL, NULL,
+                          "Unknown request URL; see /v1/chat/completions, /v1/completions, "
+                          "/v1/models, /health, /metrics");
+    }
+    bool post = path_is_post(cs->path);
+    if (strcmp(method, post ? "POST" : "GET") != 0 && (post || strcmp(method, "HEAD") != 0)) {
+        cs->replied = true;
+        return send_error(c, 405, "invalid_request_error", NULL, "method_not_allowed", "Allow",
+                          post ? "POST" : "GET, HEAD", "Only %s is allowed here",
+                          post ? "POST" : "GET");
+    }
+    if (!authorized(s, c, cs->path)) {
+        cs->replied = true;
+        return send_error(c, 401, "invalid_request_error", NULL, "invalid_api_key",
+                          "WWW-Authenticate", "Bearer",
+                          "Missing or incorrect API key: send 'Authorization: Bearer KEY'");
+    }
+    /* a declared body far beyond the limit is refused now; a slightly larger one is read and
+     * dropped so the client (still sending) reliably sees the 413, as serve does */
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) / 16 > s->max_body) {
+        cs->replied = true;
+        return send_error(c, 413, "invalid_request_error", NULL, "request_too_large", NULL, NULL,
+                          "The request body is larger than %zu bytes", s->max_body);
+    }
+    return MHD_YES;
+}
+
+/* A piece of the body. MHD_NO closes a connection whose body goes on far beyond the limit. */
+static enum MHD_Result on_upload(csd_route_server *s, conn_state *cs, const char *data, size_t n) {
+    cs->seen = n > SIZE_MAX - cs->seen ? SIZE_MAX : cs->seen + n;
+    if (cs->seen / 16 > s->max_body) return MHD_NO;
+    if (cs->too_large) return MHD_YES;
+    if (cs->len + n > s->max_body) {
+        cs->too_large = true;
+        csd_free(cs->body);
+        cs->body = NULL;
+        cs->len = cs->cap = 0;
+        return MHD_YES;
+    }
+    if (cs->len + n + 1 > cs->cap) {
+        size_t cap = cs->cap ? cs->cap : 4096;
+        while (cap < cs->len + n + 1) cap *= 2;
+        char *b = csd_alloc(cap);
+        if (!b) return MHD_NO;
+        if (cs->len) memcpy(b, cs->body, cs->len);
+        csd_free(cs->body);
+        cs->body = b;
+        cs->cap = cap;
+    }
+    memcpy(cs->body + cs->len, data, n);
+    cs->len += n;
+    return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **con_cls) {
+    (void)version;
+    csd_route_server *s = cls;
+    conn_state *cs = *con_cls;
+    if (!cs) {
+        cs = csd_alloc(sizeof *cs);
+        if (!cs) return MHD_NO;
+        *con_cls = cs;
+        cs->path = path_of(url);
+        return on_headers(s, c, cs, method);
+    }
+    if (cs->replied) { /* discard the body of a request already answered */
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        enum MHD_Result r = on_upload(s, cs, upload, *upload_size);
+        *upload_size = 0;
+        return r;
+    }
+    cs->replied = true; /* the whole body is here */
+    if (cs->too_large)
+        return send_error(c, 413, "invalid_request_error", NULL, "request_too_large", NULL, NULL,
+                          "The request body is larger than %zu bytes", s->max_body);
+    switch (cs->path) {
+    case PATH_CHAT:
+    case PATH_COMPLETIONS:
+        return handle_forward(s, c, cs->path, cs);
+    case PATH_MODELS:
+    case PATH_MODEL_ONE:
+        return handle_models(s, c, url, cs->path);
+    case PATH_HEALTH:
+        return handle_health(s, c);
+    case PATH_METRICS:
+        return handle_metrics(s, c);
+    default:
+        return MHD_NO;
+    }
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)c;
+    (void)toe;
+    conn_state *cs = *con_cls;
+    if (!cs) return;
+    csd_free(cs->body);
+    csd_free(cs);
+    *con_cls = NULL;
+}
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    if (CSD_LOG_DEBUG > csd_log_level_current) return;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n && msg[n - 1] == '\n') msg[--n] = 0;
+    CSD_LOGD("microhttpd: %s", msg);
+}
+
+/* ---- lifecycle ---- */
+
+static int resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
+                   csd_err *err) {
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    int gai = getaddrinfo(host, portstr, &hints, &res);
+    if (gai != 0 || !res)
+        return csd_err_set(err, CSD_EINVAL, "cannot resolve host '%s': %s", host,
+                           gai_strerror(gai));
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    *len = res->ai_addrlen;
+    freeaddrinfo(res);
+    return 0;
+}
+
+static int check_opts(const csd_route_opts *o, csd_err *err) {
+    if (o->n_upstreams < 1 || o->n_upstreams > CSD_ROUTE_MAX_UPSTREAMS)
+        return csd_err_set(err, CSD_ERANGE, "%d upstreams: 1 to %d are served", o->n_upstreams,
+                           CSD_ROUTE_MAX_UPSTREAMS);
+    for (int i = 0; i < o->n_upstreams; i++) {
+        const csd_route_upstream_opts *u = &o->upstreams[i];
+        int rc = csd_route_url_check(u->url, err);
+        if (rc) return rc;
+        if (u->max < 1 || u->max > CSD_ROUTE_MAX_IN_FLIGHT)
+            return csd_err_set(err, CSD_ERANGE, "upstream %s: max %d not in 1..%d", u->url, u->max,
+                               CSD_ROUTE_MAX_IN_FLIGHT);
+    }
+    if (o->queue_max < 0 || o->queue_timeout_s < 1 || o->upstream_timeout_s < 1 ||
+        o->max_body < 1 || o->port < 0 || o->port > 65535)
+        return csd_err_set(err, CSD_ERANGE, "queue, timeouts, body limit or port out of range");
+    if (!o->model_name || !o->model_name[0])
+        return csd_err_set(err, CSD_EINVAL, "the router needs a model name");
+    return 0;
+}
+
+/* Copies the upstreams (URLs without a trailing slash) and the strings. false: out of memory. */
+static bool copy_opts(csd_route_server *s, const csd_route_opts *o) {
+    s->n_up = o->n_upstreams;
+    for (int i = 0; i < s->n_up; i++) {
+        const csd_route_upstream_opts *u = &o->upstreams[i];
+        upstream *d = &s->up[i];
+        d->url = csd_strdup(u->url);
+        if (!d->url) return false;
+        for (size_t n = strlen(d->url); n > 8 && d->url[n - 1] == '/'; n--) d->url[n - 1] = 0;
+        if (u->key && !(d->key = csd_strdup(u->key))) return false;
+        if (u->model && !(d->model = csd_strdup(u->model))) return false;
+    }
+    s->model_name = csd_strdup(o->model_name);
+    if (o->api_key && o->api_key[0] && !(s->api_key = csd_strdup(o->api_key))) return false;
+    return s->model_name != NULL;
+}
+
+static int start_daemon(csd_route_server *s, const char *host, int port, csd_err *err) {
+    struct sockaddr_storage addr;
+    socklen_t addr_len = 0;
+    int rc = resolve(host, port, &addr, &addr_len, err);
+    if (rc) return rc;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
+                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)CSD_ROUTE_MAX_CONNECTIONS,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CSD_ROUTE_IDLE_TIMEOUT,
+                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+    if (!s->mhd)
+        return csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
+                           host, port);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : port;
+    return 0;
+}
+
+int csd_route_server_create(csd_route_server **out, const csd_route_opts *opts, csd_err *err) {
+    *out = NULL;
+    int rc = check_opts(opts, err);
+    if (rc) return rc;
+    csd_route_server *s = csd_alloc(sizeof *s);
+    if (!s) return csd_err_set(err, CSD_ENOMEM, "router");
+    s->max_body = opts->max_body;
+    s->queue_timeout_s = opts->queue_timeout_s;
+    s->upstream_timeout_s = opts->upstream_timeout_s;
+    s->started = (long long)time(NULL);
+    if (!copy_opts(s, opts)) {
+        rc = csd_err_set(err, CSD_ENOMEM, "router");
+        goto fail;
+    }
+    int max[CSD_ROUTE_MAX_UPSTREAMS];
+    for (int i = 0; i < s->n_up; i++) max[i] = opts->upstreams[i].max;
+    if ((rc = csd_route_sched_init(&s->sched, s->n_up, max, opts->queue_max))) {
+        csd_err_set(err, rc, "router: cannot create its lock");
+        goto fail;
+    }
+    s->sched_ready = true;
+    if ((rc = csd_route_proxy_global_init(err))) goto fail;
+    s->curl_ready = true;
+    if ((rc = start_daemon(s, opts->host ? opts->host : "127.0.0.1", opts->port, err))) goto fail;
+    *out = s;
+    return 0;
+fail:
+    csd_route_server_destroy(s);
+    return rc;
+}
+
+int csd_route_server_port(const csd_route_server *s) { return s->port; }
+
+void csd_route_server_destroy(csd_route_server *s) {
+    if (!s) return;
+    atomic_store(&s->stopping, 1); /* waiting connections give up within a poll */
+    if (s->mhd) MHD_stop_daemon(s->mhd);
+    if (s->curl_ready) csd_route_proxy_global_fini();
+    if (s->sched_ready) csd_route_sched_fini(&s->sched);
+    for (int i = 0; i < s->n_up; i++) {
+        csd_free(s->up[i].url);
+        csd_free(s->up[i].key);
+        csd_free(s->up[i].model);
+    }
+    csd_free(s->api_key);
+    csd_free(s->model_name);
+    csd_free(s);
+}

@@ -1,0 +1,372 @@
+#!/usr/bin/env bash
+# `cascadia route` end to end, over two `cascadia serve` upstreams of the tiny synthetic model
+# (one of them behind an API key): greedy answers through the router equal the upstream's own,
+# streamed too; six concurrent requests never put more than --max 1 on an upstream and use both;
+# --queue 0 answers 429; a dead upstream is failed over and counted; a client that leaves mid-stream
+# frees its slot and cancels the upstream's request; bodies and flags are checked; SIGTERM exits 0.
+source "$(dirname "$0")/e2e_lib.sh"
+
+PY=/usr/bin/python3
+[ -x "$PY" ] || skip "$PY is not installed"
+"$CASCADIA" route --help >/dev/null 2>&1 || skip "this cascadia binary has no 'route' command"
+
+PIDS=()
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# start NAME READY-PATTERN COMMAND ARGS...: starts `cascadia COMMAND ARGS --port 0`, waits for
+# READY-PATTERN in its log, sets PID_<NAME> and PORT_<NAME> (from the "listening on" line).
+start() {
+    local name=$1 ready=$2
+    shift 2
+    local log="$WORK/$name.log"
+    : >"$log"
+    "$CASCADIA" "$@" --port 0 2>"$log" &
+    local pid=$!
+    PIDS+=("$pid")
+    eval "PID_$name=$pid"
+    wait_for 60 logged_or_gone "$log" "$ready" "$pid" || true
+    if ! grep -q "$ready" "$log"; then
+        cat "$log"
+        fail "$name did not start"
+    fi
+    eval "PORT_$name=$(sed -n 's|.*listening on http://[^ ]*:\([0-9][0-9]*\) .*|\1|p' "$log" | head -1)"
+}
+
+cd "$WORK"
+"$CASCADIA" synth --arch llama --preset tiny --out tiny >/dev/null 2>&1 || fail "synth"
+# a longer context, so that a request with ignore_eos runs long enough to overlap others
+"$PY" - tiny/config.json <<'EOF' || fail "could not lengthen the context"
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["max_position_embeddings"] = 8192
+json.dump(c, open(sys.argv[1], "w"))
+EOF
+UP="--chat-template chatml --parallel 4 --ctx 8192 --model-name tiny"
+# shellcheck disable=SC2086 # the flags are meant to split
+start a "cascadia serve: ready" serve tiny $UP
+# shellcheck disable=SC2086
+start b "cascadia serve: ready" serve tiny $UP --api-key ukey
+A="http://127.0.0.1:$PORT_a/v1"
+B="http://127.0.0.1:$PORT_b/v1"
+
+# a port nothing listens on: bound, then closed
+DEAD=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+
+RREADY="cascadia route: listening on"
+start main "$RREADY" route --upstream "$A" --max 1 --upstream "$B" --max 1 --upstream-key ukey
+start q0 "$RREADY" route --upstream "$A" --upstream "$B" --upstream-key ukey --queue 0 \
+    --max-body 2048
+start fo "$RREADY" route --upstream "http://127.0.0.1:$DEAD/v1" --upstream "$A" \
+    --upstream-model tiny --api-key rkey
+start dead "$RREADY" route --upstream "http://127.0.0.1:$DEAD/v1"
+start qt "$RREADY" route --upstream "$A" --queue 4 --queue-timeout 1
+
+"$PY" - "$PORT_a" "$PORT_b" "$PORT_main" "$PORT_q0" "$PORT_fo" "$PORT_dead" "$DEAD" "$PORT_qt" <<'EOF' ||
+import http.client, json, re, socket, sys, threading, time
+
+PA, PB, MAIN, Q0, FO, DEADR, DEAD, QT = (int(p) for p in sys.argv[1:9])
+UKEY = {"Authorization": "Bearer ukey"}
+
+
+def post(port, path, body, headers=None, raw=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    data = raw if raw is not None else json.dumps(body)
+    c.request("POST", path, data, {"Content-Type": "application/json", **(headers or {})})
+    r = c.getresponse()
+    out = r.status, dict(r.getheaders()), r.read().decode()
+    c.close()
+    return out
+
+
+def get(port, path):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", path)
+    r = c.getresponse()
+    out = r.status, r.read().decode()
+    c.close()
+    return out
+
+
+def metric(port, name, upstream=None):
+    text = get(port, "/metrics")[1]
+    label = '{upstream="%s"}' % upstream if upstream else ""
+    m = re.search("^" + re.escape(name + label) + r" (\S+)$", text, re.M)
+    assert m, "%s%s not in /metrics:\n%s" % (name, label, text)
+    return float(m.group(1))
+
+
+def wait_until(what, cond, seconds=20):
+    end = time.time() + seconds
+    while time.time() < end:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def stream_text(port, path, body, headers=None):
+    status, hdrs, text = post(port, path, dict(body, stream=True), headers)
+    assert status == 200, (status, text)
+    assert hdrs.get("Content-Type", "").startswith("text/event-stream"), hdrs
+    events = [l[6:] for l in text.split("\n") if l.startswith("data: ")]
+    assert events and events[-1] == "[DONE]", text[-300:]
+    out = ""
+    for e in events[:-1]:
+        ch = json.loads(e)["choices"]
+        if ch:
+            out += ch[0].get("text") or ch[0].get("delta", {}).get("content") or ""
+    return out
+
+
+A = "http://127.0.0.1:%d/v1" % PA
+B = "http://127.0.0.1:%d/v1" % PB
+CMPL = "/v1/completions"
+CHAT = "/v1/chat/completions"
+
+# (1) the same greedy text through the router as from an upstream directly; stream and not
+greedy = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 0}
+s, _, direct = post(PA, CMPL, greedy)
+assert s == 200, direct
+want = json.loads(direct)["choices"][0]["text"]
+for _ in range(2):  # both upstreams answer (round robin), each the same
+    s, h, routed = post(MAIN, CMPL, greedy)
+    assert s == 200 and h["Content-Type"].startswith("application/json"), (s, h, routed)
+    assert json.loads(routed)["choices"][0]["text"] == want, (routed, want)
+assert stream_text(MAIN, CMPL, greedy) == want
+chat = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 10,
+        "temperature": 0}
+s, _, direct = post(PA, CHAT, chat)
+want_chat = json.loads(direct)["choices"][0]["message"]["content"]
+s, _, routed = post(MAIN, CHAT, chat)
+assert s == 200 and json.loads(routed)["choices"][0]["message"]["content"] == want_chat, routed
+assert stream_text(MAIN, CHAT, chat) == want_chat
+s, models = get(MAIN, "/v1/models")
+assert s == 200 and json.loads(models)["data"][0]["id"] == "cascadia-route", models
+assert get(MAIN, "/health") == (200, '{"status":"ok"}')
+print("ok   greedy answers through the router equal the upstream's, plain and streamed ([DONE])")
+
+# (2) six at once: both upstreams used, never more than one request on either
+def upstream_requests(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    return float(re.search(r"^cascadia_requests_total (\S+)$", text, re.M).group(1))
+
+before = upstream_requests(PA), upstream_requests(PB)
+results = [None] * 6
+long_body = {"model": "tiny", "prompt": "Once", "max_tokens": 200, "ignore_eos": True}
+
+def one(i):
+    results[i] = post(MAIN, CMPL, long_body)
+
+threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+for t in threads:
+    t.start()
+wait_until("a queued request", lambda: metric(MAIN, "cascadia_route_queue_depth") > 0, 30)
+for t in threads:
+    t.join()
+for s, _, body in results:
+    assert s == 200 and json.loads(body)["usage"]["completion_tokens"] == 200, (s, body)
+after = upstream_requests(PA), upstream_requests(PB)
+assert after[0] > before[0] and after[1] > before[1], (before, after)
+for u in (A, B):
+    assert metric(MAIN, "cascadia_route_upstream_peak_in_flight", u) == 1
+    assert metric(MAIN, "cascadia_route_upstream_max", u) == 1
+    assert metric(MAIN, "cascadia_route_upstream_in_flight", u) == 0
+print("ok   6 concurrent requests: all answered, both upstreams used, at most 1 in flight on each")
+
+# (3) --queue 0: with both slots busy, the next request is refused with 429
+endless = {"model": "tiny", "prompt": "Once", "max_tokens": 6000, "ignore_eos": True,
+           "stream": True}
+
+def open_stream(port):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    data = json.dumps(endless).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    got = b""
+    while b"data: " not in got:
+        chunk = sock.recv(4096)
+        assert chunk, got
+        got += chunk
+    assert got.startswith(b"HTTP/1.1 200"), got
+    return sock
+
+held = [open_stream(Q0), open_stream(Q0)]
+s, h, body = post(Q0, CMPL, greedy)
+assert s == 429 and h.get("Retry-After") == "1", (s, h, body)
+err = json.loads(body)["error"]
+assert err["type"] == "rate_limit_error" and set(err) == {"message", "type", "param", "code"}, err
+assert metric(Q0, "cascadia_route_requests_rejected_total") == 1
+print("ok   --queue 0 with both upstreams busy: 429 with Retry-After, in OpenAI's error shape")
+
+# (5) clients that leave mid-stream free their slots, and the upstreams stop their requests
+for sock in held:
+    sock.close()
+for u in (A, B):
+    wait_until("slot freed on " + u,
+               lambda: metric(Q0, "cascadia_route_upstream_in_flight", u) == 0)
+def upstream_active(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    return float(re.search(r"^cascadia_active_requests (\S+)$", text, re.M).group(1))
+wait_until("upstream a's request cancelled", lambda: upstream_active(PA) == 0)
+wait_until("upstream b's request cancelled", lambda: upstream_active(PB) == 0)
+assert post(Q0, CMPL, greedy)[0] == 200  # the slots are usable again
+print("ok   a client that disconnects mid-stream frees its slot; the upstream cancels its request")
+
+# the queue: a client that leaves it is gone from it at once; one that waits too long gets 503
+held = open_stream(QT)
+queued = socket.create_connection(("127.0.0.1", QT), timeout=30)
+data = json.dumps(greedy).encode()
+queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(data) + data)
+wait_until("a queued request", lambda: metric(QT, "cascadia_route_queue_depth") == 1)
+queued.close()
+wait_until("the queue emptied", lambda: metric(QT, "cascadia_route_queue_depth") == 0, 5)
+t0 = time.time()
+s, h, body = post(QT, CMPL, greedy)
+assert s == 503 and json.loads(body)["error"]["code"] == "queue_timeout", (s, body)
+assert 0.9 < time.time() - t0 < 10, time.time() - t0
+assert metric(QT, "cascadia_route_queue_timeouts_total") == 1
+held.close()
+wait_until("qt's slot freed", lambda: metric(QT, "cascadia_route_upstream_in_flight", A) == 0)
+print("ok   a client that leaves the queue is out of it at once; --queue-timeout 1 gives 503")
+
+# bodies: not JSON, not an object, a bad "stream", too large; unknown paths and methods
+for raw, code in (("{oops", 400), ("[1, 2]", 400), ("", 400),
+                  ('{"prompt": "x", "stream": "yes"}', 400), ("{" + " " * 3000 + "}", 413)):
+    s, _, body = post(Q0, CMPL, None, raw=raw)
+    assert s == code and "error" in json.loads(body), (raw[:20], s, body)
+assert get(Q0, "/v1/nothing")[0] == 404
+assert get(Q0, CMPL)[0] == 405
+print("ok   bodies checked: 400 for non-JSON, non-objects and a bad stream, 413 beyond --max-body")
+
+# (4) failover: the first upstream is a closed port; every request is answered by the other
+KEY = {"Authorization": "Bearer rkey"}
+assert post(FO, CMPL, greedy)[0] == 401
+wrong_model = dict(greedy, model="not-a-model")  # --upstream-model rewrites it to "tiny"
+assert post(PA, CMPL, wrong_model)[0] == 404
+for _ in range(4):
+    s, _, body = post(FO, CMPL, wrong_model, KEY)
+    assert s == 200 and json.loads(body)["choices"][0]["text"] == want, (s, body)
+dead = "http://127.0.0.1:%d/v1" % DEAD
+assert metric(FO, "cascadia_route_upstream_failures_total", dead) >= 1
+assert metric(FO, "cascadia_route_upstream_failures_total", A) == 0
+assert metric(FO, "cascadia_route_upstream_requests_total", A) == 4
+assert get(FO, "/health")[0] == 200
+s, _, body = post(DEADR, CMPL, greedy)
+assert s == 502 and dead in body and json.loads(body)["error"]["code"] == "upstream_error", body
+assert get(DEADR, "/health") == (503, '{"status":"down"}')
+print("ok   failover past a dead upstream (counted in /metrics); 502 naming it when none is left")
+EOF
+    fail "the router's requests"
+
+# upstreams that answer garbage: refused without a crash (502); one that dies mid-stream ends the
+# relayed stream with an error event
+"$PY" - "$CASCADIA" <<'EOF' || fail "garbage from an upstream"
+import http.client, json, re, socket, subprocess, sys, threading, time
+
+mode = {"now": None}
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen(8)
+FAKE = srv.getsockname()[1]
+EVENT = b'data: {"choices": [{"index": 0, "text": "hi"}]}\n\n'
+ANSWERS = {
+    "garbage": b"NOT HTTP AT ALL\r\n\r\n",
+    "huge-headers": b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70000 + b"\r\n\r\n{}",
+    "bad-status": b"HTTP/1.1 999 Nine\r\nContent-Length: 2\r\n\r\n{}",
+    "mid-stream": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                  b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(EVENT), EVENT),
+}
+
+
+def serve_fake():
+    while True:
+        conn, _ = srv.accept()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += conn.recv(65536)
+        head, body = data.split(b"\r\n\r\n", 1)
+        n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < n:
+            body += conn.recv(65536)
+        conn.sendall(ANSWERS[mode["now"]])
+        if mode["now"] == "mid-stream":
+            time.sleep(0.3)  # the event is relayed before the break (not failed over)
+        conn.close()  # mid-stream: the chunked body never ends
+
+
+threading.Thread(target=serve_fake, daemon=True).start()
+router = subprocess.Popen([sys.argv[1], "route", "--upstream", "http://127.0.0.1:%d/v1" % FAKE,
+                           "--port", "0"], stderr=subprocess.PIPE, text=True)
+line = ""
+while "listening on" not in line:
+    line = router.stderr.readline()
+    assert line, "the router did not start"
+port = int(re.search(r"listening on http://[^ ]*:(\d+) ", line).group(1))
+threading.Thread(target=router.stderr.read, daemon=True).start()  # keeps draining its log
+
+
+def post(stream=False):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("POST", "/v1/completions", json.dumps({"prompt": "x", "stream": stream}),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    try:
+        body = r.read()
+    except http.client.IncompleteRead as e:
+        body = e.partial
+    c.close()
+    return r.status, body.decode()
+
+
+for m in ("garbage", "huge-headers", "bad-status"):
+    mode["now"] = m
+    s, body = post()
+    assert s == 502 and json.loads(body)["error"]["code"] == "upstream_error", (m, s, body)
+mode["now"] = "mid-stream"
+s, body = post(stream=True)
+events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
+assert s == 200 and json.loads(events[0])["choices"][0]["text"] == "hi", (s, body)
+assert json.loads(events[-1])["error"]["code"] == "upstream_error", body
+assert "[DONE]" not in body
+router.terminate()
+assert router.wait(timeout=30) == 0
+print("ok   garbage, huge headers and a bad status from an upstream: 502; a stream that breaks "
+      "ends with an error event")
+EOF
+
+# (6) bad flags: exit 2 with a message
+while IFS='|' read -r args want; do
+    # shellcheck disable=SC2086 # the flags are meant to split
+    "$CASCADIA" route $args --port 0 2>"$WORK/bad.err" && fail "route accepted: $args"
+    rc=$?
+    [ "$rc" = 2 ] && grep -qF -- "$want" "$WORK/bad.err" ||
+        fail "route $args: exit $rc, $(cat "$WORK/bad.err")"
+done <<'CASES'
+|at least one --upstream URL is required
+--upstream ftp://example.com/v1|is not an http:// or https:// URL
+--upstream http:///v1|names no host
+--max 2 --upstream http://127.0.0.1:1/v1|--max must follow the --upstream it applies to
+--upstream http://127.0.0.1:1/v1 --max 0|--max expects an integer in [1, 1024], got '0'
+--upstream http://127.0.0.1:1/v1 --max 2 --max 3|--max given twice
+--upstream http://127.0.0.1:1/v1 --upstream http://127.0.0.1:1/v1|given twice
+--upstream http://127.0.0.1:1/v1 --queue-timeout 0|--queue-timeout expects an integer in [1, 86400]
+--upstream http://127.0.0.1:1/v1 --queue -1|--queue expects an integer in [0, 65536]
+--upstream http://127.0.0.1:1/v1 --frobnicate 1|unknown option '--frobnicate'
+CASES
+echo "ok   bad flags exit 2 with a message"
+
+# (7) SIGTERM: a clean stop, exit 0
+kill -TERM "$PID_main"
+wait_for 30 gone "$PID_main" || fail "router still running 30 s after SIGTERM"
+wait "$PID_main" || fail "router exited with status $? after SIGTERM"
+echo "ok   SIGTERM stops the router with exit 0"
