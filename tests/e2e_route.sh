@@ -64,12 +64,11 @@ start q0 "$RREADY" route --upstream "$A" --upstream "$B" --upstream-key ukey --q
 start fo "$RREADY" route --upstream "http://127.0.0.1:$DEAD/v1" --upstream "$A" \
     --upstream-model tiny --api-key rkey
 start dead "$RREADY" route --upstream "http://127.0.0.1:$DEAD/v1"
-start qt "$RREADY" route --upstream "$A" --queue 4 --queue-timeout 1
 
-"$PY" - "$PORT_a" "$PORT_b" "$PORT_main" "$PORT_q0" "$PORT_fo" "$PORT_dead" "$DEAD" "$PORT_qt" <<'EOF' ||
+"$PY" - "$PORT_a" "$PORT_b" "$PORT_main" "$PORT_q0" "$PORT_fo" "$PORT_dead" "$DEAD" <<'EOF' ||
 import http.client, json, re, socket, sys, threading, time
 
-PA, PB, MAIN, Q0, FO, DEADR, DEAD, QT = (int(p) for p in sys.argv[1:9])
+PA, PB, MAIN, Q0, FO, DEADR, DEAD = (int(p) for p in sys.argv[1:8])
 UKEY = {"Authorization": "Bearer ukey"}
 
 
@@ -97,6 +96,12 @@ def metric(port, name, upstream=None):
     label = '{upstream="%s"}' % upstream if upstream else ""
     m = re.search("^" + re.escape(name + label) + r" (\S+)$", text, re.M)
     assert m, "%s%s not in /metrics:\n%s" % (name, label, text)
+    return float(m.group(1))
+
+
+def upstream_metric(port, name):  # a `cascadia serve` upstream's own /metrics
+    m = re.search(r"^%s (\S+)$" % name, get(port, "/metrics")[1], re.M)
+    assert m, name
     return float(m.group(1))
 
 
@@ -151,15 +156,9 @@ assert get(MAIN, "/health") == (200, '{"status":"ok"}')
 print("ok   greedy answers through the router equal the upstream's, plain and streamed ([DONE])")
 
 # (2) six at once: both upstreams used, never more than one request on either
-def upstream_requests(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    return float(re.search(r"^cascadia_requests_total (\S+)$", text, re.M).group(1))
-
-before = upstream_requests(PA), upstream_requests(PB)
+before = upstream_metric(PA, "cascadia_requests_total"), upstream_metric(PB, "cascadia_requests_total")
 results = [None] * 6
-long_body = {"model": "tiny", "prompt": "Once", "max_tokens": 200, "ignore_eos": True}
+long_body = {"model": "tiny", "prompt": "Once", "max_tokens": 1000, "ignore_eos": True}
 
 def one(i):
     results[i] = post(MAIN, CMPL, long_body)
@@ -171,8 +170,8 @@ wait_until("a queued request", lambda: metric(MAIN, "cascadia_route_queue_depth"
 for t in threads:
     t.join()
 for s, _, body in results:
-    assert s == 200 and json.loads(body)["usage"]["completion_tokens"] == 200, (s, body)
-after = upstream_requests(PA), upstream_requests(PB)
+    assert s == 200 and json.loads(body)["usage"]["completion_tokens"] == 1000, (s, body)
+after = upstream_metric(PA, "cascadia_requests_total"), upstream_metric(PB, "cascadia_requests_total")
 assert after[0] > before[0] and after[1] > before[1], (before, after)
 for u in (A, B):
     assert metric(MAIN, "cascadia_route_upstream_peak_in_flight", u) == 1
@@ -181,7 +180,8 @@ for u in (A, B):
 print("ok   6 concurrent requests: all answered, both upstreams used, at most 1 in flight on each")
 
 # (3) --queue 0: with both slots busy, the next request is refused with 429
-endless = {"model": "tiny", "prompt": "Once", "max_tokens": 6000, "ignore_eos": True,
+# 8000 tokens take seconds: these end only when their clients leave
+endless = {"model": "tiny", "prompt": "Once", "max_tokens": 8000, "ignore_eos": True,
            "stream": True}
 
 def open_stream(port):
@@ -205,39 +205,20 @@ assert err["type"] == "rate_limit_error" and set(err) == {"message", "type", "pa
 assert metric(Q0, "cascadia_route_requests_rejected_total") == 1
 print("ok   --queue 0 with both upstreams busy: 429 with Retry-After, in OpenAI's error shape")
 
-# (5) clients that leave mid-stream free their slots, and the upstreams stop their requests
+# (5) clients that leave mid-stream free their slots, and the upstreams cancel their requests
+CANCELLED = "cascadia_requests_client_cancelled_total"
+cancelled = upstream_metric(PA, CANCELLED), upstream_metric(PB, CANCELLED)
 for sock in held:
     sock.close()
 for u in (A, B):
     wait_until("slot freed on " + u,
                lambda: metric(Q0, "cascadia_route_upstream_in_flight", u) == 0)
-def upstream_active(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    return float(re.search(r"^cascadia_active_requests (\S+)$", text, re.M).group(1))
-wait_until("upstream a's request cancelled", lambda: upstream_active(PA) == 0)
-wait_until("upstream b's request cancelled", lambda: upstream_active(PB) == 0)
+for port, before in zip((PA, PB), cancelled):
+    wait_until("the upstream's request cancelled",
+               lambda: upstream_metric(port, CANCELLED) == before + 1)
+    wait_until("the upstream idle", lambda: upstream_metric(port, "cascadia_active_requests") == 0)
 assert post(Q0, CMPL, greedy)[0] == 200  # the slots are usable again
 print("ok   a client that disconnects mid-stream frees its slot; the upstream cancels its request")
-
-# the queue: a client that leaves it is gone from it at once; one that waits too long gets 503
-held = open_stream(QT)
-queued = socket.create_connection(("127.0.0.1", QT), timeout=30)
-data = json.dumps(greedy).encode()
-queued.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(data) + data)
-wait_until("a queued request", lambda: metric(QT, "cascadia_route_queue_depth") == 1)
-queued.close()
-wait_until("the queue emptied", lambda: metric(QT, "cascadia_route_queue_depth") == 0, 5)
-t0 = time.time()
-s, h, body = post(QT, CMPL, greedy)
-assert s == 503 and json.loads(body)["error"]["code"] == "queue_timeout", (s, body)
-assert 0.9 < time.time() - t0 < 10, time.time() - t0
-assert metric(QT, "cascadia_route_queue_timeouts_total") == 1
-held.close()
-wait_until("qt's slot freed", lambda: metric(QT, "cascadia_route_upstream_in_flight", A) == 0)
-print("ok   a client that leaves the queue is out of it at once; --queue-timeout 1 gives 503")
 
 # bodies: not JSON, not an object, a bad "stream", too large; unknown paths and methods
 for raw, code in (("{oops", 400), ("[1, 2]", 400), ("", 400),
@@ -268,45 +249,63 @@ print("ok   failover past a dead upstream (counted in /metrics); 502 naming it w
 EOF
     fail "the router's requests"
 
-# upstreams that answer garbage: refused without a crash (502); one that dies mid-stream ends the
-# relayed stream with an error event
-"$PY" - "$CASCADIA" <<'EOF' || fail "garbage from an upstream"
+# a fake upstream: garbage answers are refused without a crash (502); a stream that dies mid-way
+# ends the relayed stream with an error event; while a stream that never ends holds the one slot,
+# a client that leaves the queue is out of it at once and one that waits too long gets 503; the
+# client of that stream leaving closes the upstream transfer
+"$PY" - "$CASCADIA" <<'EOF' || fail "the fake upstream"
 import http.client, json, re, socket, subprocess, sys, threading, time
 
 mode = {"now": None}
+left = []  # slow streams whose client (the router) went away
 srv = socket.socket()
 srv.bind(("127.0.0.1", 0))
 srv.listen(8)
 FAKE = srv.getsockname()[1]
 EVENT = b'data: {"choices": [{"index": 0, "text": "hi"}]}\n\n'
+CHUNK = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ANSWERS = {
     "garbage": b"NOT HTTP AT ALL\r\n\r\n",
     "huge-headers": b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70000 + b"\r\n\r\n{}",
     "bad-status": b"HTTP/1.1 999 Nine\r\nContent-Length: 2\r\n\r\n{}",
-    "mid-stream": b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                  b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(EVENT), EVENT),
+    "mid-stream": SSE_HEAD + CHUNK,  # and then the connection closes: the body never ends
 }
+
+
+def answer(conn):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, body = data.split(b"\r\n\r\n", 1)
+    n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < n:
+        body += conn.recv(65536)
+    if mode["now"] == "slow":
+        try:
+            conn.sendall(SSE_HEAD)
+            for _ in range(600):  # an event every 50 ms, for 30 s at most
+                conn.sendall(CHUNK)
+                time.sleep(0.05)
+        except OSError:
+            left.append(True)
+    else:
+        conn.sendall(ANSWERS[mode["now"]])
+    if mode["now"] == "mid-stream":
+        time.sleep(0.3)  # the event is relayed before the break (not failed over)
+    conn.close()
 
 
 def serve_fake():
     while True:
         conn, _ = srv.accept()
-        data = b""
-        while b"\r\n\r\n" not in data:
-            data += conn.recv(65536)
-        head, body = data.split(b"\r\n\r\n", 1)
-        n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-        while len(body) < n:
-            body += conn.recv(65536)
-        conn.sendall(ANSWERS[mode["now"]])
-        if mode["now"] == "mid-stream":
-            time.sleep(0.3)  # the event is relayed before the break (not failed over)
-        conn.close()  # mid-stream: the chunked body never ends
+        threading.Thread(target=answer, args=(conn,), daemon=True).start()
 
 
 threading.Thread(target=serve_fake, daemon=True).start()
 router = subprocess.Popen([sys.argv[1], "route", "--upstream", "http://127.0.0.1:%d/v1" % FAKE,
-                           "--port", "0"], stderr=subprocess.PIPE, text=True)
+                           "--queue", "4", "--queue-timeout", "1", "--port", "0"],
+                          stderr=subprocess.PIPE, text=True)
 line = ""
 while "listening on" not in line:
     line = router.stderr.readline()
@@ -328,6 +327,28 @@ def post(stream=False):
     return r.status, body.decode()
 
 
+def metric(name, labels=""):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    return float(re.search("^" + re.escape(name + labels) + r" (\S+)$", text, re.M).group(1))
+
+
+def wait_until(what, cond):
+    end = time.time() + 20
+    while not cond():
+        assert time.time() < end, "timed out waiting for " + what
+        time.sleep(0.05)
+
+
+def raw_request(stream):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    data = json.dumps({"prompt": "x", "stream": stream}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return sock
+
+
 for m in ("garbage", "huge-headers", "bad-status"):
     mode["now"] = m
     s, body = post()
@@ -338,10 +359,29 @@ events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
 assert s == 200 and json.loads(events[0])["choices"][0]["text"] == "hi", (s, body)
 assert json.loads(events[-1])["error"]["code"] == "upstream_error", body
 assert "[DONE]" not in body
-router.terminate()
-assert router.wait(timeout=30) == 0
 print("ok   garbage, huge headers and a bad status from an upstream: 502; a stream that breaks "
       "ends with an error event")
+
+mode["now"] = "slow"
+held = raw_request(True)
+assert held.recv(4096).startswith(b"HTTP/1.1 200")
+queued = raw_request(False)
+wait_until("a queued request", lambda: metric("cascadia_route_queue_depth") == 1)
+queued.close()
+wait_until("the queue emptied", lambda: metric("cascadia_route_queue_depth") == 0)
+t0 = time.time()
+s, body = post()
+assert s == 503 and json.loads(body)["error"]["code"] == "queue_timeout", (s, body)
+assert 0.9 < time.time() - t0 < 10, time.time() - t0
+assert metric("cascadia_route_queue_timeouts_total") == 1
+held.close()
+fake = '{upstream="http://127.0.0.1:%d/v1"}' % FAKE
+wait_until("the slot freed", lambda: metric("cascadia_route_upstream_in_flight", fake) == 0)
+wait_until("the upstream transfer closed", lambda: left)
+router.terminate()
+assert router.wait(timeout=30) == 0
+print("ok   a client that leaves the queue is out of it at once; --queue-timeout 1 gives 503; one "
+      "that leaves mid-stream closes the upstream transfer")
 EOF
 
 # (6) bad flags: exit 2 with a message
@@ -355,6 +395,8 @@ done <<'CASES'
 |at least one --upstream URL is required
 --upstream ftp://example.com/v1|is not an http:// or https:// URL
 --upstream http:///v1|names no host
+--upstream http://u:secret@127.0.0.1:1/v1|holds credentials: give them with --upstream-key
+--upstream http://127.0.0.1:1/v1?x=1|a base URL has no query or fragment
 --max 2 --upstream http://127.0.0.1:1/v1|--max must follow the --upstream it applies to
 --upstream http://127.0.0.1:1/v1 --max 0|--max expects an integer in [1, 1024], got '0'
 --upstream http://127.0.0.1:1/v1 --max 2 --max 3|--max given twice

@@ -122,7 +122,16 @@ int csd_route_url_check(const char *url, csd_err *err) {
         if (ch <= 0x20 || ch >= 0x7f || ch == '"' || ch == '\\')
             return csd_err_set(err, CSD_EINVAL,
                                "'%.200s' has a space, quote, backslash or non-ASCII byte", url);
+        /* the paths are appended to it */
+        if (ch == '?' || ch == '#')
+            return csd_err_set(err, CSD_EINVAL, "'%.200s': a base URL has no query or fragment",
+                               url);
     }
+    /* user:password@ would be shown by /metrics, which needs no key */
+    size_t host_end = scheme + strcspn(url + scheme, "/");
+    if (memchr(url + scheme, '@', host_end - scheme))
+        return csd_err_set(err, CSD_EINVAL,
+                           "'%.200s' holds credentials: give them with --upstream-key", url);
     return 0;
 }
 

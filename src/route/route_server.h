@@ -49,8 +49,9 @@ typedef struct csd_route_opts {
 
 void csd_route_opts_default(csd_route_opts *o);
 
-/* Checks an upstream base URL: http:// or https://, a host, at most CSD_ROUTE_URL_MAX bytes of
- * printable ASCII without quotes, backslashes or spaces. 0, or CSD_EINVAL with a message. */
+/* Checks an upstream base URL: http:// or https://, a host without user:password@, at most
+ * CSD_ROUTE_URL_MAX bytes of printable ASCII without quotes, backslashes, spaces, a query or a
+ * fragment. 0, or CSD_EINVAL with a message. */
 int csd_route_url_check(const char *url, csd_err *err);
 
 typedef struct csd_route_server csd_route_server;
