@@ -254,7 +254,7 @@ EOF
 # a client that leaves the queue is out of it at once and one that waits too long gets 503; the
 # client of that stream leaving closes the upstream transfer
 "$PY" - "$CASCADIA" <<'EOF' || fail "the fake upstream"
-import http.client, json, re, socket, subprocess, sys, threading, time
+import atexit, http.client, json, re, socket, subprocess, sys, threading, time
 
 mode = {"now": None}
 left = []  # slow streams whose client (the router) went away
@@ -281,7 +281,9 @@ def answer(conn):
     n = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
     while len(body) < n:
         body += conn.recv(65536)
-    if mode["now"] == "slow":
+    if mode["now"] == "silent":
+        time.sleep(5)  # answers nothing; the router gives up after --upstream-timeout
+    elif mode["now"] == "slow":
         try:
             conn.sendall(SSE_HEAD)
             for _ in range(600):  # an event every 50 ms, for 30 s at most
@@ -304,8 +306,10 @@ def serve_fake():
 
 threading.Thread(target=serve_fake, daemon=True).start()
 router = subprocess.Popen([sys.argv[1], "route", "--upstream", "http://127.0.0.1:%d/v1" % FAKE,
-                           "--queue", "4", "--queue-timeout", "1", "--port", "0"],
-                          stderr=subprocess.PIPE, text=True)
+                           "--queue", "4", "--queue-timeout", "1", "--upstream-timeout", "1",
+                           "--port", "0"],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+atexit.register(lambda: router.poll() is None and router.kill())  # when an assertion fails
 line = ""
 while "listening on" not in line:
     line = router.stderr.readline()
@@ -359,8 +363,13 @@ events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
 assert s == 200 and json.loads(events[0])["choices"][0]["text"] == "hi", (s, body)
 assert json.loads(events[-1])["error"]["code"] == "upstream_error", body
 assert "[DONE]" not in body
+mode["now"] = "silent"
+t0 = time.time()
+s, body = post()
+assert s == 502 and json.loads(body)["error"]["code"] == "upstream_error", (s, body)
+assert time.time() - t0 < 4.5, time.time() - t0  # not the fake's 5 s
 print("ok   garbage, huge headers and a bad status from an upstream: 502; a stream that breaks "
-      "ends with an error event")
+      "ends with an error event; a silent upstream fails after --upstream-timeout")
 
 mode["now"] = "slow"
 held = raw_request(True)

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include "core/alloc.h"
+#include "core/clock.h"
 
 /* How long one wait for the upstream lasts before the abort callback is asked again (ms). */
 #define POLL_MS 50
@@ -25,6 +26,8 @@ struct csd_route_xfer {
     bool added;           /* the easy handle is in the multi handle */
     bool paused;          /* the write callback paused the transfer: data is full */
     bool done;            /* the transfer has ended (result says how) */
+    int silence_s;        /* --upstream-timeout */
+    double last_rx;       /* when the upstream last sent a byte (csd_now_s) */
     CURLcode result;
     char ctype[CSD_ROUTE_CTYPE_MAX]; /* the final answer's Content-Type, "" when none */
     char errbuf[CURL_ERROR_SIZE];
@@ -57,6 +60,7 @@ static void keep_content_type(csd_route_xfer *x, const char *v, size_t n) {
 static size_t on_header(char *line, size_t size, size_t n, void *ctx) {
     csd_route_xfer *x = ctx;
     size_t len = size * n;
+    x->last_rx = csd_now_s();
     x->header_bytes += len;
     if (x->header_bytes > CSD_ROUTE_XFER_HEADERS_MAX) {
         x->header_overflow = true;
@@ -95,6 +99,7 @@ static size_t on_data(char *ptr, size_t size, size_t n, void *ctx) {
     }
     memcpy(x->data + x->len, ptr, len);
     x->len += len;
+    x->last_rx = csd_now_s();
     return len;
 }
 
@@ -115,9 +120,6 @@ static bool set_options(csd_route_xfer *x, const csd_route_xfer_opts *o) {
     ok = ok && curl_easy_setopt(e, CURLOPT_WRITEDATA, x) == CURLE_OK;
     ok = ok && curl_easy_setopt(e, CURLOPT_ERRORBUFFER, x->errbuf) == CURLE_OK;
     ok = ok && curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, (long)o->connect_timeout_s) == CURLE_OK;
-    /* silence, not duration: a stream may run for an hour, as long as bytes keep coming */
-    ok = ok && curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L) == CURLE_OK;
-    ok = ok && curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, (long)o->silence_timeout_s) == CURLE_OK;
     /* a fresh connection per request: closing it is how the upstream learns a client left */
     ok = ok && curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L) == CURLE_OK;
     return ok;
@@ -152,6 +154,7 @@ int csd_route_xfer_create(csd_route_xfer **out, const csd_route_xfer_opts *o, cs
     x->easy = curl_easy_init();
     if (!x->body || !x->multi || !x->easy || !build_headers(x, o->bearer)) goto fail;
     memcpy(x->body, o->body, o->body_len);
+    x->silence_s = o->silence_timeout_s > 0 ? o->silence_timeout_s : 1;
     if (!set_options(x, o)) goto fail;
     *out = x;
     return 0;
@@ -188,6 +191,14 @@ static bool step(csd_route_xfer *x, bool wait) {
         x->done = true;
         x->result = CURLE_RECV_ERROR;
     }
+    /* silence, not duration: a stream may run for an hour as long as bytes keep coming. Our own
+     * clock: libcurl's low-speed check averages over seconds, so it ends a silence late. A pause
+     * (the client reads slowly) is not the upstream's silence. */
+    if (!x->done && !x->paused && csd_now_s() - x->last_rx > x->silence_s) {
+        x->done = true;
+        x->result = CURLE_OPERATION_TIMEDOUT;
+        snprintf(x->errbuf, sizeof x->errbuf, "the upstream sent nothing for %d s", x->silence_s);
+    }
     if (wait && !x->done && x->len == x->sent)
         return curl_multi_poll(x->multi, NULL, 0, POLL_MS, NULL) == CURLM_OK;
     return true;
@@ -222,6 +233,7 @@ int csd_route_xfer_start(csd_route_xfer *x, const csd_route_abort *ab, csd_err *
         return CSD_ROUTE_XFER_BROKEN;
     }
     x->added = true;
+    x->last_rx = csd_now_s(); /* silence counts from the request's start */
     /* until the first answer byte (or the end): the status is known, and nothing was relayed */
     while (x->len == x->sent && !x->done) {
         if (ab && ab->stop(ab->ctx)) {
@@ -262,6 +274,7 @@ static size_t take_bytes(csd_route_xfer *x, char *buf, size_t max) {
     x->sent += n;
     if (x->paused && x->len - x->sent < CSD_ROUTE_XFER_BUF_MAX) {
         x->paused = false;
+        x->last_rx = csd_now_s(); /* the upstream's silence counts from here again */
         curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may call on_data at once */
     }
     return n;

@@ -32,8 +32,9 @@ typedef struct csd_route_xfer_opts {
     size_t body_len;
     const char *bearer;    /* NULL: no Authorization header */
     int connect_timeout_s; /* to connect */
-    int silence_timeout_s; /* longest the upstream may send nothing (a non-stream answer is
-                             * silent while it computes) */
+    int silence_timeout_s; /* longest the upstream may send nothing, from the request's start
+                            * or its last byte (a non-stream answer is silent while it
+                            * computes) */
 } csd_route_xfer_opts;
 
 /* How a failed start failed (csd_route_xfer_start). */
