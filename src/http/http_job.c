@@ -2,7 +2,6 @@
  * detokenize, apply stop strings and format OpenAI chunks (SSE) or accumulate text; the
  * connection thread waits on the job's condition variable, polling its socket so a client that
  * hangs up cancels the request (and frees its KV cache) within a poll interval. */
-#include <poll.h>
 #include <stdio.h>
 #include <sodium.h>
 #include <string.h>
@@ -12,6 +11,7 @@
 #include "core/clock.h"
 #include "core/err.h"
 #include "core/log.h"
+#include "mhd/mhd_glue.h"
 #include "core/utf8.h"
 #include "http_internal.h"
 
@@ -599,14 +599,6 @@ void csd_http_job_on_done(void *ctx, const csd_req_result *res) {
 
 /* ---- connection side ---- */
 
-/* True when the peer closed or reset the connection. */
-static bool client_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
 static void wait_a_bit(csd_http_job *j) {
     struct timespec ts = csd_realtime_in_ms(WAIT_POLL_MS);
     pthread_cond_timedwait(&j->cv, &j->mu, &ts);
@@ -644,7 +636,7 @@ static bool stop_for_shutdown(csd_http_job *j) {
 
 /* mu held: is it time to give up on this request? Cancels it when so. */
 static bool abandon(csd_http_job *j, int fd, const atomic_int *stopping) {
-    bool gone = client_gone(fd);
+    bool gone = csd_fd_peer_gone(fd);
     if (!gone && (!atomic_load(stopping) || !stop_for_shutdown(j))) return false;
     CSD_LOGI("%s, cancelling req=%s", gone ? "client gone" : "shutdown grace over", j->id);
     if (!csd_http_job_done(j)) {

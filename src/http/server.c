@@ -1,14 +1,11 @@
 /* server: libmicrohttpd front end of the OpenAI API (see server.h). One thread per connection: a
  * handler parses the body, renders and tokenizes the prompt, submits it to the engine and then
  * waits for its job (http_job.c), streaming SSE through a content-reader callback. Routing,
- * authentication, limits, /health, /models and /metrics live here. Only src/http includes
- * microhttpd.h. */
+ * authentication, limits, /health, /models and /metrics live here; the plumbing it shares with the
+ * router (src/route) is src/mhd's. Only src/mhd, src/http and src/route include microhttpd.h. */
 #include "server.h"
 
-#include <arpa/inet.h>
 #include <microhttpd.h>
-#include <netdb.h>
-#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -23,6 +20,7 @@
 #include "core/build_info.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "mhd/mhd_glue.h"
 #include "http_internal.h"
 #include "tok_gate.h"
 #include "tokenize_api.h"
@@ -160,21 +158,9 @@ static bool route_is_post(int route) {
            route == ROUTE_DETOKENIZE;
 }
 
-/* Constant-time comparison so the key cannot be guessed byte by byte from response times. */
-static bool same_secret(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char diff = (unsigned char)(la != lb);
-    for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a[i] ^ b[lb ? i % lb : 0]);
-    return diff == 0;
-}
-
 static bool authorized(const csd_http_server *s, struct MHD_Connection *c, int route) {
     if (!s->api_key || route == ROUTE_HEALTH || route == ROUTE_METRICS) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
-    while (*h == ' ') h++;
-    return same_secret(h, s->api_key);
+    return csd_mhd_bearer_ok(c, s->api_key);
 }
 
 /* ---- GET endpoints ---- */
@@ -457,12 +443,6 @@ static void stream_free(void *cls) {
     csd_free(ss);
 }
 
-static int conn_fd(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    return ci ? ci->connect_fd : -1;
-}
-
 static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c, csd_http_job *j) {
     stream_state *ss = csd_alloc(sizeof *ss);
     if (!ss) {
@@ -473,7 +453,7 @@ static enum MHD_Result start_stream(csd_http_server *s, struct MHD_Connection *c
     ss->srv = s;
     ss->job = j;
     ss->conn = c;
-    ss->fd = conn_fd(c);
+    ss->fd = csd_mhd_conn_fd(c);
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, STREAM_BLOCK,
                                                                stream_reader, ss, stream_free);
     if (!r) {
@@ -694,7 +674,7 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         j = NULL; /* owned by the stream now */
         goto done;
     }
-    if (!csd_http_job_wait(j, conn_fd(c), &s->stopping)) {
+    if (!csd_http_job_wait(j, csd_mhd_conn_fd(c), &s->stopping)) {
         atomic_fetch_add(&s->client_cancels, 1);
         ret = MHD_NO; /* nobody to answer: close the connection */
         goto done;
@@ -815,36 +795,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
-static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
-    if (CSD_LOG_DEBUG > csd_log_level_current) return;
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && msg[n - 1] == '\n') msg[--n] = 0;
-    CSD_LOGD("microhttpd: %s", msg);
-}
-
 /* ---- lifecycle ---- */
-
-static int resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
-                   csd_err *err) {
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", port);
-    int gai = getaddrinfo(host, portstr, &hints, &res);
-    if (gai != 0 || !res)
-        return csd_err_set(err, CSD_EINVAL, "cannot resolve host '%s': %s", host,
-                           gai_strerror(gai));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
 
 int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, const csd_tok *tok,
                            const csd_chat_template *tmpl, csd_err *err) {
@@ -878,7 +829,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
         return csd_err_set(err, CSD_EIO, "libsodium initialisation failed");
     struct sockaddr_storage addr;
     socklen_t addr_len = 0;
-    int rc = resolve(o.host, o.port, &addr, &addr_len, err);
+    int rc = csd_mhd_listen_addr(o.host, o.port, &addr, &addr_len, err);
     if (rc) return rc;
 
     csd_http_server *s = csd_alloc(sizeof *s);
@@ -906,7 +857,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
         (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections,
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s,
         MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o.max_per_ip, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, csd_mhd_log, s, MHD_OPTION_END);
     /* no MHD_OPTION_LISTENING_ADDRESS_REUSE: on Linux it is SO_REUSEPORT, which would let a second
      * server silently share the port; MHD's default SO_REUSEADDR is enough for restarts */
     if (!s->mhd) {

@@ -2,15 +2,12 @@
  * the body, checks it is a JSON object, acquires a slot (route_sched.c), and drives the upstream
  * transfer (route_proxy.c) until the answer's status and first bytes are known; only then is the
  * response queued, so an upstream that fails before answering is replaced by another. The rest of
- * the answer is relayed by a content-reader callback as it arrives. This is the one file outside
- * src/http that includes microhttpd.h: the router is a second HTTP front, not part of the API. */
+ * the answer is relayed by a content-reader callback as it arrives. The router is a second HTTP
+ * front, not part of the API: it shares only src/mhd's plumbing with src/http. */
 #include "route_server.h"
 
-#include <arpa/inet.h>
 #include <jansson.h>
 #include <microhttpd.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -24,6 +21,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "mhd/mhd_glue.h"
 #include "route_proxy.h"
 #include "route_sched.h"
 
@@ -195,21 +193,9 @@ static int path_of(const char *url) {
 
 static bool path_is_post(int path) { return path == PATH_CHAT || path == PATH_COMPLETIONS; }
 
-/* Constant-time comparison: the key cannot be guessed byte by byte from response times. */
-static bool same_secret(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    unsigned char diff = (unsigned char)(la != lb);
-    for (size_t i = 0; i < la; i++) diff |= (unsigned char)(a[i] ^ b[lb ? i % lb : 0]);
-    return diff == 0;
-}
-
 static bool authorized(const csd_route_server *s, struct MHD_Connection *c, int path) {
     if (!s->api_key || path == PATH_HEALTH || path == PATH_METRICS) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
-    h += 7;
-    while (*h == ' ') h++;
-    return same_secret(h, s->api_key);
+    return csd_mhd_bearer_ok(c, s->api_key);
 }
 
 /* ---- GET endpoints ---- */
@@ -334,24 +320,9 @@ static enum MHD_Result handle_metrics(csd_route_server *s, struct MHD_Connection
 
 /* ---- watching the client ---- */
 
-static int conn_fd(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    return ci ? ci->connect_fd : -1;
-}
-
-/* The client hung up (or closed its sending side: it cannot be told from one that left until
- * something is written to it; docs/api.md, "Streaming", decided the same). */
-static bool client_gone(int fd) {
-    if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
 static bool should_stop(void *ctx) {
     const watch *w = ctx;
-    return atomic_load(&w->s->stopping) || client_gone(w->fd);
+    return atomic_load(&w->s->stopping) || csd_fd_peer_gone(w->fd);
 }
 
 /* A connection waiting for an upstream is not idle: MHD's timeout is off while it waits, and set
@@ -517,7 +488,7 @@ static enum MHD_Result no_slot(csd_route_server *s, struct MHD_Connection *c, in
 /* Forwards the request, failing over while nothing was relayed: each upstream at most once. */
 static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, int path,
                                json_t *root, const conn_state *cs) {
-    watch w = {s, conn_fd(c)};
+    watch w = {s, csd_mhd_conn_fd(c)};
     csd_route_abort ab = {should_stop, &w};
     csd_route_waiter waiter;
     memset(&waiter, 0, sizeof waiter);
@@ -690,36 +661,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     *con_cls = NULL;
 }
 
-static void on_mhd_log(void *cls, const char *fmt, va_list ap) {
-    (void)cls;
-    if (CSD_LOG_DEBUG > csd_log_level_current) return;
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n && msg[n - 1] == '\n') msg[--n] = 0;
-    CSD_LOGD("microhttpd: %s", msg);
-}
-
 /* ---- lifecycle ---- */
-
-static int resolve(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
-                   csd_err *err) {
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-    char portstr[16];
-    snprintf(portstr, sizeof portstr, "%d", port);
-    int gai = getaddrinfo(host, portstr, &hints, &res);
-    if (gai != 0 || !res)
-        return csd_err_set(err, CSD_EINVAL, "cannot resolve host '%s': %s", host,
-                           gai_strerror(gai));
-    memcpy(ss, res->ai_addr, res->ai_addrlen);
-    *len = res->ai_addrlen;
-    freeaddrinfo(res);
-    return 0;
-}
 
 static int check_opts(const csd_route_opts *o, csd_err *err) {
     if (o->n_upstreams < 1 || o->n_upstreams > CSD_ROUTE_MAX_UPSTREAMS)
@@ -761,7 +703,7 @@ static bool copy_opts(csd_route_server *s, const csd_route_opts *o) {
 static int start_daemon(csd_route_server *s, const char *host, int port, csd_err *err) {
     struct sockaddr_storage addr;
     socklen_t addr_len = 0;
-    int rc = resolve(host, port, &addr, &addr_len, err);
+    int rc = csd_mhd_listen_addr(host, port, &addr, &addr_len, err);
     if (rc) return rc;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG;
@@ -771,7 +713,7 @@ static int start_daemon(csd_route_server *s, const char *host, int port, csd_err
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)CSD_ROUTE_MAX_CONNECTIONS,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CSD_ROUTE_IDLE_TIMEOUT,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                              MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, s, MHD_OPTION_END);
+                              MHD_OPTION_EXTERNAL_LOGGER, csd_mhd_log, s, MHD_OPTION_END);
     if (!s->mhd)
         return csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
                            host, port);
