@@ -396,16 +396,18 @@ passed=$((passed + 1))
 fleet_down
 
 # 9b. graceful shutdown. On SIGTERM serve takes no new request (503 server_shutting_down, /health
-#     503 shutting_down) while those in flight finish; at --shutdown-timeout, or on a second
-#     signal, the rest are stopped: a stream's last event is a server_shutting_down error before
-#     [DONE], a plain request gets that error with 503. Serve then exits 0. The worker is stopped
-#     (SIGSTOP) while the two requests are sent, to hold them in flight: made, not timed.
+#     503 shutting_down) while those in flight finish, and exits as soon as they have; at
+#     --shutdown-timeout, or on a second signal, the rest are stopped: a stream's last event is a
+#     server_shutting_down error before [DONE], a plain request gets that error with 503. With the
+#     worker frozen for good, serve still exits within seconds, not at the fleet's 120 s silence
+#     limit. Serve exits 0. The worker is stopped (SIGSTOP) while the two requests are sent, to hold
+#     them in flight: made, not timed.
 d="$WORK/x-long-1"
 read -r wpid wport < <(start_worker "$d/stage-0.shard" "$WORK/drain-w.log" --insecure)
 PIDS+=("$wpid")
-for mode in finish second timeout; do
+for mode in finish second timeout frozen; do
     limit=30
-    [ "$mode" = timeout ] && limit=1
+    case $mode in timeout | frozen) limit=1 ;; esac
     : >"$WORK/serve.log"
     "$CASCADIA" serve --manifest "$d" --fleet "127.0.0.1:$wport" --insecure --port 0 --ctx 4096 \
         --shutdown-timeout $limit >"$WORK/serve.log" 2>&1 &
@@ -424,9 +426,21 @@ def get(path):
     c = conn(); c.request("GET", path); r = c.getresponse(); return r.status, r.read().decode(), r
 def in_flight():
     return int([l for l in get("/metrics")[1].splitlines() if l.startswith("cascadia_http_requests_in_flight ")][0].split()[1])
+def serve_gone():  # exited (a zombie until the shell reaps it counts)
+    try: return open("/proc/%d/stat" % spid).read().split(")")[-1].split()[0] == "Z"
+    except OSError: return True
+def gone_within(secs):
+    t0 = time.time()
+    while not serve_gone():
+        if time.time() - t0 > secs: return None
+        time.sleep(0.05)
+    return time.time() - t0
 got = {}
 def request(stream):
-    r = send(conn(), stream); got[stream] = (r.status, r.read().decode())
+    try:
+        r = send(conn(), stream); got[stream] = (r.status, r.read().decode())
+    except Exception as e:  # a connection closed without an answer (frozen)
+        got[stream] = (0, repr(e))
 os.kill(wpid, signal.SIGSTOP)  # the requests wait on the worker: both stay in flight
 try:
     threads = [threading.Thread(target=request, args=(s,)) for s in (True, False)]
@@ -436,6 +450,7 @@ try:
         assert time.time() < deadline, "the requests never got in flight"
         time.sleep(0.05)
     os.kill(spid, signal.SIGTERM)
+    signalled = time.time()
     deadline = time.time() + 30
     while True:  # the signal is handled on serve's own time
         st, body, r = get("/health")
@@ -448,23 +463,34 @@ try:
     assert r.getheader("Connection", "").lower() == "close", r.getheaders()
     if mode == "second":
         os.kill(spid, signal.SIGTERM)
-    time.sleep(limit + 1.0 if mode == "timeout" else 1.0)  # (finish: the drain holds meanwhile)
-    assert os.path.exists("/proc/%d" % spid), "serve exited before its requests ended"
+    if mode == "frozen":  # never thawed while serve runs: it must end the step itself
+        took = gone_within(60)
+        assert took is not None, "serve still running 60 s after SIGTERM with a frozen worker"
+        took = time.time() - signalled
+        assert took < 30, "serve took %.1f s to exit with a frozen worker" % took
+    else:
+        time.sleep(limit + 1.0 if mode == "timeout" else 1.0)  # (finish: the drain holds meanwhile)
+        assert not serve_gone(), "serve exited before its requests ended"
 finally:
     os.kill(wpid, signal.SIGCONT)
 for t in threads: t.join(120)
 (st_a, stream), (st_b, plain) = got[True], got[False]
+if mode == "frozen":
+    print("ok: shutdown (frozen worker): serve exited %.1f s after SIGTERM (--shutdown-timeout 1)" % took)
+    sys.exit(0)
 events = [e[len("data: "):] for e in stream.split("\n\n") if e.startswith("data: ")]
 assert st_a == 200 and events and events[-1] == "[DONE]", stream[-300:]
 if mode == "finish":
     assert '"error"' not in stream and '"finish_reason":"length"' in stream, stream[-300:]
     assert st_b == 200 and json.loads(plain)["usage"]["completion_tokens"] == 200, plain
+    took = gone_within(15)  # the drain ends with its last request, not at the timeout
+    assert took is not None, "serve still running 15 s after its last request ended"
 else:
     err = json.loads(events[-2])["error"]
     assert err["code"] == "server_shutting_down", events[-2]
     assert st_b == 503 and json.loads(plain)["error"]["code"] == "server_shutting_down", plain
 print("ok: shutdown (%s): 503 to new requests and /health while draining; in flight: %s" % (mode,
-      "both finished" if mode == "finish" else "stream ends with " + err["code"] + ", plain request 503"))
+      "both finished, then serve exited" if mode == "finish" else "stream ends with " + err["code"] + ", plain request 503"))
 PY
         { tail -5 "$WORK/serve.log"; fail "graceful shutdown ($mode), above"; }
     wait_for 30 gone "$spid" || fail "serve still running 30 s after SIGTERM ($mode)"

@@ -60,8 +60,8 @@ static const char *const serve_usage =
     "                       close a connection after this long without traffic (default 60;\n"
     "                       a response still generating is not idle)\n"
     "  --shutdown-timeout SECONDS\n"
-    "                       on SIGTERM, requests in flight may finish for this long while new\n"
-    "                       ones get 503 (default 30; 0 = stop them at once; docs/api.md)\n"
+    "                       on SIGTERM or SIGINT, requests in flight may finish for this long\n"
+    "                       while new ones get 503 (default 20; 0 = stop them at once)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
     "                       (default 4, 0 = off)\n"
     "  --spec-draft N       speculative decoding: each decoding request proposes up to N tokens\n"
@@ -74,8 +74,9 @@ static const char *const serve_usage =
 /* --wait-workers' default: longer than a worker waits (45 s) before it replaces a quiet
  * coordinator */
 #define SERVE_WAIT_WORKERS_S 60
-/* --shutdown-timeout's default: Kubernetes' default grace period before it kills a pod */
-#define SERVE_SHUTDOWN_TIMEOUT_S 30
+/* --shutdown-timeout's default: the drain and then the stop (up to 6 s for the requests, 2 s for
+ * a pipeline step) fit in Kubernetes' default 30 s before it kills a pod */
+#define SERVE_SHUTDOWN_TIMEOUT_S 20
 
 typedef struct serve_args {
     const char *model_dir;

@@ -28,6 +28,8 @@ _Static_assert(CSD_SPEC_MAX_DRAFT + 1 <= CSD_STEP_MAX_ALL_ROWS,
  * about the same for a few more tokens (its weights are read once); a large batch has no such
  * slack, and the logits rows are held for every step in flight. */
 #define SPEC_STEP_ROWS 64
+/* How long a stopping engine waits for a step in flight before its pipeline ends it. */
+#define ENGINE_STOP_WAIT_MS 2000
 
 enum req_state { REQ_QUEUED, REQ_PREFILL, REQ_DECODE };
 
@@ -873,6 +875,17 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
     return 0;
 }
 
+/* Joins a worker of a stopping engine. One whose step still waits on a stage that stopped
+ * answering (a worker machine frozen) would wait for the pipeline's silence limit (two minutes):
+ * after ENGINE_STOP_WAIT_MS its pipeline ends the step instead. */
+static void join_worker(worker *w) {
+    struct timespec ts = csd_realtime_in_ms(ENGINE_STOP_WAIT_MS);
+    if (pthread_timedjoin_np(w->thread, NULL, &ts) == 0) return;
+    CSD_LOGW("a pipeline step is still in flight at shutdown: ending it");
+    if (w->pipe->ops->abort) w->pipe->ops->abort(w->pipe);
+    pthread_join(w->thread, NULL);
+}
+
 void csd_engine_destroy(csd_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
@@ -882,7 +895,7 @@ void csd_engine_destroy(csd_engine *e) {
     e->queue_len = 0;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    for (int i = 0; i < e->n_workers; i++) pthread_join(e->workers[i].thread, NULL);
+    for (int i = 0; i < e->n_workers; i++) join_worker(&e->workers[i]);
     while (q) { /* never admitted: tell their owners */
         req *next = q->next;
         csd_req_result res = {0};

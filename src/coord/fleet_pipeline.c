@@ -854,6 +854,12 @@ static int fleet_forward(csd_pipeline *p, uint32_t req, const int32_t *ids, int6
 static bool fleet_ready(csd_pipeline *p) { return atomic_load(&((fleet *)p)->connected); }
 static uint64_t fleet_epoch(csd_pipeline *p) { return atomic_load(&((fleet *)p)->epoch); }
 
+static void fleet_abort(csd_pipeline *p) {
+    fleet *f = (fleet *)p;
+    atomic_store(&f->stopping, true); /* no reconnecting either */
+    mark_broken(f, "the coordinator is shutting down");
+}
+
 static void fleet_destroy(csd_pipeline *p) {
     fleet *f = (fleet *)p;
     if (!f) return;
@@ -876,7 +882,7 @@ static const csd_pipeline_ops fleet_ops = {
     .open = fleet_open,         .forward = fleet_forward,   .step_begin = fleet_step_begin,
     .step_end = fleet_step_end, .truncate = fleet_truncate, .copy_prefix = fleet_copy_prefix,
     .close = fleet_close,       .destroy = fleet_destroy,   .ready = fleet_ready,
-    .epoch = fleet_epoch};
+    .epoch = fleet_epoch,       .abort = fleet_abort};
 
 /* Steps in flight: as asked, or one per machine; never more than the stages (a stage serves one
  * step at a time) nor the ring. */

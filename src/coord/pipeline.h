@@ -63,6 +63,10 @@ typedef struct csd_pipeline_ops {
     /* Counts the pipeline's connections. When it changes, state the stages held for requests (KV
      * caches) may be gone: a worker restarted. NULL: never changes (in-process). */
     uint64_t (*epoch)(csd_pipeline *p);
+    /* The engine stops: steps still in flight end now, with an error, rather than wait for a stage
+     * that stopped answering. Called from another thread than the steps'. NULL: steps always end
+     * (in-process). */
+    void (*abort)(csd_pipeline *p);
 } csd_pipeline_ops;
 
 struct csd_pipeline {

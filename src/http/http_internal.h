@@ -85,6 +85,7 @@ struct csd_http_job {
     /* the server stops while the request runs: it was cancelled for that, and its cancelled
      * choices end as errors the client is told about (503 server_shutting_down) */
     bool shutdown;
+    bool shutdown_told; /* a stream has sent that error (once for all its choices) */
     double shutdown_at; /* csd_now_s() of that cancel */
 };
 

@@ -522,10 +522,15 @@ static void failure_error(const csd_http_job *j, const csd_http_choice *ch, csd_
                        ch->res.end == CSD_REQ_END_CANCELLED ? "cancelled" : ch->res.message);
 }
 
-/* Appends "data: <error json>\n\n" for a choice that failed. mu held. */
+/* Appends "data: <error json>\n\n" for a choice that failed; the shutdown's error once for all
+ * the choices it stopped. mu held. */
 static void emit_failure(csd_http_job *j, const csd_http_choice *ch) {
     csd_http_error e;
     failure_error(j, ch, &e);
+    if (e.status == 503) {
+        if (j->shutdown_told) return;
+        j->shutdown_told = true;
+    }
     emit_data(j, csd_http_error_json(&e));
 }
 

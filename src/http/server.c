@@ -421,8 +421,9 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
                                   &ss->srv->stopping);
     MHD_set_connection_option(ss->conn, MHD_CONNECTION_OPTION_TIMEOUT, ss->srv->idle_timeout_s);
     if (n > 0) return n;
-    if (n < 0) {
-        if (!ss->cancelled) atomic_fetch_add(&ss->srv->client_cancels, 1);
+    if (n < 0) { /* the client left, or (not counted) the server stops */
+        if (!ss->cancelled && !atomic_load(&ss->srv->stopping))
+            atomic_fetch_add(&ss->srv->client_cancels, 1);
         ss->cancelled = true;
         return MHD_CONTENT_READER_END_WITH_ERROR;
     }
@@ -596,6 +597,10 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     int rc = kind == CSD_HTTP_KIND_CHAT ? chat_prompt(s, &req, &ids, &n_ids, &e)
                                         : completion_prompt(s, &req, &ids, &n_ids, &e);
     csd_tok_gate_leave(&s->tok_gate, cs->body.len);
+    if (!rc && atomic_load(&s->stopping)) /* stopped while this prompt was tokenized */
+        rc = csd_http_error_set(&e, 503, "server_error", NULL, "server_shutting_down",
+                                "the server is shutting down; send the request to another "
+                                "server or retry later");
     if (rc) {
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
@@ -675,7 +680,7 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         goto done;
     }
     if (!csd_http_job_wait(j, csd_mhd_conn_fd(c), &s->stopping)) {
-        atomic_fetch_add(&s->client_cancels, 1);
+        if (!atomic_load(&s->stopping)) atomic_fetch_add(&s->client_cancels, 1);
         ret = MHD_NO; /* nobody to answer: close the connection */
         goto done;
     }
