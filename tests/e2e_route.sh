@@ -270,6 +270,11 @@ ANSWERS = {
     "huge-headers": b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70000 + b"\r\n\r\n{}",
     "bad-status": b"HTTP/1.1 999 Nine\r\nContent-Length: 2\r\n\r\n{}",
     "mid-stream": SSE_HEAD + CHUNK,  # and then the connection closes: the body never ends
+    "unavailable": b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}",
+    "switching": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n",
+    "not-modified": b"HTTP/1.1 304 Not Modified\r\n\r\n",
+    "trailer": b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+               b"Trailer: Content-Type\r\n\r\n2\r\n{}\r\n0\r\nContent-Type: text/evil\r\n\r\n",
 }
 
 
@@ -353,10 +358,23 @@ def raw_request(stream):
     return sock
 
 
-for m in ("garbage", "huge-headers", "bad-status"):
+for m in ("garbage", "huge-headers", "bad-status", "unavailable", "switching"):
     mode["now"] = m
     s, body = post()
     assert s == 502 and json.loads(body)["error"]["code"] == "upstream_error", (m, s, body)
+    assert m != "unavailable" or "answered HTTP 503" in body, body
+# a 304 has no body, not even a chunked end (read as the start of the next answer): the next
+# request on the same connection is answered; a trailer cannot change the Content-Type
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+for m, want in (("not-modified", 304), ("trailer", 200)):
+    mode["now"] = m
+    c.request("POST", "/v1/completions", json.dumps({"prompt": "x"}), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    body = r.read()
+    assert r.status == want, (m, r.status, body)
+    assert m != "trailer" or (body == b"{}" and r.getheader("Content-Type") == "application/json"), \
+        (r.getheaders(), body)
+c.close()
 mode["now"] = "mid-stream"
 s, body = post(stream=True)
 events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
@@ -368,8 +386,9 @@ t0 = time.time()
 s, body = post()
 assert s == 502 and json.loads(body)["error"]["code"] == "upstream_error", (s, body)
 assert time.time() - t0 < 4.5, time.time() - t0  # not the fake's 5 s
-print("ok   garbage, huge headers and a bad status from an upstream: 502; a stream that breaks "
-      "ends with an error event; a silent upstream fails after --upstream-timeout")
+print("ok   garbage, huge headers, a bad status, a 503 and a 101 from an upstream: 502; a 304 "
+      "keeps the connection in step; a trailer leaves the Content-Type; a stream that breaks ends "
+      "with an error event; a silent upstream fails after --upstream-timeout")
 
 mode["now"] = "slow"
 held = raw_request(True)
@@ -396,7 +415,8 @@ EOF
 # (6) bad flags: exit 2 with a message
 while IFS='|' read -r args want; do
     # shellcheck disable=SC2086 # the flags are meant to split
-    "$CASCADIA" route $args --port 0 2>"$WORK/bad.err" && fail "route accepted: $args"
+    # (timeout: an accepted case would serve on)
+    timeout 20 "$CASCADIA" route $args --port 0 2>"$WORK/bad.err" && fail "route accepted: $args"
     rc=$?
     [ "$rc" = 2 ] && grep -qF -- "$want" "$WORK/bad.err" ||
         fail "route $args: exit $rc, $(cat "$WORK/bad.err")"
@@ -411,9 +431,19 @@ done <<'CASES'
 --upstream http://127.0.0.1:1/v1 --max 2 --max 3|--max given twice
 --upstream http://127.0.0.1:1/v1 --upstream http://127.0.0.1:1/v1|given twice
 --upstream http://127.0.0.1:1/v1 --queue-timeout 0|--queue-timeout expects an integer in [1, 86400]
---upstream http://127.0.0.1:1/v1 --queue -1|--queue expects an integer in [0, 65536]
+--upstream http://127.0.0.1:1/v1 --queue -1|--queue expects an integer in [0, 4096]
+--upstream http://127.0.0.1:1/v1 --max 1024 --queue 4000|need 5088 connections, a thread each; at most 4096
+--upstream http://127.0.0.1:99999/v1|the port is not a number in 1..65535
+--upstream http://[::1/v1|an unclosed '['
+--upstream http://a:1/v1 --upstream HTTP://A:1/v1/|given twice (as http://a:1/v1)
+--upstream http://127.0.0.1:1/v1 --upstream-key k --upstream-key k2|--upstream-key given twice
 --upstream http://127.0.0.1:1/v1 --frobnicate 1|unknown option '--frobnicate'
 CASES
+rc=0
+timeout 20 "$CASCADIA" route --upstream http://127.0.0.1:1/v1 --model-name $'x\001' --port 0 \
+    2>"$WORK/bad.err" || rc=$?
+[ "$rc" = 2 ] && grep -q "without control characters" "$WORK/bad.err" ||
+    fail "route --model-name with a control character: exit $rc, $(cat "$WORK/bad.err")"
 echo "ok   bad flags exit 2 with a message"
 
 # (7) SIGTERM: a clean stop, exit 0

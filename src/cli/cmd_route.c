@@ -4,6 +4,7 @@
  * Parses and checks the flags, runs the router (src/route) until SIGINT/SIGTERM. docs/route.md. */
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "core/build_info.h"
+#include "core/utf8.h"
 #include "route/route_server.h"
 
 static const char *const route_usage =
@@ -42,9 +44,25 @@ typedef struct route_args {
     bool max_given[CSD_ROUTE_MAX_UPSTREAMS]; /* --max once per --upstream */
 } route_args;
 
-static volatile sig_atomic_t g_stop_signal;
+/* A lock-free atomic, which a signal handler may write (C11 7.14.1.1): the handler runs on
+ * whichever thread the signal lands on, and the main thread reads it. */
+static atomic_int g_stop_signal;
 
-static void on_signal(int sig) { g_stop_signal = sig; }
+static void on_signal(int sig) { atomic_store(&g_stop_signal, sig); }
+
+/* Whole well-formed UTF-8: a model name goes into JSON bodies. */
+static bool utf8_text(const char *s) {
+    for (size_t n = strlen(s), k; n; s += k, n -= k)
+        if (!(k = csd_utf8_seq_len(s, n))) return false;
+    return true;
+}
+
+/* No control bytes: a key goes into an HTTP header line. */
+static bool header_text(const char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) return false;
+    return true;
+}
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
@@ -65,7 +83,8 @@ static int add_upstream(route_args *a, const char *url) {
     if (a->o.n_upstreams == CSD_ROUTE_MAX_UPSTREAMS)
         return bad("at most %d --upstream", CSD_ROUTE_MAX_UPSTREAMS);
     for (int i = 0; i < a->o.n_upstreams; i++)
-        if (!strcmp(a->o.upstreams[i].url, url)) return bad("--upstream %s given twice", url);
+        if (csd_route_url_same(a->o.upstreams[i].url, url))
+            return bad("--upstream %s given twice (as %s)", url, a->o.upstreams[i].url);
     csd_route_upstream_opts *u = &a->o.upstreams[a->o.n_upstreams++];
     u->url = url;
     u->max = 1;
@@ -86,8 +105,12 @@ static int upstream_flag(route_args *a, const char *f, const char *value) {
     } else if (!value[0]) {
         return bad("%s must not be empty", f);
     } else if (!strcmp(f, "--upstream-key")) {
+        if (u->key) return bad("--upstream-key given twice for %s", u->url);
+        if (!header_text(value)) return bad("--upstream-key holds a control character");
         u->key = value;
     } else {
+        if (u->model) return bad("--upstream-model given twice for %s", u->url);
+        if (!utf8_text(value)) return bad("--upstream-model is not UTF-8 text");
         u->model = value;
     }
     return 0;
@@ -105,6 +128,8 @@ static int route_flag(route_args *a, const char *f, const char *value) {
     }
     if (!strcmp(f, "--api-key") || !strcmp(f, "--model-name")) {
         if (!value[0]) return bad("%s must not be empty", f);
+        if (!utf8_text(value) || !header_text(value))
+            return bad("%s must be UTF-8 text without control characters", f);
         *(!strcmp(f, "--api-key") ? &a->o.api_key : &a->o.model_name) = value;
         return 0;
     }
@@ -112,7 +137,7 @@ static int route_flag(route_args *a, const char *f, const char *value) {
         const char *flag;
         int64_t lo, hi;
     } ints[] = {{"--port", 0, 65535},
-                {"--queue", 0, 1 << 16},
+                {"--queue", 0, CSD_ROUTE_MAX_CONNECTIONS},
                 {"--queue-timeout", 1, 86400},
                 {"--upstream-timeout", 1, 86400},
                 {"--max-body", 1024, (int64_t)1 << 30}};
@@ -200,16 +225,16 @@ int csd_cmd_route(int argc, char **argv) {
     install_signals();
     csd_err err = {0};
     csd_route_server *srv = NULL;
-    if (csd_route_server_create(&srv, &a.o, &err)) {
+    if ((rc = csd_route_server_create(&srv, &a.o, &err))) {
         csd_cli_error("route", &err);
-        return 1;
+        return rc == CSD_ERANGE || rc == CSD_EINVAL ? 2 : 1; /* flags that do not fit together */
     }
     print_banner(&a, csd_route_server_port(srv));
-    while (!g_stop_signal) {
+    while (!atomic_load(&g_stop_signal)) {
         struct timespec ts = {0, 100 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    fprintf(stderr, "cascadia route: signal %d, shutting down\n", (int)g_stop_signal);
+    fprintf(stderr, "cascadia route: signal %d, shutting down\n", atomic_load(&g_stop_signal));
     csd_route_server_destroy(srv);
     return 0;
 }

@@ -23,6 +23,8 @@ struct csd_route_xfer {
     size_t len, sent, cap;
     size_t header_bytes;  /* of the upstream's headers, for the bound */
     bool header_overflow; /* more than CSD_ROUTE_XFER_HEADERS_MAX: refused */
+    bool final_headers;   /* the final answer's header block has ended: what follows is a
+                           * trailer, which may not change the Content-Type */
     bool added;           /* the easy handle is in the multi handle */
     bool paused;          /* the write callback paused the transfer: data is full */
     bool done;            /* the transfer has ended (result says how) */
@@ -66,9 +68,14 @@ static size_t on_header(char *line, size_t size, size_t n, void *ctx) {
         x->header_overflow = true;
         return 0; /* aborts the transfer */
     }
+    if (x->final_headers) return len; /* a trailer */
     if (len >= 5 && !strncmp(line, "HTTP/", 5)) x->ctype[0] = 0; /* a new (final) answer */
     if (len > 13 && !strncasecmp(line, "Content-Type:", 13))
         keep_content_type(x, line + 13, len - 13);
+    long code = 0;
+    if ((len == 2 && line[0] == '\r') || (len == 1 && line[0] == '\n')) /* a block's end */
+        x->final_headers = curl_easy_getinfo(x->easy, CURLINFO_RESPONSE_CODE, &code) == CURLE_OK &&
+                           code >= 200;
     return len;
 }
 
@@ -122,6 +129,13 @@ static bool set_options(csd_route_xfer *x, const csd_route_xfer_opts *o) {
     ok = ok && curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, (long)o->connect_timeout_s) == CURLE_OK;
     /* a fresh connection per request: closing it is how the upstream learns a client left */
     ok = ok && curl_easy_setopt(e, CURLOPT_FORBID_REUSE, 1L) == CURLE_OK;
+    /* decided: upstreams are reached directly, whatever http_proxy says (through a proxy a
+     * client's leaving would not reach the upstream as a cancel) */
+    ok = ok && curl_easy_setopt(e, CURLOPT_PROXY, "") == CURLE_OK;
+#if LIBCURL_VERSION_NUM >= 0x075700
+    /* closing does not wait for a name still being resolved (a client that left, a stop) */
+    ok = ok && curl_easy_setopt(e, CURLOPT_QUICK_EXIT, 1L) == CURLE_OK;
+#endif
     return ok;
 }
 
@@ -247,7 +261,7 @@ int csd_route_xfer_start(csd_route_xfer *x, const csd_route_abort *ab, csd_err *
     }
     if (x->done && x->result != CURLE_OK) return start_failed(x, err);
     int status = csd_route_xfer_status(x);
-    if (status < 100 || status > 599) {
+    if (status < 200 || status > 599) { /* a final 1xx (101: no upgrade here) is not an answer */
         csd_err_set(err, CSD_EPROTO, "not an HTTP answer (status %d)", status);
         return CSD_ROUTE_XFER_BROKEN;
     }

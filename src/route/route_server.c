@@ -62,7 +62,8 @@ struct csd_route_server {
     int queue_timeout_s;
     int upstream_timeout_s;
     int port;
-    long long started; /* unix seconds, for /v1/models "created" */
+    int max_connections; /* a thread each: every slot, the queue and a reserve */
+    long long started;   /* unix seconds, for /v1/models "created" */
     atomic_int stopping;
 };
 
@@ -105,6 +106,28 @@ void csd_route_opts_default(csd_route_opts *o) {
     o->model_name = CSD_ROUTE_DEFAULT_MODEL_NAME;
 }
 
+/* The host part url[scheme, host_end) ends in a port 1..65535, if any; an IPv6 address is
+ * bracketed. */
+static int check_port(const char *url, size_t scheme, size_t host_end, csd_err *err) {
+    const char *h = url + scheme, *end = url + host_end, *colon = NULL;
+    if (*h == '[') {
+        const char *close = memchr(h, ']', (size_t)(end - h));
+        if (!close) return csd_err_set(err, CSD_EINVAL, "'%.200s': an unclosed '['", url);
+        if (close + 1 < end && close[1] != ':')
+            return csd_err_set(err, CSD_EINVAL, "'%.200s': text after the IPv6 address", url);
+        colon = close + 1 < end ? close + 1 : NULL;
+    } else {
+        colon = memchr(h, ':', (size_t)(end - h));
+    }
+    if (!colon) return 0;
+    long port = 0;
+    const char *p = colon + 1;
+    for (; p < end && *p >= '0' && *p <= '9' && port <= 65535; p++) port = port * 10 + (*p - '0');
+    if (p == colon + 1 || p != end || port < 1 || port > 65535)
+        return csd_err_set(err, CSD_EINVAL, "'%.200s': the port is not a number in 1..65535", url);
+    return 0;
+}
+
 int csd_route_url_check(const char *url, csd_err *err) {
     size_t n = strlen(url);
     size_t scheme = !strncasecmp(url, "http://", 7) ? 7 : !strncasecmp(url, "https://", 8) ? 8 : 0;
@@ -130,7 +153,19 @@ int csd_route_url_check(const char *url, csd_err *err) {
     if (memchr(url + scheme, '@', host_end - scheme))
         return csd_err_set(err, CSD_EINVAL,
                            "'%.200s' holds credentials: give them with --upstream-key", url);
-    return 0;
+    return check_port(url, scheme, host_end, err);
+}
+
+bool csd_route_url_same(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    while (la && a[la - 1] == '/') la--;
+    while (lb && b[lb - 1] == '/') lb--;
+    const char *sep = strstr(a, "://");
+    size_t start = sep ? (size_t)(sep - a) + 3 : 0;
+    size_t path = start + strcspn(a + start, "/"); /* where a's path begins */
+    if (la != lb || path > la) return la == lb && !strncasecmp(a, b, la);
+    /* the scheme and host in any case (as DNS and URLs read them), the path exactly */
+    return !strncasecmp(a, b, path) && !strncmp(a + path, b + path, la - path);
 }
 
 /* ---- responses ---- */
@@ -422,17 +457,35 @@ static enum MHD_Result start_relay(csd_route_server *s, struct MHD_Connection *c
     return ret;
 }
 
+/* An answer that must have no body (204, 304): HTTP forbids one, so it is not relayed as a
+ * stream (whose chunked end would be read as the start of the next answer). */
+static bool empty_answer(const csd_route_xfer *x) {
+    int status = csd_route_xfer_status(x);
+    return status == 204 || status == 304;
+}
+
+static enum MHD_Result relay_empty(csd_route_server *s, struct MHD_Connection *c,
+                                   csd_route_xfer *x, int up) {
+    int status = csd_route_xfer_status(x);
+    csd_route_xfer_destroy(x);
+    csd_route_sched_release(&s->sched, up, false, false);
+    return send_body(c, status, "application/json", "", NULL, NULL);
+}
+
 /* ---- forwarding ---- */
 
-/* The body for upstream u: as sent, or with "model" rewritten (--upstream-model). NULL when out of
- * memory; *owned says whether to free() it. */
-static const char *body_for(const upstream *u, json_t *root, const conn_state *cs, size_t *len,
-                            bool *owned) {
+/* The body for upstream u: as sent, or with "model" rewritten (--upstream-model), parsed again
+ * here so that no tree is held while a request waits (a 4 MiB body of small numbers is a tree
+ * of about 80 MiB). NULL when that fails; *owned says whether to free() it. */
+static const char *body_for(const upstream *u, const conn_state *cs, size_t *len, bool *owned) {
     *owned = false;
     *len = cs->len;
     if (!u->model) return cs->body;
-    if (json_object_set_new(root, "model", json_string(u->model))) return NULL;
-    char *out = json_dumps(root, JSON_COMPACT);
+    json_t *root = json_loadb(cs->body, cs->len, JSON_ALLOW_NUL, NULL);
+    char *out = NULL;
+    if (json_is_object(root) && !json_object_set_new(root, "model", json_string(u->model)))
+        out = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
     if (!out) return NULL;
     *owned = true;
     *len = strlen(out);
@@ -440,7 +493,7 @@ static const char *body_for(const upstream *u, json_t *root, const conn_state *c
 }
 
 /* One attempt on upstream up. CSD_ROUTE_XFER_OK with *xo set, or how it failed (err). */
-static int attempt(csd_route_server *s, int up, int path, json_t *root, const conn_state *cs,
+static int attempt(csd_route_server *s, int up, int path, const conn_state *cs,
                    const csd_route_abort *ab, csd_route_xfer **xo, csd_err *err) {
     const upstream *u = &s->up[up];
     char url[CSD_ROUTE_URL_MAX + 32];
@@ -448,9 +501,9 @@ static int attempt(csd_route_server *s, int up, int path, json_t *root, const co
              path == PATH_CHAT ? "/chat/completions" : "/completions");
     bool owned = false;
     size_t len = 0;
-    const char *body = body_for(u, root, cs, &len, &owned);
+    const char *body = body_for(u, cs, &len, &owned);
     if (!body) {
-        csd_err_set(err, CSD_ENOMEM, "out of memory");
+        csd_err_set(err, CSD_ENOMEM, "the body could not be rewritten for --upstream-model");
         return CSD_ROUTE_XFER_BROKEN;
     }
     int timeout = s->upstream_timeout_s;
@@ -487,7 +540,7 @@ static enum MHD_Result no_slot(csd_route_server *s, struct MHD_Connection *c, in
 
 /* Forwards the request, failing over while nothing was relayed: each upstream at most once. */
 static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, int path,
-                               json_t *root, const conn_state *cs) {
+                               const conn_state *cs) {
     watch w = {s, csd_mhd_conn_fd(c)};
     csd_route_abort ab = {should_stop, &w};
     csd_route_waiter waiter;
@@ -497,6 +550,7 @@ static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, in
     int last_up = -1;
     idle_timeout(c, false);
     for (bool retry = false;; retry = true) {
+        if (retry) deadline = csd_now_s() + s->queue_timeout_s; /* a wait of its own */
         int up = csd_route_sched_acquire(&s->sched, &waiter, retry, deadline, &ab);
         if (up < 0) {
             idle_timeout(c, true);
@@ -504,10 +558,10 @@ static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, in
         }
         csd_route_xfer *x = NULL;
         csd_err err = {0};
-        int rc = attempt(s, up, path, root, cs, &ab, &x, &err);
+        int rc = attempt(s, up, path, cs, &ab, &x, &err);
         if (rc == CSD_ROUTE_XFER_OK) {
             idle_timeout(c, true);
-            return start_relay(s, c, x, up, w.fd);
+            return empty_answer(x) ? relay_empty(s, c, x, up) : start_relay(s, c, x, up, w.fd);
         }
         bool failed = rc != CSD_ROUTE_XFER_ABORTED;
         csd_route_sched_release(&s->sched, up, failed, rc == CSD_ROUTE_XFER_CONNECT);
@@ -519,30 +573,32 @@ static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, in
     }
 }
 
-/* Checks the body is a JSON object whose "stream", if any, is a boolean; then forwards it. */
+/* Checks the body is a JSON object whose "stream", if any, is a boolean; then forwards it. Read
+ * as the upstream will (NUL characters, integers of any size): only the shape is checked here. */
 static enum MHD_Result handle_forward(csd_route_server *s, struct MHD_Connection *c, int path,
                                       const conn_state *cs) {
+    if (!cs->len)
+        return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
+                          "the request body is empty; send a JSON object");
     json_error_t je;
-    json_t *root = cs->len ? json_loadb(cs->body, cs->len, 0, &je) : NULL;
-    if (!root || !json_is_object(root)) {
-        json_decref(root);
-        if (!cs->len)
-            return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
-                              "the request body is empty; send a JSON object");
+    json_t *root = json_loadb(cs->body, cs->len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
+    if (!root)
+        return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
+                          "the request body is not valid JSON: %.200s (line %d, column %d)",
+                          je.text, je.line, je.column);
+    json_t *stream = json_object_get(root, "stream");
+    bool object = json_is_object(root), streams = json_is_true(stream);
+    bool bad_stream = stream && !json_is_null(stream) && !json_is_boolean(stream);
+    json_decref(root); /* not held while the request waits */
+    if (!object)
         return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
                           "the request body is not a JSON object");
-    }
-    json_t *stream = json_object_get(root, "stream");
-    if (stream && !json_is_null(stream) && !json_is_boolean(stream)) {
-        json_decref(root);
+    if (bad_stream)
         return send_error(c, 400, "invalid_request_error", "stream", "invalid_type", NULL, NULL,
                           "'stream' must be a boolean");
-    }
     CSD_LOGD("forwarding path=%s stream=%d bytes=%zu", path == PATH_CHAT ? "chat" : "completions",
-             json_is_true(stream), cs->len);
-    enum MHD_Result ret = forward(s, c, path, root, cs);
-    json_decref(root);
-    return ret;
+             streams, cs->len);
+    return forward(s, c, path, cs);
 }
 
 /* ---- MHD glue ---- */
@@ -663,6 +719,14 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 /* ---- lifecycle ---- */
 
+/* Connections to hold at once: every request running or queued holds its own, and /health,
+ * /metrics and the refusals of a full queue need room beside them. */
+static int connections_needed(const csd_route_opts *o) {
+    int n = CSD_ROUTE_SPARE_CONNECTIONS + o->queue_max;
+    for (int i = 0; i < o->n_upstreams; i++) n += o->upstreams[i].max;
+    return n;
+}
+
 static int check_opts(const csd_route_opts *o, csd_err *err) {
     if (o->n_upstreams < 1 || o->n_upstreams > CSD_ROUTE_MAX_UPSTREAMS)
         return csd_err_set(err, CSD_ERANGE, "%d upstreams: 1 to %d are served", o->n_upstreams,
@@ -680,6 +744,11 @@ static int check_opts(const csd_route_opts *o, csd_err *err) {
         return csd_err_set(err, CSD_ERANGE, "queue, timeouts, body limit or port out of range");
     if (!o->model_name || !o->model_name[0])
         return csd_err_set(err, CSD_EINVAL, "the router needs a model name");
+    if (connections_needed(o) > CSD_ROUTE_MAX_CONNECTIONS)
+        return csd_err_set(err, CSD_ERANGE,
+                           "the upstreams' --max (in all) and --queue need %d connections, a "
+                           "thread each; at most %d",
+                           connections_needed(o), CSD_ROUTE_MAX_CONNECTIONS);
     return 0;
 }
 
@@ -710,7 +779,7 @@ static int start_daemon(csd_route_server *s, const char *host, int port, csd_err
     if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
     s->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)CSD_ROUTE_MAX_CONNECTIONS,
+                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_connections,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CSD_ROUTE_IDLE_TIMEOUT,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                               MHD_OPTION_EXTERNAL_LOGGER, csd_mhd_log, s, MHD_OPTION_END);
@@ -732,6 +801,9 @@ int csd_route_server_create(csd_route_server **out, const csd_route_opts *opts, 
     s->queue_timeout_s = opts->queue_timeout_s;
     s->upstream_timeout_s = opts->upstream_timeout_s;
     s->started = (long long)time(NULL);
+    s->max_connections = connections_needed(opts);
+    if (s->max_connections < CSD_ROUTE_MIN_CONNECTIONS)
+        s->max_connections = CSD_ROUTE_MIN_CONNECTIONS;
     if (!copy_opts(s, opts)) {
         rc = csd_err_set(err, CSD_ENOMEM, "router");
         goto fail;

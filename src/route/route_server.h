@@ -21,8 +21,12 @@
 #define CSD_ROUTE_DEFAULT_MODEL_NAME "cascadia-route"
 /* Longest upstream URL accepted (it becomes a metrics label). */
 #define CSD_ROUTE_URL_MAX 1024
-/* Connections held at once, a thread each (as serve's default). */
-#define CSD_ROUTE_MAX_CONNECTIONS 256
+/* Connections held at once, a thread each: at least serve's default, more when the upstreams'
+ * max and the queue need them (each running or queued request holds one), up to the limit. */
+#define CSD_ROUTE_MIN_CONNECTIONS 256
+#define CSD_ROUTE_MAX_CONNECTIONS 4096
+/* Connections kept beside the requests' for /health, /metrics and 429s. */
+#define CSD_ROUTE_SPARE_CONNECTIONS 64
 /* Seconds a connection may idle before it is closed (a request waiting for its answer is not
  * idle). */
 #define CSD_ROUTE_IDLE_TIMEOUT 60
@@ -39,7 +43,7 @@ typedef struct csd_route_opts {
     int port;         /* 0: any free port (csd_route_server_port) */
     int n_upstreams;  /* 1..CSD_ROUTE_MAX_UPSTREAMS */
     csd_route_upstream_opts upstreams[CSD_ROUTE_MAX_UPSTREAMS];
-    int queue_max;          /* requests waiting for a slot before 429 */
+    int queue_max;          /* requests waiting for a slot before 429 (each holds a connection) */
     int queue_timeout_s;    /* seconds one may wait before 503 */
     int upstream_timeout_s; /* longest an upstream may stay silent (connecting: at most 10 s) */
     size_t max_body;        /* 413 beyond */
@@ -53,6 +57,8 @@ void csd_route_opts_default(csd_route_opts *o);
  * CSD_ROUTE_URL_MAX bytes of printable ASCII without quotes, backslashes, spaces, a query or a
  * fragment. 0, or CSD_EINVAL with a message. */
 int csd_route_url_check(const char *url, csd_err *err);
+/* Two checked URLs name the same upstream: scheme and host in any case, trailing slashes aside. */
+bool csd_route_url_same(const char *a, const char *b);
 
 typedef struct csd_route_server csd_route_server;
 
