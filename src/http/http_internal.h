@@ -15,7 +15,7 @@
 #include "coord/engine.h"
 #include "openai_request.h"
 #include "stop_text.h"
-#include "text_buf.h"
+#include "mhd/text_buf.h"
 #include "think_split.h"
 #include "tok/tokenizer.h"
 #include "tool_calls.h"

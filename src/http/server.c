@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <sodium.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -74,11 +73,9 @@ struct csd_http_server {
 /* Per connection (MHD's con_cls): the body being received. */
 typedef struct conn_state {
     int route;
-    bool too_large;
     bool replied; /* a response was queued on the first call (401, 413, ...) */
     bool in_flight; /* a generation request, counted in the server's in_flight until completed */
-    size_t body_seen; /* bytes of body received so far, kept or not (saturating) */
-    csd_http_buf body;
+    csd_mhd_body body;
 } conn_state;
 
 /* Per streaming response: the job and the socket it watches. */
@@ -211,14 +208,11 @@ static void metric(csd_http_buf *b, const char *name, const char *type, const ch
 /* Appends "# HELP", "# TYPE" and the sample lines (fmt gives the lines, each ending in \n). */
 static void metric(csd_http_buf *b, const char *name, const char *type, const char *help,
                    const char *fmt, ...) {
-    char line[1024];
-    int n = snprintf(line, sizeof line, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-    if (n > 0) csd_http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    csd_http_buf_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
     va_list ap;
     va_start(ap, fmt);
-    n = vsnprintf(line, sizeof line, fmt, ap);
+    csd_http_buf_vprintf(b, fmt, ap);
     va_end(ap);
-    if (n > 0) csd_http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
 /* The engine's counters and gauges (zeros while the model loads). */
@@ -290,7 +284,6 @@ static void append_http_metrics(csd_http_buf *b, csd_http_server *s) {
     metric(b, "cascadia_draining", "gauge",
            "1 once the server is shutting down: new generation requests get 503.",
            "cascadia_draining %d\n", atomic_load(&s->draining));
-    char line[128];
     static const char http_head[] =
         "# HELP cascadia_http_responses_total HTTP responses by status code.\n"
         "# TYPE cascadia_http_responses_total counter\n";
@@ -298,9 +291,7 @@ static void append_http_metrics(csd_http_buf *b, csd_http_server *s) {
     for (int code = 100; code < 600; code++) {
         long long n = atomic_load(&s->http_by_code[code]);
         if (!n) continue;
-        int len = snprintf(line, sizeof line, "cascadia_http_responses_total{code=\"%d\"} %lld\n",
-                           code, n);
-        csd_http_buf_append(b, line, (size_t)len);
+        csd_http_buf_printf(b, "cascadia_http_responses_total{code=\"%d\"} %lld\n", code, n);
     }
 }
 
@@ -503,15 +494,15 @@ static enum MHD_Result handle_tokenizer(csd_http_server *s, struct MHD_Connectio
     memset(&e, 0, sizeof e);
     char *body = NULL;
     json_t *root = NULL; /* the /tokenize body, parsed once to tell its two forms apart */
-    csd_tok_gate_enter(&s->tok_gate, cs->body.len);
+    csd_tok_gate_enter(&s->tok_gate, cs->body.buf.len);
     if (route == ROUTE_DETOKENIZE)
-        body = csd_http_detokenize(s->tok, cs->body.data, cs->body.len, &e);
-    else if ((root = csd_http_body_object(cs->body.data, cs->body.len, &e)))
+        body = csd_http_detokenize(s->tok, cs->body.buf.data, cs->body.buf.len, &e);
+    else if ((root = csd_http_body_object(cs->body.buf.data, cs->body.buf.len, &e)))
         body = csd_http_tokenize_is_chat(root)
                    ? tokenize_chat(s, root, max_ctx, &e)
                    : csd_http_tokenize_object(s->tok, root, max_ctx, &e);
     json_decref(root);
-    csd_tok_gate_leave(&s->tok_gate, cs->body.len);
+    csd_tok_gate_leave(&s->tok_gate, cs->body.buf.len);
     enum MHD_Result ret =
         body ? send_json(s, c, 200, body, NULL, NULL) : send_error(s, c, &e, NULL, NULL);
     free(body);
@@ -569,7 +560,8 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
     int kind = route == ROUTE_CHAT ? CSD_HTTP_KIND_CHAT : CSD_HTTP_KIND_COMPLETION;
     csd_http_req req;
     csd_http_error e;
-    if (csd_http_req_parse(&req, kind, cs->body.data, cs->body.len, csd_tok_vocab_size(s->tok), &e))
+    const csd_http_buf *in = &cs->body.buf;
+    if (csd_http_req_parse(&req, kind, in->data, in->len, csd_tok_vocab_size(s->tok), &e))
         return send_error(s, c, &e, NULL, NULL);
     enum MHD_Result ret;
     int32_t *ids = NULL;
@@ -593,10 +585,10 @@ static enum MHD_Result handle_generate(csd_http_server *s, struct MHD_Connection
         ret = send_error(s, c, &e, NULL, NULL);
         goto done;
     }
-    csd_tok_gate_enter(&s->tok_gate, cs->body.len);
+    csd_tok_gate_enter(&s->tok_gate, cs->body.buf.len);
     int rc = kind == CSD_HTTP_KIND_CHAT ? chat_prompt(s, &req, &ids, &n_ids, &e)
                                         : completion_prompt(s, &req, &ids, &n_ids, &e);
-    csd_tok_gate_leave(&s->tok_gate, cs->body.len);
+    csd_tok_gate_leave(&s->tok_gate, cs->body.buf.len);
     if (!rc && atomic_load(&s->stopping)) /* stopped while this prompt was tokenized */
         rc = csd_http_error_set(&e, 503, "server_error", NULL, "server_shutting_down",
                                 "the server is shutting down; send the request to another "
@@ -729,12 +721,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                                   "Missing or incorrect API key: send 'Authorization: Bearer KEY'",
                                   "WWW-Authenticate", "Bearer");
         }
-        /* a declared body far beyond the limit is refused now; a slightly larger one is read and
-         * dropped, so the client (still sending) reliably sees the 413. libmicrohttpd has
-         * already refused a Content-Length that is not plain digits (400); one beyond 64 bits
-         * reads as ULLONG_MAX here. */
-        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) / 16 > s->max_body) {
+        if (csd_mhd_body_declared_too_large(c, s->max_body)) {
             cs->replied = true;
             char msg[128];
             snprintf(msg, sizeof msg, "The request body is larger than %zu bytes", s->max_body);
@@ -748,22 +735,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        cs->body_seen = *upload_size > SIZE_MAX - cs->body_seen ? SIZE_MAX
-                                                                 : cs->body_seen + *upload_size;
-        /* the same bound as a declared length: a body without one (chunked) that goes on
-         * beyond 16 times the limit is not read to its end, the connection is closed */
-        if (cs->body_seen / 16 > s->max_body) return MHD_NO;
-        if (!cs->too_large && cs->body.len + *upload_size > s->max_body) {
-            cs->too_large = true;
-            csd_http_buf_fini(&cs->body);
-        }
-        if (!cs->too_large && csd_http_buf_append(&cs->body, upload, *upload_size)) return MHD_NO;
+        if (!csd_mhd_body_add(&cs->body, upload, *upload_size, s->max_body)) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }
     /* the whole body is here */
     cs->replied = true;
-    if (cs->too_large) {
+    if (cs->body.too_large) {
         char msg[128];
         snprintf(msg, sizeof msg, "The request body is larger than %zu bytes", s->max_body);
         return send_error_msg(s, c, 413, "invalid_request_error", NULL, "request_too_large", msg,
@@ -795,7 +773,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     conn_state *cs = *con_cls;
     if (!cs) return;
     if (cs->in_flight) atomic_fetch_sub(&((csd_http_server *)cls)->in_flight, 1);
-    csd_http_buf_fini(&cs->body);
+    csd_http_buf_fini(&cs->body.buf);
     csd_free(cs);
     *con_cls = NULL;
 }
@@ -832,11 +810,7 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
         return csd_err_set(err, CSD_ERANGE, "port %d out of range", o.port);
     if (sodium_init() < 0) /* response ids come from its random generator */
         return csd_err_set(err, CSD_EIO, "libsodium initialisation failed");
-    struct sockaddr_storage addr;
-    socklen_t addr_len = 0;
-    int rc = csd_mhd_listen_addr(o.host, o.port, &addr, &addr_len, err);
-    if (rc) return rc;
-
+    int rc = 0;
     csd_http_server *s = csd_alloc(sizeof *s);
     if (!s) return csd_err_set(err, CSD_ENOMEM, "server");
     csd_tok_gate_init(&s->tok_gate, CSD_TOK_GATE_BUDGET);
@@ -854,24 +828,10 @@ int csd_http_server_create(csd_http_server **out, const csd_http_opts *opts, con
         rc = csd_err_set(err, CSD_ENOMEM, "server");
         goto fail;
     }
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(
-        flags, (uint16_t)o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
-        (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)o.idle_timeout_s,
-        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o.max_per_ip, MHD_OPTION_NOTIFY_COMPLETED,
-        on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, csd_mhd_log, s, MHD_OPTION_END);
-    /* no MHD_OPTION_LISTENING_ADDRESS_REUSE: on Linux it is SO_REUSEPORT, which would let a second
-     * server silently share the port; MHD's default SO_REUSEADDR is enough for restarts */
-    if (!s->mhd) {
-        rc = csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
-                         o.host, o.port);
-        goto fail;
-    }
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : o.port;
+    csd_mhd_listen l = {o.host, o.port, (unsigned)o.max_connections, (unsigned)o.idle_timeout_s,
+                        (unsigned)o.max_per_ip};
+    rc = csd_mhd_start(&s->mhd, &s->port, &l, on_request, on_completed, s, err);
+    if (rc) goto fail;
     CSD_LOGI("http server listening host=%s port=%d model=%s auth=%s", o.host, s->port,
              s->model_name, s->api_key ? "on" : "off");
     *out = s;

@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "text_buf.h"
+#include "mhd/text_buf.h"
 
 typedef struct csd_http_stop {
     char *const *stops; /* borrowed: n_stops non-empty strings, alive as long as this */

@@ -19,7 +19,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "text_buf.h"
+#include "mhd/text_buf.h"
 
 #define CSD_THINK_SPACE_MAX 1024
 

@@ -41,7 +41,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "text_buf.h"
+#include "mhd/text_buf.h"
 
 #define CSD_TOOL_CALLS_MAX 64
 #define CSD_TOOL_CALL_MAX_BYTES (1u << 20)

@@ -3,14 +3,17 @@
 
 #include <netdb.h>
 #include <poll.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 
 #include "core/log.h"
 
-int csd_mhd_listen_addr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
-                        csd_err *err) {
+/* The address to listen on: host (a name or a numeric IPv4/IPv6 address) and port. */
+static int listen_addr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len,
+                       csd_err *err) {
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
@@ -27,6 +30,50 @@ int csd_mhd_listen_addr(const char *host, int port, struct sockaddr_storage *ss,
     freeaddrinfo(res);
     return 0;
 }
+
+int csd_mhd_start(struct MHD_Daemon **out, int *port, const csd_mhd_listen *l,
+                  MHD_AccessHandlerCallback handler, MHD_RequestCompletedCallback completed,
+                  void *cls, csd_err *err) {
+    struct sockaddr_storage addr;
+    socklen_t addr_len = 0;
+    int rc = listen_addr(l->host, l->port, &addr, &addr_len, err);
+    if (rc) return rc;
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* no MHD_OPTION_LISTENING_ADDRESS_REUSE: on Linux it is SO_REUSEPORT, which would let a second
+     * server silently share the port; MHD's default SO_REUSEADDR is enough for restarts */
+    *out = MHD_start_daemon(
+        flags, (uint16_t)l->port, NULL, NULL, handler, cls, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, l->max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, l->idle_timeout_s, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        l->max_per_ip, MHD_OPTION_NOTIFY_COMPLETED, completed, cls, MHD_OPTION_EXTERNAL_LOGGER,
+        csd_mhd_log, cls, MHD_OPTION_END);
+    if (!*out)
+        return csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
+                           l->host, l->port);
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(*out, MHD_DAEMON_INFO_BIND_PORT);
+    *port = di ? di->port : l->port;
+    return 0;
+}
+
+/* MHD has already refused a Content-Length that is not plain digits (400); one beyond 64 bits
+ * reads as ULLONG_MAX here. */
+bool csd_mhd_body_declared_too_large(struct MHD_Connection *c, size_t max) {
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    return cl && strtoull(cl, NULL, 10) / 16 > max;
+}
+
+bool csd_mhd_body_add(csd_mhd_body *b, const char *data, size_t n, size_t max) {
+    b->seen = n > SIZE_MAX - b->seen ? SIZE_MAX : b->seen + n;
+    if (b->seen / 16 > max) return false;
+    if (!b->too_large && b->buf.len + n > max) {
+        b->too_large = true;
+        csd_http_buf_fini(&b->buf);
+    }
+    return b->too_large || csd_http_buf_append(&b->buf, data, n) == 0;
+}
+
 
 int csd_mhd_conn_fd(struct MHD_Connection *c) {
     const union MHD_ConnectionInfo *ci =

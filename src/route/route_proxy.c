@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "mhd/text_buf.h"
 
 /* How long one wait for the upstream lasts before the abort callback is asked again (ms). */
 #define POLL_MS 50
@@ -19,8 +20,8 @@ struct csd_route_xfer {
     CURL *easy;
     struct curl_slist *headers;
     char *body; /* the request body (owned: libcurl reads it while sending) */
-    char *data; /* answer bytes not handed on yet: data[sent..len) */
-    size_t len, sent, cap;
+    csd_http_buf data; /* answer bytes; those from `sent` on are not handed on yet */
+    size_t sent;
     size_t header_bytes;  /* of the upstream's headers, for the bound */
     bool header_overflow; /* more than CSD_ROUTE_XFER_HEADERS_MAX: refused */
     bool final_headers;   /* the final answer's header block has ended: what follows is a
@@ -82,30 +83,15 @@ static size_t on_header(char *line, size_t size, size_t n, void *ctx) {
 static size_t on_data(char *ptr, size_t size, size_t n, void *ctx) {
     csd_route_xfer *x = ctx;
     size_t len = size * n;
-    if (x->len - x->sent >= CSD_ROUTE_XFER_BUF_MAX) { /* the client reads slower: hold on */
+    if (x->data.len - x->sent >= CSD_ROUTE_XFER_BUF_MAX) { /* the client reads slower: hold on */
         x->paused = true;
         return CURL_WRITEFUNC_PAUSE;
     }
-    if (x->sent && x->sent == x->len) x->sent = x->len = 0;
-    if (x->len + len > x->cap) {
-        if (x->sent) { /* drop what was handed on before growing */
-            memmove(x->data, x->data + x->sent, x->len - x->sent);
-            x->len -= x->sent;
-            x->sent = 0;
-        }
-        size_t cap = x->cap ? x->cap : 16384;
-        while (cap < x->len + len) cap *= 2;
-        if (cap != x->cap) {
-            char *d = csd_alloc(cap);
-            if (!d) return 0; /* aborts the transfer */
-            if (x->len) memcpy(d, x->data, x->len);
-            csd_free(x->data);
-            x->data = d;
-            x->cap = cap;
-        }
+    if (x->sent && x->sent >= x->data.len / 2) { /* what was handed on goes, when it is most */
+        csd_http_buf_drop(&x->data, x->sent);
+        x->sent = 0;
     }
-    memcpy(x->data + x->len, ptr, len);
-    x->len += len;
+    if (csd_http_buf_append(&x->data, ptr, len)) return 0; /* out of memory: aborts the transfer */
     x->last_rx = csd_now_s();
     return len;
 }
@@ -184,7 +170,7 @@ void csd_route_xfer_destroy(csd_route_xfer *x) {
     if (x->multi) curl_multi_cleanup(x->multi);
     curl_slist_free_all(x->headers);
     csd_free(x->body);
-    csd_free(x->data);
+    csd_http_buf_fini(&x->data);
     csd_free(x);
 }
 
@@ -213,7 +199,7 @@ static bool step(csd_route_xfer *x, bool wait) {
         x->result = CURLE_OPERATION_TIMEDOUT;
         snprintf(x->errbuf, sizeof x->errbuf, "the upstream sent nothing for %d s", x->silence_s);
     }
-    if (wait && !x->done && x->len == x->sent)
+    if (wait && !x->done && x->data.len == x->sent)
         return curl_multi_poll(x->multi, NULL, 0, POLL_MS, NULL) == CURLM_OK;
     return true;
 }
@@ -249,7 +235,7 @@ int csd_route_xfer_start(csd_route_xfer *x, const csd_route_abort *ab, csd_err *
     x->added = true;
     x->last_rx = csd_now_s(); /* silence counts from the request's start */
     /* until the first answer byte (or the end): the status is known, and nothing was relayed */
-    while (x->len == x->sent && !x->done) {
+    while (x->data.len == x->sent && !x->done) {
         if (ab && ab->stop(ab->ctx)) {
             csd_err_set(err, CSD_ECANCELED, "client gone or server stopping");
             return CSD_ROUTE_XFER_ABORTED;
@@ -282,11 +268,11 @@ const char *csd_route_xfer_content_type(const csd_route_xfer *x) { return x->cty
 
 /* Copies out waiting bytes, and lets a paused transfer go on once there is room again. */
 static size_t take_bytes(csd_route_xfer *x, char *buf, size_t max) {
-    size_t n = x->len - x->sent;
+    size_t n = x->data.len - x->sent;
     if (n > max) n = max;
-    memcpy(buf, x->data + x->sent, n);
+    memcpy(buf, x->data.data + x->sent, n);
     x->sent += n;
-    if (x->paused && x->len - x->sent < CSD_ROUTE_XFER_BUF_MAX) {
+    if (x->paused && x->data.len - x->sent < CSD_ROUTE_XFER_BUF_MAX) {
         x->paused = false;
         x->last_rx = csd_now_s(); /* the upstream's silence counts from here again */
         curl_easy_pause(x->easy, CURLPAUSE_CONT); /* may call on_data at once */
@@ -297,7 +283,7 @@ static size_t take_bytes(csd_route_xfer *x, char *buf, size_t max) {
 ssize_t csd_route_xfer_read(csd_route_xfer *x, char *buf, size_t max, const csd_route_abort *ab,
                             csd_err *err) {
     for (;;) {
-        if (x->len > x->sent) return (ssize_t)take_bytes(x, buf, max);
+        if (x->data.len > x->sent) return (ssize_t)take_bytes(x, buf, max);
         if (x->done) {
             if (x->result == CURLE_OK) return 0;
             csd_err_set(err, CSD_EIO, "%s", failure_text(x));

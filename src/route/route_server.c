@@ -15,7 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/socket.h>
 #include <time.h>
 
 #include "core/alloc.h"
@@ -70,11 +69,8 @@ struct csd_route_server {
 /* Per connection (MHD's con_cls): the body being received. */
 typedef struct conn_state {
     int path;
-    bool too_large;
     bool replied; /* a response was queued on the first call (401, 404, 413, ...) */
-    char *body;
-    size_t len, cap;
-    size_t seen; /* body bytes received, kept or not (saturating) */
+    csd_mhd_body body;
 } conn_state;
 
 /* What the abort callback looks at: the client's socket and the server's stop flag. */
@@ -268,37 +264,10 @@ static enum MHD_Result handle_health(csd_route_server *s, struct MHD_Connection 
                      RETRY_AFTER);
 }
 
-static void appendf(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-/* Appends to a growing text; on out of memory the text stays as it was. */
-static void appendf(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
-    char line[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n <= 0) return;
-    size_t add = (size_t)n < sizeof line ? (size_t)n : sizeof line - 1;
-    if (*len + add + 1 > *cap) {
-        size_t nc = *cap ? *cap * 2 : 4096;
-        while (nc < *len + add + 1) nc *= 2;
-        char *nb = csd_alloc(nc);
-        if (!nb) return;
-        if (*len) memcpy(nb, *buf, *len);
-        csd_free(*buf);
-        *buf = nb;
-        *cap = nc;
-    }
-    memcpy(*buf + *len, line, add);
-    *len += add;
-    (*buf)[*len] = 0;
-}
-
 /* One per-upstream family: its HELP and TYPE, then a line per upstream. which: the field. */
 enum up_field { UF_IN_FLIGHT, UF_MAX, UF_PEAK, UF_DOWN, UF_REQUESTS, UF_FAILURES, UF_COUNT };
 
-static void upstream_family(char **b, size_t *len, size_t *cap, const csd_route_server *s,
+static void upstream_family(csd_http_buf *b, const csd_route_server *s,
                             const csd_route_stats *st, int which) {
     static const char *const names[UF_COUNT][3] = {
         {"upstream_in_flight", "gauge", "Requests an upstream is answering now."},
@@ -310,7 +279,7 @@ static void upstream_family(char **b, size_t *len, size_t *cap, const csd_route_
         {"upstream_failures_total", "counter",
          "Requests an upstream failed: no connection, a 429 or 5xx status, or a broken answer."},
     };
-    appendf(b, len, cap, "# HELP cascadia_route_%s %s\n# TYPE cascadia_route_%s %s\n",
+    csd_http_buf_printf(b, "# HELP cascadia_route_%s %s\n# TYPE cascadia_route_%s %s\n",
             names[which][0], names[which][2], names[which][0], names[which][1]);
     for (int i = 0; i < st->n; i++) {
         const csd_route_upstream_stats *u = &st->up[i];
@@ -321,7 +290,7 @@ static void upstream_family(char **b, size_t *len, size_t *cap, const csd_route_
                       : which == UF_REQUESTS ? u->requests
                                              : u->failures;
         /* URLs were checked: no quote, backslash or newline needs escaping in the label */
-        appendf(b, len, cap, "cascadia_route_%s{upstream=\"%s\"} %lld\n", names[which][0],
+        csd_http_buf_printf(b, "cascadia_route_%s{upstream=\"%s\"} %lld\n", names[which][0],
                 s->up[i].url, v);
     }
 }
@@ -329,27 +298,26 @@ static void upstream_family(char **b, size_t *len, size_t *cap, const csd_route_
 static enum MHD_Result handle_metrics(csd_route_server *s, struct MHD_Connection *c) {
     csd_route_stats st;
     csd_route_sched_stats(&s->sched, &st);
-    char *b = NULL;
-    size_t len = 0, cap = 0;
-    for (int f = 0; f < UF_COUNT; f++) upstream_family(&b, &len, &cap, s, &st, f);
-    appendf(&b, &len, &cap,
+    csd_http_buf b = {0};
+    for (int f = 0; f < UF_COUNT; f++) upstream_family(&b, s, &st, f);
+    csd_http_buf_printf(&b,
             "# HELP cascadia_route_queue_depth Requests waiting for a free upstream slot.\n"
             "# TYPE cascadia_route_queue_depth gauge\ncascadia_route_queue_depth %d\n",
             st.queue_depth);
-    appendf(&b, &len, &cap,
+    csd_http_buf_printf(&b,
             "# HELP cascadia_route_requests_rejected_total Requests refused with 429: the queue "
             "was full.\n# TYPE cascadia_route_requests_rejected_total counter\n"
             "cascadia_route_requests_rejected_total %lld\n",
             st.rejected);
-    appendf(&b, &len, &cap,
+    csd_http_buf_printf(&b,
             "# HELP cascadia_route_queue_timeouts_total Requests answered 503 after waiting "
             "--queue-timeout.\n# TYPE cascadia_route_queue_timeouts_total counter\n"
             "cascadia_route_queue_timeouts_total %lld\n",
             st.timeouts);
     enum MHD_Result ret =
-        b ? send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", b, NULL, NULL)
-          : send_error(c, 500, "server_error", NULL, NULL, NULL, NULL, "out of memory");
-    csd_free(b);
+        b.data ? send_body(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.data, NULL, NULL)
+               : send_error(c, 500, "server_error", NULL, NULL, NULL, NULL, "out of memory");
+    csd_http_buf_fini(&b);
     return ret;
 }
 
@@ -479,9 +447,9 @@ static enum MHD_Result relay_empty(csd_route_server *s, struct MHD_Connection *c
  * of about 80 MiB). NULL when that fails; *owned says whether to free() it. */
 static const char *body_for(const upstream *u, const conn_state *cs, size_t *len, bool *owned) {
     *owned = false;
-    *len = cs->len;
-    if (!u->model) return cs->body;
-    json_t *root = json_loadb(cs->body, cs->len, JSON_ALLOW_NUL, NULL);
+    *len = cs->body.buf.len;
+    if (!u->model) return cs->body.buf.data;
+    json_t *root = json_loadb(cs->body.buf.data, cs->body.buf.len, JSON_ALLOW_NUL, NULL);
     char *out = NULL;
     if (json_is_object(root) && !json_object_set_new(root, "model", json_string(u->model)))
         out = json_dumps(root, JSON_COMPACT);
@@ -577,11 +545,12 @@ static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, in
  * as the upstream will (NUL characters, integers of any size): only the shape is checked here. */
 static enum MHD_Result handle_forward(csd_route_server *s, struct MHD_Connection *c, int path,
                                       const conn_state *cs) {
-    if (!cs->len)
+    if (!cs->body.buf.len)
         return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
                           "the request body is empty; send a JSON object");
     json_error_t je;
-    json_t *root = json_loadb(cs->body, cs->len, JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
+    json_t *root = json_loadb(cs->body.buf.data, cs->body.buf.len,
+                              JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, &je);
     if (!root)
         return send_error(c, 400, "invalid_request_error", NULL, "invalid_json", NULL, NULL,
                           "the request body is not valid JSON: %.200s (line %d, column %d)",
@@ -597,7 +566,7 @@ static enum MHD_Result handle_forward(csd_route_server *s, struct MHD_Connection
         return send_error(c, 400, "invalid_request_error", "stream", "invalid_type", NULL, NULL,
                           "'stream' must be a boolean");
     CSD_LOGD("forwarding path=%s stream=%d bytes=%zu", path == PATH_CHAT ? "chat" : "completions",
-             streams, cs->len);
+             streams, cs->body.buf.len);
     return forward(s, c, path, cs);
 }
 
@@ -627,39 +596,11 @@ static enum MHD_Result on_headers(csd_route_server *s, struct MHD_Connection *c,
     }
     /* a declared body far beyond the limit is refused now; a slightly larger one is read and
      * dropped so the client (still sending) reliably sees the 413, as serve does */
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-    if (cl && strtoull(cl, NULL, 10) / 16 > s->max_body) {
+    if (csd_mhd_body_declared_too_large(c, s->max_body)) {
         cs->replied = true;
         return send_error(c, 413, "invalid_request_error", NULL, "request_too_large", NULL, NULL,
                           "The request body is larger than %zu bytes", s->max_body);
     }
-    return MHD_YES;
-}
-
-/* A piece of the body. MHD_NO closes a connection whose body goes on far beyond the limit. */
-static enum MHD_Result on_upload(csd_route_server *s, conn_state *cs, const char *data, size_t n) {
-    cs->seen = n > SIZE_MAX - cs->seen ? SIZE_MAX : cs->seen + n;
-    if (cs->seen / 16 > s->max_body) return MHD_NO;
-    if (cs->too_large) return MHD_YES;
-    if (cs->len + n > s->max_body) {
-        cs->too_large = true;
-        csd_free(cs->body);
-        cs->body = NULL;
-        cs->len = cs->cap = 0;
-        return MHD_YES;
-    }
-    if (cs->len + n + 1 > cs->cap) {
-        size_t cap = cs->cap ? cs->cap : 4096;
-        while (cap < cs->len + n + 1) cap *= 2;
-        char *b = csd_alloc(cap);
-        if (!b) return MHD_NO;
-        if (cs->len) memcpy(b, cs->body, cs->len);
-        csd_free(cs->body);
-        cs->body = b;
-        cs->cap = cap;
-    }
-    memcpy(cs->body + cs->len, data, n);
-    cs->len += n;
     return MHD_YES;
 }
 
@@ -681,12 +622,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return MHD_YES;
     }
     if (*upload_size) {
-        enum MHD_Result r = on_upload(s, cs, upload, *upload_size);
+        bool kept = csd_mhd_body_add(&cs->body, upload, *upload_size, s->max_body);
         *upload_size = 0;
-        return r;
+        return kept ? MHD_YES : MHD_NO;
     }
     cs->replied = true; /* the whole body is here */
-    if (cs->too_large)
+    if (cs->body.too_large)
         return send_error(c, 413, "invalid_request_error", NULL, "request_too_large", NULL, NULL,
                           "The request body is larger than %zu bytes", s->max_body);
     switch (cs->path) {
@@ -712,7 +653,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     (void)toe;
     conn_state *cs = *con_cls;
     if (!cs) return;
-    csd_free(cs->body);
+    csd_http_buf_fini(&cs->body.buf);
     csd_free(cs);
     *con_cls = NULL;
 }
@@ -769,28 +710,6 @@ static bool copy_opts(csd_route_server *s, const csd_route_opts *o) {
     return s->model_name != NULL;
 }
 
-static int start_daemon(csd_route_server *s, const char *host, int port, csd_err *err) {
-    struct sockaddr_storage addr;
-    socklen_t addr_len = 0;
-    int rc = csd_mhd_listen_addr(host, port, &addr, &addr_len, err);
-    if (rc) return rc;
-    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    if (addr.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_request, s,
-                              MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                              MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->max_connections,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)CSD_ROUTE_IDLE_TIMEOUT,
-                              MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                              MHD_OPTION_EXTERNAL_LOGGER, csd_mhd_log, s, MHD_OPTION_END);
-    if (!s->mhd)
-        return csd_err_set(err, CSD_EIO, "cannot listen on %s:%d (address in use or not available)",
-                           host, port);
-    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : port;
-    return 0;
-}
-
 int csd_route_server_create(csd_route_server **out, const csd_route_opts *opts, csd_err *err) {
     *out = NULL;
     int rc = check_opts(opts, err);
@@ -817,7 +736,9 @@ int csd_route_server_create(csd_route_server **out, const csd_route_opts *opts, 
     s->sched_ready = true;
     if ((rc = csd_route_proxy_global_init(err))) goto fail;
     s->curl_ready = true;
-    if ((rc = start_daemon(s, opts->host ? opts->host : "127.0.0.1", opts->port, err))) goto fail;
+    csd_mhd_listen l = {opts->host ? opts->host : "127.0.0.1", opts->port,
+                        (unsigned)s->max_connections, CSD_ROUTE_IDLE_TIMEOUT, 0};
+    if ((rc = csd_mhd_start(&s->mhd, &s->port, &l, on_request, on_completed, s, err))) goto fail;
     *out = s;
     return 0;
 fail:
