@@ -13,8 +13,8 @@
 #  - serve waits for workers that start after it; a wrong export fails at once.
 #  - a request whose cached prefix a worker evicted computes its prompt instead of failing.
 #  - a replica that refuses every request passes them to the other replica.
-#  - speculative decoding (serve and run --spec-draft) through 2 stages gives the answers it gives
-#    without.
+#  - speculative decoding (serve and run --spec-draft, serve --draft-model) through 2 stages gives
+#    the answers it gives without.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PIDS=()
@@ -653,12 +653,14 @@ fleet_down
 if [ -e "$CSD_SHARED_DIR/models/stories260K/golden.json" ]; then
     d="$WORK/s-2"
     fleet_up "$d" 2 --insecure
-    for k in 0 4; do
+    for k in 0 4 d; do
+        spec=(--spec-draft "$k") # d: drafts from a draft model (the int8 model in serve itself)
+        [ "$k" = d ] && spec=(--draft-model "$CSD_SHARED_DIR/models/stories260K" --draft-precision int8)
         : >"$WORK/serve.log"
         CSD_LOG=info "$CASCADIA" serve --manifest "$d" --fleet "$FLEET" --insecure --port 0 \
-            --hidden-dtype f32 --spec-draft $k >"$WORK/serve.log" 2>&1 &
+            --hidden-dtype f32 "${spec[@]}" >"$WORK/serve.log" 2>&1 &
         spid=$!
-        wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve --spec-draft $k did not start"; }
+        wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve ${spec[*]} did not start"; }
         for b in '"temperature":0' '"temperature":0.8,"seed":5,"logprobs":2'; do
             curl -s -m 120 "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
                 -d "{\"prompt\":\"Once upon a time\",\"max_tokens\":150,\"ignore_eos\":true,$b}"
@@ -667,19 +669,19 @@ if [ -e "$CSD_SHARED_DIR/models/stories260K/golden.json" ]; then
         curl -s "http://127.0.0.1:$port/metrics" >"$WORK/spec$k.metrics"
         kill "$spid"; wait "$spid" 2>/dev/null || true
     done
-    if ! /usr/bin/python3 - "$WORK/spec0.json" "$WORK/spec4.json" <<'PY'
+    if ! /usr/bin/python3 - "$WORK/spec0.json" "$WORK/spec4.json" "$WORK/specd.json" <<'PY'
 import json, sys
-plain, spec = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:3])
-for a, b in zip(plain, spec):
+plain, spec, drafted = ([json.loads(l) for l in open(p) if l.strip()] for p in sys.argv[1:4])
+for a, b in list(zip(plain, spec)) + list(zip(plain, drafted)):
     ca, cb = a["choices"][0], b["choices"][0]
     assert b["usage"]["completion_tokens"] == 150, b
     assert ca["text"] == cb["text"], (ca["text"][-80:], cb["text"][-80:])
     la, lb = (c["logprobs"]["token_logprobs"] if c.get("logprobs") else [] for c in (ca, cb))
     assert len(la) == len(lb) and all(abs(x - y) < 1e-3 for x, y in zip(la, lb)), (la[:5], lb[:5])
-assert len(plain) == len(spec) == 2
+assert len(plain) == len(spec) == len(drafted) == 2
 PY
     then
-        cut -c1-300 "$WORK/spec0.json" "$WORK/spec4.json"; tail -5 "$WORK/serve.log"
+        cut -c1-300 "$WORK/spec0.json" "$WORK/spec4.json" "$WORK/specd.json"; tail -5 "$WORK/serve.log"
         fail "speculative decoding changed an answer"
     fi
     drafted=$(sed -n 's/^cascadia_spec_draft_tokens_total //p' "$WORK/spec4.metrics")
@@ -688,6 +690,11 @@ PY
     grep -q '^cascadia_spec_draft_tokens_total 0$' "$WORK/spec0.metrics" ||
         fail "drafts without --spec-draft: $(grep spec_draft "$WORK/spec0.metrics")"
     echo "ok: --spec-draft 4 through 2 stages gives the same answers ($agreed of $drafted draft tokens agreed)"
+    passed=$((passed + 1))
+    drafted=$(sed -n 's/^cascadia_spec_draft_tokens_total //p' "$WORK/specd.metrics")
+    agreed=$(sed -n 's/^cascadia_spec_accepted_tokens_total //p' "$WORK/specd.metrics")
+    [ "${agreed:-0}" -ge 1 ] || fail "no draft model token was agreed with: $agreed of $drafted"
+    echo "ok: --draft-model (int8 self) through 2 stages gives the same answers ($agreed of $drafted draft tokens agreed)"
     passed=$((passed + 1))
     # cascadia run: the same ids with and without, greedy (g) and sampled with a penalty (s)
     for samp in "g --temp 0" "s --temp 0.8 --seed 3 --repeat-penalty 1.1"; do

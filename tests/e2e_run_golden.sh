@@ -21,4 +21,19 @@ for p in f16 bf16; do
     out=$("$CASCADIA" run "$M" -p "Once upon a time" -n 8 --temp 0 --precision $p --print-ids 2>/dev/null | xargs)
     [ -n "$out" ] || fail "--precision $p produced nothing"
 done
-echo "2 passed, 0 failed"
+# Speculative decoding with a draft model (its int4 self): the same golden ids, and its drafts
+# were checked and agreed with. A draft model with another tokenizer is refused by name.
+"$CASCADIA" run "$M" -p "Once upon a time" -n "$n" --temp 0 --print-ids \
+    --draft-model "$M" --draft-precision int4 > "$WORK/draft_ids" 2> "$WORK/draft_err" ||
+    fail "run --draft-model failed: $(cat "$WORK/draft_err")"
+[ "$(xargs < "$WORK/draft_ids")" = "$want_ids" ] || fail "ids differ with --draft-model"
+agreed=$(sed -n 's/^speculative decoding: \([0-9]*\) of \([0-9]*\) draft tokens agreed$/\1/p' "$WORK/draft_err")
+[ -n "$agreed" ] && [ "$agreed" -gt 0 ] || fail "no draft token agreed: $(cat "$WORK/draft_err")"
+echo "run --draft-model: $(grep 'draft tokens agreed' "$WORK/draft_err")"
+"$CASCADIA" synth --arch llama --preset tiny --out "$WORK/other" > /dev/null 2>&1 || fail "synth failed"
+if "$CASCADIA" run "$M" -p "Once" -n 4 --draft-model "$WORK/other" > /dev/null 2> "$WORK/other_err"; then
+    fail "a draft model with another tokenizer was accepted"
+fi
+grep -q "its tokenizer differs from the served model's" "$WORK/other_err" ||
+    fail "unclear refusal: $(cat "$WORK/other_err")"
+echo "3 passed, 0 failed"

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "coord/engine.h"
 #include "coord/generate.h"
@@ -63,6 +64,7 @@ typedef struct fixture {
     csd_model *model;
     csd_pipeline *pipe;
     csd_vocab_bytes *vocab;
+    csd_draft_model *draft; /* the engines' draft model; NULL: drafts from the text */
 } fixture;
 
 /* Token i of the tiny model's 300 is the byte i below 128; the rest have no bytes. */
@@ -103,6 +105,7 @@ static csd_engine *engine_with(fixture *f, int spec_draft, int64_t max_ctx) {
     o.max_ctx = max_ctx;
     o.parallel = 4;
     o.prefill_chunk = 8; /* prompts prefill over several steps while others decode */
+    o.draft_model = f->draft;
     csd_engine *e = NULL;
     csd_err err = {0};
     assert_int_equal(csd_engine_create(&e, &f->pipe, 1, NULL, 0, &o, &err), 0);
@@ -347,6 +350,119 @@ static void test_generate_same_tokens(void **state) {
     assert_true(drafted > 0);
 }
 
+/* ---- drafts from a draft model (draft_model.h) ---- */
+
+/* A draft model over a tiny model of weights from seed (11: the served model's own). */
+typedef struct drafter {
+    char dir[64];
+    csd_model *model;
+} drafter;
+
+static csd_draft_model *drafter_open(drafter *dr, uint64_t seed) {
+    snprintf(dr->dir, sizeof dr->dir, "/tmp/csd-specd-XXXXXX");
+    assert_non_null(mkdtemp(dr->dir));
+    assert_int_equal(rmdir(dr->dir), 0); /* csd_test_write_tiny makes it */
+    csd_test_write_tiny(dr->dir, 4, 2, seed);
+    csd_model_opts opts;
+    csd_model_opts_default(&opts);
+    opts.n_threads = 2;
+    opts.max_ctx = 256;
+    csd_err err = {0};
+    if (csd_model_load_hf(&dr->model, dr->dir, &opts, &err)) fail_msg("load: %s", err.msg);
+    csd_draft_model *d = NULL;
+    if (csd_draft_model_create(&d, dr->model, 4, 0, 300, &err)) fail_msg("%s", err.msg);
+    return d;
+}
+
+static void drafter_close(drafter *dr, csd_draft_model *d) {
+    csd_draft_model_destroy(d);
+    csd_model_destroy(dr->model);
+    assert_int_equal(csd_test_remove_tree(dr->dir), 0);
+}
+
+/* With a draft model the requests give the tokens they give without a draft: one with the served
+ * model's weights agrees with nearly every greedy draft token; one with other weights often
+ * disagrees, and its drafts' KV is dropped. Alone, a request saves a step per agreed token. */
+static void test_draft_model_same_tokens(void **state) {
+    fixture *f = *state;
+    collected plain[N_REQ], spec[N_REQ];
+    csd_engine_stats st0, st1;
+    double agreed[2];
+    run_all(f, 0, plain, &st0);
+    for (uint64_t seed = 11; seed <= 12; seed++) {
+        drafter dr;
+        f->draft = drafter_open(&dr, seed);
+        run_all(f, 4, spec, &st1);
+        for (int i = 0; i < N_REQ; i++) {
+            assert_int_equal(spec[i].n, 60);
+            if (memcmp(plain[i].ids, spec[i].ids, 60 * sizeof(int32_t)))
+                fail_msg("seed %d, request %d: the tokens differ with a draft model", (int)seed,
+                         i);
+        }
+        printf("draft model of seed %d: %lld of %lld draft tokens agreed\n", (int)seed,
+               (long long)st1.spec_accepted_tokens, (long long)st1.spec_draft_tokens);
+        assert_true(st1.spec_draft_tokens > 0);
+        assert_true(st1.spec_accepted_tokens < st1.spec_draft_tokens); /* some were dropped */
+        agreed[seed - 11] = (double)st1.spec_accepted_tokens / (double)st1.spec_draft_tokens;
+        /* drafts that keep failing shrink to 1 token (csd_draft_next_k): 4 per step would make
+         * over 1000 here */
+        if (seed == 12) assert_true(st1.spec_draft_tokens < 2 * N_REQ * 60);
+        drafter_close(&dr, f->draft);
+        f->draft = NULL;
+    }
+    /* (the greedy drafts miss the sampled requests' draws and the penalised ones' choices) */
+    assert_true(agreed[0] > 1.5 * agreed[1]);
+}
+
+static void test_draft_model_saves_steps(void **state) {
+    fixture *f = *state;
+    drafter dr;
+    csd_draft_model *d = drafter_open(&dr, 11);
+    int64_t steps[2], agreed = 0, drafted = 0;
+    collected c[2];
+    for (int k = 0; k < 2; k++) {
+        f->draft = k ? d : NULL;
+        csd_engine *e = engine_with(f, k ? 5 : 0, 0);
+        run_one(e, 0, 120, &c[k]); /* greedy */
+        csd_engine_stats st;
+        csd_engine_get_stats(e, &st);
+        steps[k] = st.step_count;
+        agreed = st.spec_accepted_tokens;
+        drafted = st.spec_draft_tokens;
+        csd_engine_destroy(e);
+    }
+    f->draft = NULL;
+    assert_memory_equal(c[0].ids, c[1].ids, 120 * sizeof(int32_t));
+    assert_true(agreed * 10 >= drafted * 9); /* the same weights: the same greedy choices */
+    assert_int_equal(steps[0] - steps[1], agreed);
+    /* csd_generate with it: the same tokens, sampled too */
+    for (int i = 0; i < 2; i++) {
+        int32_t prompt[64];
+        int n;
+        csd_req_params rp;
+        request_for(i, prompt, &n, &rp);
+        gen_ids got[2];
+        csd_gen_stats st[2];
+        for (int k = 0; k < 2; k++) {
+            csd_gen_params gp;
+            memset(&gp, 0, sizeof gp);
+            gp.sampling = rp.sampling;
+            gp.max_tokens = 100;
+            gp.ignore_eos = true;
+            gp.spec_draft = k ? 4 : 0;
+            gp.draft_model = d;
+            got[k].n = 0;
+            csd_err err = {0};
+            if (csd_generate(f->pipe, 1, prompt, n, &gp, gen_token, &got[k], &st[k], &err))
+                fail_msg("generate: %s", err.msg);
+        }
+        assert_int_equal(got[1].n, 100);
+        assert_memory_equal(got[0].ids, got[1].ids, 100 * sizeof(int32_t));
+        assert_true(st[1].spec_draft_tokens > 0);
+    }
+    drafter_close(&dr, d);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_tokens_as_without),
@@ -355,6 +471,8 @@ int main(void) {
         cmocka_unit_test(test_one_after_another),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_generate_same_tokens),
+        cmocka_unit_test(test_draft_model_same_tokens),
+        cmocka_unit_test(test_draft_model_saves_steps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -246,6 +246,20 @@ static void add_rep(level_result *sum, const level_result *one, int reps) {
     sum->accepted += one->accepted;
 }
 
+/* The draft model of --draft-model, checked against the served model's tokenizer (in its
+ * directory, or the fleet's manifest). */
+static int open_draft(csd_bench_args *a, const bench_target *t, int slots, int64_t ctx,
+                      csd_err *err) {
+    if (!a->draft.dir) return 0;
+    csd_tok *tok = NULL;
+    int rc = csd_tok_load(&tok, a->model_dir ? a->model_dir : a->fleet.manifest, err);
+    if (!rc)
+        rc = csd_cli_draft_open(&a->draft, &a->model, tok, slots, ctx, t->pipe->cfg.vocab_size,
+                                err);
+    csd_tok_destroy(tok);
+    return rc;
+}
+
 /* The engines under test: without speculation, and with --spec-draft when it is given. Each
  * repetition runs both on the same prompts, one after the other, so that their figures share
  * the machine's moment. Returns how many engines were made (0 on failure). */
@@ -258,6 +272,7 @@ static int make_engines(const csd_bench_args *a, int max_c, bench_target *t, csd
         eo.parallel = max_c;
         eo.max_ctx = a->stream_prompt + a->n_gen + 8;
         eo.spec_draft = k ? (int)a->spec_draft : 0;
+        eo.draft_model = k ? a->draft.draft : NULL;
         if (csd_engine_create(&e[k], &t->pipe, 1, NULL, 0, &eo, err)) return 0;
     }
     return n;
@@ -327,6 +342,7 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
                          "generated tokens; give at least %lld",
                          (long long)t.pipe->max_ctx, (long long)a->stream_prompt,
                          (long long)a->n_gen, (long long)need);
+    if (!rc) rc = open_draft(a, &t, max_c, need, &err);
     int n_eng = rc ? 0 : make_engines(a, max_c, &t, e, &err);
     if (!rc && n_eng == 0) rc = err.code ? err.code : CSD_EINVAL;
     if (!rc) rc = run_levels(a, e, n_eng, run, sc, prompt, res, &err);
@@ -334,6 +350,7 @@ int csd_cli_bench_concurrency(csd_bench_args *a) {
     if (rc) csd_cli_error("bench", &err);
     csd_engine_destroy(e[0]);
     csd_engine_destroy(e[1]);
+    csd_cli_draft_close(&a->draft);
     target_close(a, &t);
     pthread_cond_destroy(&run->cv);
     pthread_mutex_destroy(&run->mu);

@@ -12,6 +12,7 @@
 #include "cli_json.h"
 #include "core/err.h"
 #include "core/pool.h"
+#include "draft_setup.h"
 #include "fleet_setup.h"
 #include "model/model.h"
 
@@ -35,6 +36,7 @@ typedef struct csd_bench_args {
     int n_levels;
     int64_t stream_prompt;        /* prompt tokens of each concurrent stream */
     int64_t spec_draft;           /* --spec-draft: also run each level with speculation */
+    csd_cli_draft draft;          /* --draft-model: the speculation's drafts come from it */
     csd_cli_fleet fleet;
 } csd_bench_args;
 

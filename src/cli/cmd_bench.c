@@ -40,6 +40,8 @@ static const char *const bench_usage =
     "                      decoding and with up to N draft tokens (serve --spec-draft; at most\n"
     "                      16), on the same prompts, and give the share of drafts the model\n"
     "                      agreed with and the speed against the same level without\n"
+    "  --draft-model DIR   with --concurrency: the drafts come from this model (serve\n"
+    "                      --draft-model; --spec-draft defaults to 4), --draft-precision P\n"
     "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it,\n"
     "                      the paired roofline (tg again, each token followed by a read of its\n"
     "                      bytes) and the stream ceiling (tg again, each token followed by every\n"
@@ -111,6 +113,8 @@ static void default_args(csd_bench_args *a) {
     a->membw_mib = 1024;
     a->peak_min_mib = 256;
     a->stream_prompt = 16;
+    a->spec_draft = -1; /* not given */
+    a->draft.precision = -1;
 }
 
 /* A numeric flag of bench's own: 1 when f is one (value taken), 0 when not, -1 on a bad value. */
@@ -153,6 +157,7 @@ static int parse_flag(const char *f, const char *value, csd_bench_args *a, bool 
     }
     int r = parse_number_flag(f, value, a);
     if (r == 0) r = csd_cli_fleet_flag("bench", f, value, &a->fleet, takes);
+    if (r == 0) r = csd_cli_draft_flag("bench", f, value, &a->draft);
     if (r == 0)
         r = csd_cli_model_flag("bench", !strcmp(f, "-t") ? "--threads" : f, value, &a->model);
     if (r == 0) fprintf(stderr, "cascadia bench: unknown option '%s'\n%s", f, bench_usage);
@@ -182,8 +187,9 @@ static bool finish_args(csd_bench_args *a) {
         fprintf(stderr, "cascadia bench: -p 0 and -n 0 leave nothing to measure\n");
         return false;
     }
-    if (a->spec_draft > 0 && !a->n_levels) {
-        fprintf(stderr, "cascadia bench: --spec-draft applies to --concurrency\n");
+    if (a->spec_draft < 0) a->spec_draft = a->draft.dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
+    if ((a->spec_draft > 0 || a->draft.dir) && !a->n_levels) {
+        fprintf(stderr, "cascadia bench: --spec-draft and --draft-model apply to --concurrency\n");
         return false;
     }
     if (a->n_levels && a->n_gen < 2) {

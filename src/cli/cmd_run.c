@@ -7,6 +7,7 @@
 
 #include "cli_util.h"
 #include "commands.h"
+#include "draft_setup.h"
 #include "fleet_setup.h"
 #include "coord/generate.h"
 #include "coord/ngram_draft.h"
@@ -32,7 +33,7 @@ static const char *const run_usage =
     "  --ignore-eos        keep generating past end-of-text\n"
     "  --spec-draft N      speculative decoding: propose up to N tokens found after an earlier\n"
     "                      occurrence of the last ones, checked in one step (the text is the\n"
-    "                      same; default 0 = off, at most 16)\n"
+    "                      same; default 0 = off, at most 16)\n" CSD_CLI_DRAFT_FLAGS_HELP
     "  --print-ids         print the generated token ids instead of text\n" CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -43,6 +44,7 @@ typedef struct run_args {
     csd_model_opts model;
     bool print_ids;
     csd_cli_fleet fleet;
+    csd_cli_draft draft;
 } run_args;
 
 /* --logit-bias ID=BIAS, or llama-cli's ID+BIAS / ID-BIAS; a repeated ID replaces its bias. */
@@ -113,6 +115,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
     csd_cli_fleet_init(&a->fleet);
     csd_sampler_params_default(&a->gen.sampling);
     a->gen.max_tokens = 128;
+    a->gen.spec_draft = -1; /* not given */
+    a->draft.precision = -1;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
@@ -147,6 +151,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
             }
             if (r == 0) r = parse_sampling_flag(f, value, &a->gen.sampling);
             if (r == 0) r = csd_cli_model_flag("run", f, value, &a->model);
+            if (r == 0) r = csd_cli_draft_flag("run", f, value, &a->draft);
             if (r < 0) return 2;
             if (r == 0) {
                 fprintf(stderr, "cascadia run: unknown option '%s'\n%s", f, run_usage);
@@ -160,6 +165,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
             return 2;
         }
     }
+    if (a->gen.spec_draft < 0) a->gen.spec_draft = a->draft.dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
     if (!csd_cli_fleet_check("run", &a->fleet)) return 2;
     if (a->fleet.fleet && a->model_dir) {
         fprintf(stderr, "cascadia run: give MODEL_DIR or --fleet/--manifest, not both\n");
@@ -274,8 +280,13 @@ int csd_cmd_run(int argc, char **argv) {
                 (double)csd_model_weight_bytes(model) / (1 << 20), csd_kern_name());
         rc = csd_local_pipeline_create(&pipe, model, 1, &err);
     }
+    if (!rc)
+        rc = csd_cli_draft_open(&a.draft, &a.model, tok, 1, pipe->max_ctx, pipe->cfg.vocab_size,
+                                &err);
+    a.gen.draft_model = a.draft.draft;
     if (!rc) rc = generate_text(&a, pipe, tok, &err);
     if (rc) csd_cli_error("run", &err);
+    csd_cli_draft_close(&a.draft);
     if (pipe) pipe->ops->destroy(pipe);
     csd_cli_fleet_close(&a.fleet);
     csd_model_destroy(model);

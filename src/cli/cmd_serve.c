@@ -14,6 +14,7 @@
 
 #include "chat/chat_template.h"
 #include "cli_util.h"
+#include "draft_setup.h"
 #include "fleet_setup.h"
 #include "commands.h"
 #include "coord/engine.h"
@@ -63,11 +64,17 @@ static const char *const serve_usage =
     "                       on SIGTERM or SIGINT, requests in flight may finish for this long\n"
     "                       while new ones get 503 (default 20; 0 = stop them at once)\n"
     "  --prefix-cache N     finished prompts whose KV is kept for reuse per pipeline\n"
-    "                       (default 4, 0 = off)\n"
+    "                       (default 4, 0 = off)\n";
+/* the rest (one string literal may hold 4095 bytes in ISO C) */
+static const char *const serve_usage_models =
     "  --spec-draft N       speculative decoding: each decoding request proposes up to N tokens\n"
     "                       found after an earlier occurrence of its last tokens (in its prompt\n"
     "                       or answer), and one step checks them all; the answer is the same\n"
-    "                       (default 0 = off; at most 16)\n" CSD_CLI_MODEL_DIR_HELP
+    "                       (default 0 = off, 4 with --draft-model; at most 16)\n"
+    "  --draft-model DIR    the drafts come from a small model sharing the tokenizer (a Hugging\n"
+    "                       Face or one-stage export directory), run here for every request\n"
+    "  --draft-precision P  the draft model's weights (default: --precision's)\n"
+    CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
@@ -95,7 +102,8 @@ typedef struct serve_args {
     int idle_timeout_s;
     int shutdown_timeout_s;
     int prefix_cache;
-    int spec_draft;
+    int spec_draft;      /* -1: not given */
+    csd_cli_draft draft; /* --draft-model */
     csd_model_opts model;
     csd_cli_fleet fleet;                      /* shared fleet settings (manifest, key, ...) */
     const char *fleets[SERVE_MAX_FLEETS];     /* one --fleet per pipeline replica */
@@ -108,6 +116,7 @@ typedef struct serve_backend {
     csd_cli_fleet fleets[SERVE_MAX_FLEETS];   /* a replica's connections and local stage 0 */
     csd_pipeline *pipes[SERVE_MAX_FLEETS];
     int n_pipes;
+    csd_cli_draft draft;                      /* the draft model, when one is given */
 } serve_backend;
 
 /* Lock-free atomics, which a signal handler may write (C11 7.14.1.1): the handler runs on
@@ -208,9 +217,11 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
         a->model_name = value;
     } else {
         int r = csd_cli_model_flag("serve", f, value, &a->model);
+        if (r == 0) r = csd_cli_draft_flag("serve", f, value, &a->draft);
         if (r < 0) return 2;
         if (r == 0) {
-            fprintf(stderr, "cascadia serve: unknown option '%s'\n%s", f, serve_usage);
+            fprintf(stderr, "cascadia serve: unknown option '%s'\n%s%s", f, serve_usage,
+                    serve_usage_models);
             return 2;
         }
     }
@@ -220,6 +231,7 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
 /* Checks that the flags fit together and fills what follows from them. 0, or 2. */
 static int finish_args(serve_args *a) {
     if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
+    if (a->spec_draft < 0) a->spec_draft = a->draft.dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
     /* a service may start before its workers: wait for them, and stop waiting on a signal */
     if (a->fleet.wait_workers_s < 0) a->fleet.wait_workers_s = SERVE_WAIT_WORKERS_S;
     a->fleet.stop = &g_stop_signal;
@@ -235,8 +247,9 @@ static int finish_args(serve_args *a) {
     }
     if (a->n_fleets) a->model_dir = a->fleet.manifest; /* tokenizer and templates live there */
     if (!a->model_dir) {
-        fprintf(stderr, "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s",
-                serve_usage);
+        fprintf(stderr,
+                "cascadia serve: MODEL_DIR (or --manifest with --fleet) is required\n%s%s",
+                serve_usage, serve_usage_models);
         return 2;
     }
     if (!a->api_key) {
@@ -259,6 +272,8 @@ static void default_args(serve_args *a) {
     a->idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
     a->shutdown_timeout_s = SERVE_SHUTDOWN_TIMEOUT_S;
     a->prefix_cache = 4;
+    a->spec_draft = -1;
+    a->draft.precision = -1;
     csd_cli_fleet_init(&a->fleet);
 }
 
@@ -270,6 +285,7 @@ static int parse_args(int argc, char **argv, serve_args *a) {
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(f, "-h") || !strcmp(f, "--help")) {
             fputs(serve_usage, stdout);
+            fputs(serve_usage_models, stdout);
             return -1;
         }
         if (f[0] != '-') {
@@ -380,6 +396,7 @@ static int build_pipelines(const serve_args *a, serve_backend *b, csd_err *err) 
 }
 
 static void serve_backend_fini(serve_backend *b) {
+    csd_cli_draft_close(&b->draft);
     for (int i = 0; i < SERVE_MAX_FLEETS; i++) {
         if (b->pipes[i]) b->pipes[i]->ops->destroy(b->pipes[i]);
         csd_cli_fleet_close(&b->fleets[i]);
@@ -466,7 +483,12 @@ static int start_engine(const serve_args *a, const csd_tok *tok, serve_backend *
     eo.queue_max = a->queue_max;
     eo.prefix_cache = a->prefix_cache;
     eo.spec_draft = a->spec_draft;
-    return csd_engine_create(engine, b->pipes, b->n_pipes, eog, n_eog, &eo, err);
+    b->draft = a->draft;
+    /* a slot per request the engine decodes at once, over every pipeline */
+    int rc = csd_cli_draft_open(&b->draft, &a->model, tok, a->parallel * b->n_pipes,
+                                b->pipes[0]->max_ctx, b->pipes[0]->cfg.vocab_size, err);
+    eo.draft_model = b->draft.draft;
+    return rc ? rc : csd_engine_create(engine, b->pipes, b->n_pipes, eog, n_eog, &eo, err);
 }
 
 int csd_cmd_serve(int argc, char **argv) {

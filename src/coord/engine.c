@@ -41,6 +41,7 @@ typedef struct req {
     int64_t n_prompt;
     int64_t hist_cap;         /* room in prompt for the prompt and the answer; 0: prompt only */
     int32_t spec_ids[CSD_SPEC_MAX_DRAFT + 1]; /* a decode step's tokens: the last one, a draft */
+    int draft_k;              /* its next draft's length from a draft model (csd_draft_next_k) */
     int64_t n_prefilled;
     int64_t n_gen;
     int32_t last_token;
@@ -87,6 +88,8 @@ typedef struct cache_entry {
 
 typedef struct worker {
     struct csd_engine *e;
+    csd_draft_job draft_jobs[CSD_STEP_MAX_ENTRIES]; /* a step's drafts from the draft model */
+    int draft_entry[CSD_STEP_MAX_ENTRIES];          /* the step entry of each */
     csd_pipeline *pipe;
     pthread_t thread;
     req *active;                            /* admitted requests */
@@ -194,6 +197,7 @@ static void finish(worker *w, req *r, int end, int code, const char *msg) {
     e->stats.completion_tokens_total += r->n_gen;
     pthread_mutex_unlock(&e->mu);
     r->cb.on_done(r->ctx, &res);
+    csd_draft_model_release(e->opts.draft_model, r->id);
     req_free(r);
 }
 
@@ -554,15 +558,41 @@ static int64_t spec_rows(const csd_engine *e) {
     return n < SPEC_STEP_ROWS ? n : SPEC_STEP_ROWS;
 }
 
-/* The draft a decoding request r proposes after its last token (speculative decoding) into
- * r->spec_ids[1..]: at most `room` tokens, none past its max_tokens or its context. Returns how
- * many (0: none, or speculation is off). */
-static int draft(const csd_engine *e, req *r, int64_t room) {
+/* Draft tokens a decoding request r may propose after its last token (speculative decoding): at
+ * most `room`, none past its max_tokens or its context (0: none, or speculation is off). */
+static int draft_room(const csd_engine *e, const req *r, int64_t room) {
     int64_t k = csd_spec_draft_limit(e->opts.spec_draft, r->params.max_tokens, e->max_ctx,
                                      r->n_prompt, r->n_gen);
     if (room < k) k = room;
-    if (k <= 0 || r->hist_cap == 0) return 0;
-    return csd_ngram_draft(r->prompt, r->n_prompt + r->n_gen, r->spec_ids + 1, (int)k);
+    return k <= 0 || r->hist_cap == 0 ? 0 : (int)k;
+}
+
+/* The draft a decoding request r proposes into r->spec_ids[1..], up to k tokens: looked up in its
+ * text now, or left to the draft model (model_drafts) with k reserved. Returns the tokens it
+ * takes in the step for now. */
+static int draft(worker *w, inflight_step *s, req *r, int k, int *n_jobs) {
+    if (k <= 0) return 0;
+    if (!w->e->opts.draft_model)
+        return csd_ngram_draft(r->prompt, r->n_prompt + r->n_gen, r->spec_ids + 1, k);
+    if (k > r->draft_k) k = r->draft_k;
+    w->draft_jobs[*n_jobs] = (csd_draft_job){.key = r->id, .text = r->prompt,
+                                             .n_text = r->n_prompt + r->n_gen,
+                                             .out = r->spec_ids + 1, .k = k};
+    w->draft_entry[(*n_jobs)++] = s->n;
+    return k;
+}
+
+/* The draft model's drafts for the n_jobs decoding entries of s that reserved room for one: an
+ * entry carries its last token and what the draft model proposed (maybe fewer, or none). */
+static void model_drafts(worker *w, inflight_step *s, int n_jobs) {
+    csd_err err = {0};
+    if (n_jobs > 0 && csd_draft_model_propose(w->e->opts.draft_model, w->draft_jobs, n_jobs, &err))
+        CSD_LOGW("draft model: %s (this step goes without drafts)", err.msg);
+    for (int i = 0; i < n_jobs; i++) {
+        csd_step_entry *en = &s->entries[w->draft_entry[i]];
+        en->n = 1 + w->draft_jobs[i].k;
+        en->all_logits = en->n > 1;
+    }
 }
 
 /* Builds a step from idle requests: every decoding one contributes its last token (and a draft
@@ -571,6 +601,7 @@ static int draft(const csd_engine *e, req *r, int64_t room) {
 static void build_step(worker *w, inflight_step *s, int limit) {
     int64_t budget = w->e->opts.prefill_chunk, tokens = 0, drafts = spec_rows(w->e);
     int64_t max_tokens = w->pipe->max_step_tokens;
+    int n_jobs = 0;
     s->n = 0;
     for (req *r = w->active; r && s->n < limit && s->n < CSD_STEP_MAX_ENTRIES; r = r->next) {
         if (!can_step(r)) continue;
@@ -581,7 +612,7 @@ static void build_step(worker *w, inflight_step *s, int limit) {
         if (r->state == REQ_DECODE) {
             if (tokens + 1 > max_tokens) break;
             int64_t room = max_tokens - tokens - 1;
-            int k = draft(w->e, r, room < drafts ? room : drafts);
+            int k = draft(w, s, r, draft_room(w->e, r, room < drafts ? room : drafts), &n_jobs);
             drafts -= k;
             r->spec_ids[0] = r->last_token;
             en->ids = r->spec_ids;
@@ -603,6 +634,7 @@ static void build_step(worker *w, inflight_step *s, int limit) {
         s->reqs[s->n++] = r;
         r->in_flight++;
     }
+    model_drafts(w, s, n_jobs);
 }
 
 /* The next token of r from its logits (modified in place). A JSON answer (response_format) allows
@@ -707,7 +739,9 @@ static void check_draft(worker *w, req *r, const csd_step_entry *en, float *rows
         e->stats.spec_accepted_tokens++;
         pthread_mutex_unlock(&e->mu);
     }
-    if (!going || used == en->n) return; /* ended (r is freed), or the whole draft held */
+    if (!going) return; /* ended: r is freed */
+    r->draft_k = csd_draft_next_k(r->draft_k, (int)en->n - 1, (int)used - 1, e->opts.spec_draft);
+    if (used == en->n) return; /* the whole draft held */
     csd_err err = {0};
     if (w->pipe->ops->truncate(w->pipe, r->pid, base + used, &err)) {
         remove_active(w, r);
@@ -963,6 +997,7 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept_prompt(r->sampler, prompt[i]);
     r->n_prompt = n_prompt;
     r->hist_cap = e->opts.spec_draft > 0 ? cap : 0;
+    r->draft_k = e->opts.spec_draft;
     r->params = *params;
     r->params.json_schema = r->schema;
     if (r->schema) csd_json_accept_init_schema(&r->json, r->schema);

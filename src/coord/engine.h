@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "core/err.h"
+#include "draft_model.h"
 #include "model/json_mask.h"
 #include "model/json_schema.h"
 #include "model/sampler.h"
@@ -30,6 +31,8 @@ typedef struct csd_engine_opts {
     int spec_draft;        /* speculative decoding: draft tokens a decoding request proposes per
                             * step from its own text (ngram_draft.h), all checked in that one
                             * step; 0 (default): off; at most CSD_SPEC_MAX_DRAFT */
+    csd_draft_model *draft_model; /* with spec_draft: the drafts come from this model instead of
+                                   * the text (draft_model.h); borrowed, it outlives the engine */
 } csd_engine_opts;
 
 void csd_engine_opts_default(csd_engine_opts *o);

@@ -6,7 +6,11 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/log.h"
 #include "ngram_draft.h"
+
+/* The draft model's key for the one request csd_generate runs. */
+#define GEN_DRAFT_KEY 1
 
 const char *csd_finish_name(int finish) {
     switch (finish) {
@@ -35,6 +39,7 @@ typedef struct gen_bufs {
     int32_t *hist;     /* prompt then answer (hist_cap), with speculation */
     int64_t hist_cap, n_hist;
     int32_t ids[CSD_SPEC_MAX_DRAFT + 1]; /* a step's tokens: the last one, then a draft */
+    int draft_k;       /* the next draft's length from a draft model (csd_draft_next_k) */
 } gen_bufs;
 
 /* One decode step of n tokens (the last one and a draft), with logits after each when n > 1. A
@@ -47,14 +52,21 @@ static int decode_step(csd_pipeline *p, uint32_t req, const int32_t *ids, int64_
     return rc ? rc : p->ops->step_end(p, NULL, err);
 }
 
-/* The draft after the text so far (ngram_draft.h) into b->ids[1..]: at most gp->spec_draft
- * tokens, none past max_tokens, the context or a step's size. */
+/* The draft after the text so far into b->ids[1..], from the draft model or else looked up in
+ * the text (ngram_draft.h): at most gp->spec_draft tokens, none past max_tokens, the context or a
+ * step's size. A draft model that fails only costs this step its draft. */
 static int draft(const csd_pipeline *p, const csd_gen_params *gp, gen_bufs *b, int64_t n_prompt,
                  int64_t n_gen) {
     int64_t k = csd_spec_draft_limit(gp->spec_draft, gp->max_tokens, p->max_ctx, n_prompt, n_gen);
     if (p->max_step_tokens - 1 < k) k = p->max_step_tokens - 1;
     if (k <= 0 || !b->hist) return 0;
-    return csd_ngram_draft(b->hist, b->n_hist, b->ids + 1, (int)k);
+    if (!gp->draft_model) return csd_ngram_draft(b->hist, b->n_hist, b->ids + 1, (int)k);
+    if (k > b->draft_k) k = b->draft_k;
+    csd_draft_job job = {GEN_DRAFT_KEY, b->hist, b->n_hist, b->ids + 1, (int)k};
+    csd_err err = {0};
+    if (csd_draft_model_propose(gp->draft_model, &job, 1, &err))
+        CSD_LOGW("draft model: %s (this step goes without a draft)", err.msg);
+    return job.k;
 }
 
 /* Draws the next token from logits and hands it to the caller; true when generation ends. */
@@ -103,6 +115,8 @@ static int decode_loop(csd_pipeline *p, uint32_t req, int64_t n_prompt, const cs
             kv_len -= rows - (row + 1);
             if ((rc = p->ops->truncate(p, req, kv_len, err))) break;
         }
+        /* the last step checked rows - 1 draft tokens and agreed with row of them */
+        b->draft_k = csd_draft_next_k(b->draft_k, (int)rows - 1, (int)row, gp->spec_draft);
         b->ids[0] = id;
         rows = 1 + draft(p, gp, b, n_prompt, st->n_gen);
         st->spec_draft_tokens += rows - 1;
@@ -132,7 +146,7 @@ int csd_generate(csd_pipeline *p, uint32_t req, const int32_t *prompt, int64_t n
     csd_gen_params g = *gp;
     g.spec_draft = spec;
     csd_sampler *s = NULL;
-    gen_bufs b = {0};
+    gen_bufs b = {.draft_k = spec};
     b.logits = csd_alloc_array((size_t)(1 + spec) * (size_t)vocab, sizeof(float));
     b.raw = csd_alloc_array((size_t)vocab, sizeof(float));
     b.hist_cap = spec > 0 ? csd_spec_text_cap(n_prompt, gp->max_tokens, p->max_ctx) : 0;
@@ -151,6 +165,7 @@ int csd_generate(csd_pipeline *p, uint32_t req, const int32_t *prompt, int64_t n
         if (!rc) rc = decode_loop(p, req, n_prompt, &g, s, &b, on_token, ctx, st, err);
         p->ops->close(p, req);
     }
+    csd_draft_model_release(gp->draft_model, GEN_DRAFT_KEY);
     csd_sampler_destroy(s);
     csd_free(b.logits);
     csd_free(b.raw);

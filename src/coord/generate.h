@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "draft_model.h"
 #include "model/sampler.h"
 #include "pipeline.h"
 
@@ -28,6 +29,8 @@ typedef struct csd_gen_params {
     bool need_logits;            /* the token callback reads the logits (not only the token) */
     int spec_draft;              /* speculative decoding: draft tokens per step looked up in the
                                   * text so far (ngram_draft.h); 0: off; the tokens are the same */
+    csd_draft_model *draft_model; /* with spec_draft: the drafts come from it instead (borrowed;
+                                   * one csd_generate at a time uses it) */
 } csd_gen_params;
 
 typedef struct csd_gen_stats {

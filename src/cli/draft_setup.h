@@ -1,0 +1,40 @@
+/* draft_setup: the draft model of speculative decoding for run and serve (--draft-model DIR,
+ * --draft-precision P): loads it next to the served model, checks that it writes the same tokens
+ * (its tokenizer must match the served one id for id), and gives it a KV slot per request. */
+#ifndef CSD_CLI_DRAFT_SETUP_H
+#define CSD_CLI_DRAFT_SETUP_H
+
+#include "coord/draft_model.h"
+#include "model/model.h"
+#include "tok/tokenizer.h"
+
+typedef struct csd_cli_draft {
+    const char *dir;          /* --draft-model; NULL: none */
+    int precision;            /* --draft-precision; -1: the served model's --precision */
+    csd_model *model;
+    csd_draft_model *draft;
+} csd_cli_draft;
+
+/* Draft tokens per step when --draft-model is given without --spec-draft. */
+#define CSD_CLI_DRAFT_DEFAULT_K 4
+
+#define CSD_CLI_DRAFT_FLAGS_HELP                                                            \
+    "  --draft-model DIR   speculative decoding with a small model sharing the tokenizer (a\n" \
+    "                      Hugging Face or one-stage export directory): it proposes\n"        \
+    "                      --spec-draft tokens (default 4), one step checks them, the text\n" \
+    "                      is the same\n"                                                      \
+    "  --draft-precision P the draft model's weights (default: --precision's)\n"
+
+/* 1 when flag is --draft-model or --draft-precision (its value taken), 0 when not one of
+ * them, -1 on a bad value (printed). */
+int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd_cli_draft *d);
+
+/* Loads d->dir (when set) with served's threads, KV type and context max_ctx, and slots request
+ * slots; refuses a model whose tokenizer differs from tok. vocab_limit is the served model's
+ * vocabulary (its embedding rows may be padded differently: a draft stops before a token beyond
+ * it). */
+int csd_cli_draft_open(csd_cli_draft *d, const csd_model_opts *served, const csd_tok *tok,
+                       int slots, int64_t max_ctx, int64_t vocab_limit, csd_err *err);
+void csd_cli_draft_close(csd_cli_draft *d);
+
+#endif

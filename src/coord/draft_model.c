@@ -1,0 +1,277 @@
+/* draft_model: greedy drafts from a small model, a KV cache per request (see draft_model.h). */
+#include "draft_model.h"
+
+#include <pthread.h>
+#include <string.h>
+
+#include "core/alloc.h"
+
+typedef struct draft_slot {
+    uint64_t key;       /* the request holding it; 0: free (its KV may still serve a prefix) */
+    csd_kv *kv;
+    int32_t *tokens;    /* what kv holds, cap of them */
+    int64_t len;
+    uint64_t last_used; /* the propose call that last used it */
+} draft_slot;
+
+/* A job's progress through one propose call. */
+typedef struct job_state {
+    draft_slot *slot;   /* NULL: no draft for this job */
+    int64_t next;       /* the next text position the slot has not computed */
+    int got;            /* draft tokens written so far */
+} job_state;
+
+struct csd_draft_model {
+    pthread_mutex_t mu;
+    csd_model *model;   /* borrowed */
+    int64_t cap;        /* positions per slot */
+    int64_t vocab;      /* the draft model's */
+    int64_t vocab_limit;
+    int64_t max_batch;
+    int max_jobs;       /* per call: the slots, at most one batch of one token each */
+    int n_slots;
+    draft_slot *slots;
+    uint64_t calls;
+    int64_t computed;   /* positions fed to the model so far */
+    /* one call's scratch */
+    job_state *jobs;    /* (max_jobs) */
+    int *row_job;       /* (max_jobs) the job of each logits row of a forward */
+    float *logits;      /* (max_jobs, vocab) */
+    csd_kv **batch_kv;  /* (max_batch) */
+    int32_t *batch_ids; /* (max_batch) */
+    bool *batch_want;   /* (max_batch) */
+};
+
+static int64_t shared_prefix(const int32_t *a, int64_t na, const int32_t *b, int64_t nb) {
+    int64_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+static int32_t argmax(const float *row, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (row[i] > row[best]) best = i;
+    return (int32_t)best;
+}
+
+/* The slot of key: its own, else the free one sharing the longest prefix with text (the least
+ * recently used among equals), else the least recently used one no job of this call holds. */
+static draft_slot *slot_for(csd_draft_model *d, uint64_t key, const int32_t *text, int64_t n) {
+    draft_slot *best = NULL, *lru = NULL;
+    int64_t best_shared = -1;
+    for (int i = 0; i < d->n_slots; i++) {
+        draft_slot *s = &d->slots[i];
+        if (s->key == key) return s;
+        if (s->key == 0) {
+            int64_t shared = shared_prefix(s->tokens, s->len, text, n);
+            if (shared > best_shared ||
+                (shared == best_shared && s->last_used < best->last_used)) {
+                best = s;
+                best_shared = shared;
+            }
+        } else if (s->last_used != d->calls && (!lru || s->last_used < lru->last_used)) {
+            lru = s;
+        }
+    }
+    return best ? best : lru;
+}
+
+static void slot_reset(draft_slot *s) {
+    csd_kv_truncate(s->kv, 0);
+    s->len = 0;
+}
+
+/* Runs the batch of fill tokens; the logits rows go to their jobs' next draft token, ending a
+ * job's draft at a token beyond the served model's vocabulary. */
+static int run_batch(csd_draft_model *d, csd_draft_job *jobs, int64_t fill, int rows,
+                     csd_err *err) {
+    csd_batch b = {fill, d->batch_ids, NULL, d->batch_kv, d->batch_want};
+    int rc = csd_model_forward(d->model, &b, d->logits, err);
+    if (rc) return rc;
+    d->computed += fill;
+    for (int r = 0; r < rows; r++) {
+        int j = d->row_job[r];
+        int32_t id = argmax(d->logits + (int64_t)r * d->vocab, d->vocab);
+        if (id >= d->vocab_limit) jobs[j].k = d->jobs[j].got; /* the draft ends here */
+        else jobs[j].out[d->jobs[j].got++] = id;
+    }
+    return 0;
+}
+
+/* Appends token id of job j's slot to the batch; want: its logits give the next draft token. */
+static void batch_add(csd_draft_model *d, int j, int32_t id, bool want, int64_t *fill, int *rows) {
+    draft_slot *s = d->jobs[j].slot;
+    d->batch_kv[*fill] = s->kv;
+    d->batch_ids[*fill] = id;
+    d->batch_want[*fill] = want;
+    (*fill)++;
+    if (want) d->row_job[(*rows)++] = j;
+    s->tokens[s->len++] = id;
+}
+
+/* Feeds every job's text beyond what its slot holds, in batches; each job's last text token
+ * gives its first draft token. */
+static int catch_up(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err) {
+    int64_t fill = 0;
+    int rows = 0;
+    for (int j = 0; j < n; j++) {
+        job_state *js = &d->jobs[j];
+        while (js->slot && js->next < jobs[j].n_text) {
+            bool last = js->next == jobs[j].n_text - 1;
+            batch_add(d, j, jobs[j].text[js->next++], last, &fill, &rows);
+            if (fill < d->max_batch) continue;
+            int rc = run_batch(d, jobs, fill, rows, err);
+            if (rc) return rc;
+            fill = 0;
+            rows = 0;
+        }
+    }
+    return fill > 0 ? run_batch(d, jobs, fill, rows, err) : 0;
+}
+
+/* Feeds every job's latest draft token while it wants more, one batch per draft position. */
+static int extend_drafts(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err) {
+    for (;;) {
+        int64_t fill = 0;
+        int rows = 0;
+        for (int j = 0; j < n; j++) {
+            job_state *js = &d->jobs[j];
+            if (!js->slot || js->got == 0 || js->got >= jobs[j].k) continue;
+            batch_add(d, j, jobs[j].out[js->got - 1], true, &fill, &rows);
+        }
+        if (fill == 0) return 0;
+        int rc = run_batch(d, jobs, fill, rows, err);
+        if (rc) return rc;
+    }
+}
+
+/* Gives job j a slot that holds the longest prefix of its text it can keep, and bounds its k by
+ * the slot's room: the slot ends holding the text and all but the last draft token. */
+static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
+    int64_t room = d->cap - job->n_text + 1;
+    if (job->k > room) job->k = room > 0 ? (int)room : 0;
+    js->slot = NULL;
+    js->got = 0;
+    if (job->k <= 0 || job->n_text <= 0 || job->key == 0) {
+        job->k = 0;
+        return;
+    }
+    draft_slot *s = slot_for(d, job->key, job->text, job->n_text);
+    if (!s) {
+        job->k = 0;
+        return;
+    }
+    if (s->key != job->key) s->key = job->key;
+    s->last_used = d->calls;
+    int64_t keep = shared_prefix(s->tokens, s->len, job->text, job->n_text);
+    if (keep == job->n_text) keep--; /* the last token is fed again: its logits are not kept */
+    csd_kv_truncate(s->kv, keep);
+    s->len = keep;
+    js->slot = s;
+    js->next = keep;
+}
+
+int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err) {
+    pthread_mutex_lock(&d->mu);
+    d->calls++;
+    for (int j = n > d->max_jobs ? d->max_jobs : n; j < n; j++) jobs[j].k = 0;
+    if (n > d->max_jobs) n = d->max_jobs;
+    for (int j = 0; j < n; j++) start_job(d, &jobs[j], &d->jobs[j]);
+    int rc = catch_up(d, jobs, n, err);
+    if (!rc) rc = extend_drafts(d, jobs, n, err);
+    for (int j = 0; j < n; j++) {
+        if (rc && d->jobs[j].slot) slot_reset(d->jobs[j].slot);
+        jobs[j].k = rc || !d->jobs[j].slot ? 0 : d->jobs[j].got;
+    }
+    csd_pool_rest(csd_model_pool(d->model)); /* the served model's step comes next */
+    pthread_mutex_unlock(&d->mu);
+    return rc;
+}
+
+void csd_draft_model_release(csd_draft_model *d, uint64_t key) {
+    if (!d || key == 0) return;
+    pthread_mutex_lock(&d->mu);
+    for (int i = 0; i < d->n_slots; i++)
+        if (d->slots[i].key == key) d->slots[i].key = 0;
+    pthread_mutex_unlock(&d->mu);
+}
+
+int csd_draft_next_k(int k, int drafted, int agreed, int max) {
+    if (drafted > 0) k = agreed == drafted ? k + 2 : k - 1;
+    return k > max ? max : k < 1 ? 1 : k;
+}
+
+int csd_draft_model_slots(const csd_draft_model *d) { return d->n_slots; }
+
+int64_t csd_draft_model_computed(csd_draft_model *d) {
+    pthread_mutex_lock(&d->mu);
+    int64_t n = d->computed;
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+int64_t csd_draft_model_max_ctx(const csd_draft_model *d) { return d->cap; }
+
+void csd_draft_model_destroy(csd_draft_model *d) {
+    if (!d) return;
+    for (int i = 0; d->slots && i < d->n_slots; i++) {
+        csd_kv_destroy(d->slots[i].kv);
+        csd_free(d->slots[i].tokens);
+    }
+    csd_free(d->slots);
+    csd_free(d->jobs);
+    csd_free(d->row_job);
+    csd_free(d->logits);
+    csd_free(d->batch_kv);
+    csd_free(d->batch_ids);
+    csd_free(d->batch_want);
+    pthread_mutex_destroy(&d->mu);
+    csd_free(d);
+}
+
+static int alloc_slots(csd_draft_model *d, csd_err *err) {
+    d->slots = csd_alloc_array((size_t)d->n_slots, sizeof *d->slots);
+    if (!d->slots) return csd_err_set(err, CSD_ENOMEM, "draft model slots");
+    for (int i = 0; i < d->n_slots; i++) {
+        int rc = csd_kv_create(&d->slots[i].kv, d->model, d->cap, err);
+        if (rc) return rc;
+        d->slots[i].tokens = csd_alloc_array((size_t)d->cap, sizeof(int32_t));
+        if (!d->slots[i].tokens) return csd_err_set(err, CSD_ENOMEM, "draft model slot tokens");
+    }
+    return 0;
+}
+
+int csd_draft_model_create(csd_draft_model **out, csd_model *model, int n_slots, int64_t max_ctx,
+                           int64_t vocab_limit, csd_err *err) {
+    *out = NULL;
+    const csd_model_config *cfg = csd_model_cfg(model);
+    const csd_weights *w = csd_model_weights(model);
+    if (!w->has_embed || !w->has_head)
+        return csd_err_set(err, CSD_EINVAL, "a draft model needs all its layers in one place");
+    if (n_slots <= 0) return csd_err_set(err, CSD_EINVAL, "%d draft model slots", n_slots);
+    csd_draft_model *d = csd_alloc(sizeof *d);
+    if (!d) return csd_err_set(err, CSD_ENOMEM, "draft model");
+    pthread_mutex_init(&d->mu, NULL);
+    d->model = model;
+    d->cap = max_ctx > 0 && max_ctx < csd_model_max_ctx(model) ? max_ctx : csd_model_max_ctx(model);
+    d->vocab = cfg->vocab_size;
+    d->vocab_limit = vocab_limit;
+    d->max_batch = csd_model_max_batch(model);
+    d->n_slots = n_slots;
+    d->max_jobs = n_slots < d->max_batch ? n_slots : (int)d->max_batch;
+    d->jobs = csd_alloc_array((size_t)d->max_jobs, sizeof *d->jobs);
+    d->row_job = csd_alloc_array((size_t)d->max_jobs, sizeof *d->row_job);
+    d->logits = csd_alloc_array((size_t)d->max_jobs * (size_t)d->vocab, sizeof(float));
+    d->batch_kv = csd_alloc_array((size_t)d->max_batch, sizeof(csd_kv *));
+    d->batch_ids = csd_alloc_array((size_t)d->max_batch, sizeof(int32_t));
+    d->batch_want = csd_alloc_array((size_t)d->max_batch, sizeof(bool));
+    int rc = d->jobs && d->row_job && d->logits && d->batch_kv && d->batch_ids && d->batch_want
+                 ? alloc_slots(d, err)
+                 : csd_err_set(err, CSD_ENOMEM, "draft model buffers");
+    if (rc) {
+        csd_draft_model_destroy(d);
+        return rc;
+    }
+    *out = d;
+    return 0;
+}
