@@ -155,6 +155,21 @@ static void test_slots(void **state) {
     assert_int_equal(propose(d, 3, a, 20, 2, out), 2);
     assert_int_equal(csd_draft_model_computed(d) - before, 1 + 1);
 
+    /* a request whose prompt starts as a held slot's copies that prefix: 5 shares b's first 18
+     * tokens, and takes 3's slot (released) whose text shares nothing with it */
+    csd_draft_model_release(d, 3);
+    int32_t e[CTX];
+    memcpy(e, b, sizeof e);
+    e[18] = (e[18] + 1) % 300;
+    before = csd_draft_model_computed(d);
+    int32_t want[4];
+    assert_int_equal(propose(d, 5, e, 20, 2, out), 2);
+    assert_int_equal(csd_draft_model_computed(d) - before, 2 + 1);
+    greedy(f->model, e, 20, 2, want);
+    assert_memory_equal(out, want, sizeof(int32_t) * 2);
+    csd_draft_model_release(d, 5);
+    assert_int_equal(propose(d, 3, a, 20, 2, out), 2); /* back, in the slot 5 left */
+
     /* slots: 2 (b), 3 (a's); 2 is the least recently used, so 4 takes it */
     propose(d, 4, c, 20, 2, out);
     before = csd_draft_model_computed(d);

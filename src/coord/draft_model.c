@@ -146,6 +146,27 @@ static int extend_drafts(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err
     }
 }
 
+/* Where another slot holds a longer prefix of text than s keeps (a request with the same system
+ * prompt, a choice of the same n group, in a later step), s copies it: far cheaper than computing
+ * it. Returns the positions s holds of text now. */
+static int64_t borrow_prefix(draft_slot *s, const draft_slot *slots, int n_slots,
+                             const int32_t *text, int64_t n, int64_t keep) {
+    const draft_slot *from = NULL;
+    int64_t best = keep;
+    for (int i = 0; i < n_slots; i++) {
+        int64_t shared = &slots[i] == s ? 0 : shared_prefix(slots[i].tokens, slots[i].len, text, n);
+        if (shared > best) {
+            from = &slots[i];
+            best = shared;
+        }
+    }
+    csd_err err = {0};
+    if (!from || csd_kv_copy_prefix(s->kv, from->kv, best, &err)) return keep;
+    memcpy(s->tokens, from->tokens, (size_t)best * sizeof(int32_t));
+    s->len = best;
+    return best;
+}
+
 /* Gives job j a slot that holds the longest prefix of its text it can keep, and bounds its k by
  * the slot's room: the slot ends holding the text and all but the last draft token. */
 static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
@@ -165,6 +186,7 @@ static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
     if (s->key != job->key) s->key = job->key;
     s->last_used = d->calls;
     int64_t keep = shared_prefix(s->tokens, s->len, job->text, job->n_text);
+    keep = borrow_prefix(s, d->slots, d->n_slots, job->text, job->n_text, keep);
     if (keep == job->n_text) keep--; /* the last token is fed again: its logits are not kept */
     csd_kv_truncate(s->kv, keep);
     s->len = keep;
