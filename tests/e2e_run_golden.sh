@@ -36,4 +36,30 @@ if "$CASCADIA" run "$M" -p "Once" -n 4 --draft-model "$WORK/other" > /dev/null 2
 fi
 grep -q "its tokenizer differs from the served model's" "$WORK/other_err" ||
     fail "unclear refusal: $(cat "$WORK/other_err")"
-echo "3 passed, 0 failed"
+# flags that cannot work together are refused before anything loads (exit 2), a missing draft
+# directory by name (exit 1)
+refused() { # expected-exit message-part args...: run with args must exit so, saying that
+    local want=$1 part=$2; shift 2
+    local rc=0
+    "$CASCADIA" run "$M" -p "Once" -n 4 "$@" > /dev/null 2> "$WORK/refused" || rc=$?
+    [ "$rc" = "$want" ] || fail "run $*: exit $rc, want $want: $(cat "$WORK/refused")"
+    grep -q -- "$part" "$WORK/refused" || fail "run $*: unclear refusal: $(cat "$WORK/refused")"
+}
+refused 2 "--spec-draft 0 turns speculative decoding off" --spec-draft 0 --draft-model "$M"
+refused 2 "--draft-precision needs --draft-model" --draft-precision int8
+refused 2 "--draft-precision must be" --draft-model "$M" --draft-precision int3
+refused 1 "--draft-model: its tokenizer: " --draft-model "$WORK/no-such-model"
+# a draft model trained on a shorter context drafts within it only: the same ids
+mkdir -p "$WORK/short"
+cp "$M"/tokenizer.json "$M"/tokenizer_config.json "$M"/model.safetensors "$WORK/short/"
+/usr/bin/python3 -c "
+import json, sys
+c = json.load(open(sys.argv[1])); c['max_position_embeddings'] = 32
+json.dump(c, open(sys.argv[2], 'w'))" "$M/config.json" "$WORK/short/config.json"
+"$CASCADIA" run "$M" -p "Once upon a time" -n "$n" --temp 0 --print-ids \
+    --draft-model "$WORK/short" > "$WORK/short_ids" 2> "$WORK/short_err" ||
+    fail "run with a short-context draft failed: $(cat "$WORK/short_err")"
+[ "$(xargs < "$WORK/short_ids")" = "$want_ids" ] || fail "ids differ with a short-context draft"
+grep -q "^draft model .*, context 32, " "$WORK/short_err" ||
+    fail "the draft's context is not its trained 32: $(cat "$WORK/short_err")"
+echo "4 passed, 0 failed"

@@ -66,9 +66,10 @@ static void greedy(csd_model *m, const int32_t *text, int64_t n, int k, int32_t 
 }
 
 static csd_draft_model *new_draft(fixture *f, int slots, int64_t vocab_limit) {
+    /* (a call drafts for as many requests as there are slots) */
     csd_draft_model *d = NULL;
     csd_err err = {0};
-    if (csd_draft_model_create(&d, f->model, slots, 0, vocab_limit, &err))
+    if (csd_draft_model_create(&d, f->model, slots, slots, 0, vocab_limit, &err))
         fail_msg("draft model: %s", err.msg);
     return d;
 }
@@ -118,24 +119,42 @@ static void test_follows_the_text(void **state) {
     csd_draft_model_destroy(d);
 }
 
-/* Three requests in one call draft what each drafts alone. */
+/* Three requests in one call draft what each drafts alone, also where a forward holds only 7
+ * tokens (the prompts then straddle forwards). A request whose text holds an id the draft model
+ * does not have gets no draft, and the others theirs. */
 static void test_batch_equals_alone(void **state) {
     fixture *f = *state;
-    csd_draft_model *d = new_draft(f, 4, 300);
-    int32_t text[3][CTX], out[3][8], want[8];
-    csd_draft_job jobs[3];
-    for (int i = 0; i < 3; i++) {
-        prompt_for(i, text[i], 8 + 5 * i);
-        jobs[i] = (csd_draft_job){(uint64_t)(10 + i), text[i], 8 + 5 * i, out[i], 2 + 2 * i};
-    }
+    csd_model_opts opts;
+    csd_model_opts_default(&opts);
+    opts.n_threads = 2;
+    opts.max_ctx = CTX;
+    opts.max_batch = 7;
+    csd_model *small_batches = NULL;
     csd_err err = {0};
-    assert_int_equal(csd_draft_model_propose(d, jobs, 3, &err), 0);
-    for (int i = 0; i < 3; i++) {
-        assert_int_equal(jobs[i].k, 2 + 2 * i);
-        greedy(f->model, text[i], 8 + 5 * i, jobs[i].k, want);
-        assert_memory_equal(out[i], want, sizeof(int32_t) * (size_t)jobs[i].k);
+    if (csd_model_load_hf(&small_batches, f->dir, &opts, &err)) fail_msg("load: %s", err.msg);
+    csd_model *models[2] = {f->model, small_batches};
+    for (int m = 0; m < 2; m++) {
+        csd_draft_model *d = NULL;
+        if (csd_draft_model_create(&d, models[m], 4, 4, 0, 300, &err)) fail_msg("%s", err.msg);
+        int32_t text[4][CTX], out[4][8], want[8];
+        csd_draft_job jobs[4];
+        for (int i = 0; i < 4; i++) {
+            prompt_for(i, text[i], 8 + 5 * i);
+            jobs[i] = (csd_draft_job){(uint64_t)(10 + i), text[i], 8 + 5 * i, out[i], 2 + 2 * i};
+        }
+        text[3][20] = 350; /* beyond the 300 ids of the draft model (and of the served one) */
+        assert_int_equal(csd_draft_model_propose(d, jobs, 4, &err), 0);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(jobs[i].k, 2 + 2 * i);
+            greedy(f->model, text[i], 8 + 5 * i, jobs[i].k, want);
+            assert_memory_equal(out[i], want, sizeof(int32_t) * (size_t)jobs[i].k);
+        }
+        assert_int_equal(jobs[3].k, 0);
+        /* the three prompts and all but the last token of each draft; nothing of the fourth */
+        assert_int_equal(csd_draft_model_computed(d), (8 + 13 + 18) + (1 + 3 + 5));
+        csd_draft_model_destroy(d);
     }
-    csd_draft_model_destroy(d);
+    csd_model_destroy(small_batches);
 }
 
 /* A released slot keeps its KV for a prompt that starts the same; with every slot held, a new
@@ -220,6 +239,8 @@ static void test_next_k(void **state) {
     assert_int_equal(csd_draft_next_k(4, 4, 4, 8), 6);
     assert_int_equal(csd_draft_next_k(7, 7, 7, 8), 8);
     assert_int_equal(csd_draft_next_k(4, 4, 3, 8), 3);
+    assert_int_equal(csd_draft_next_k(8, 8, 0, 16), 7);
+    assert_int_equal(csd_draft_next_k(2, 2, 0, 8), 1);
     assert_int_equal(csd_draft_next_k(1, 1, 0, 8), 1);
     assert_int_equal(csd_draft_next_k(3, 0, 0, 8), 3); /* nothing drafted: nothing learnt */
 }

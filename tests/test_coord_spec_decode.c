@@ -370,7 +370,7 @@ static csd_draft_model *drafter_open(drafter *dr, uint64_t seed) {
     csd_err err = {0};
     if (csd_model_load_hf(&dr->model, dr->dir, &opts, &err)) fail_msg("load: %s", err.msg);
     csd_draft_model *d = NULL;
-    if (csd_draft_model_create(&d, dr->model, 4, 0, 300, &err)) fail_msg("%s", err.msg);
+    if (csd_draft_model_create(&d, dr->model, 4, 4, 0, 300, &err)) fail_msg("%s", err.msg);
     return d;
 }
 

@@ -254,8 +254,8 @@ static int open_draft(csd_bench_args *a, const bench_target *t, int slots, int64
     csd_tok *tok = NULL;
     int rc = csd_tok_load(&tok, a->model_dir ? a->model_dir : a->fleet.manifest, err);
     if (!rc)
-        rc = csd_cli_draft_open(&a->draft, &a->model, tok, slots, ctx, t->pipe->cfg.vocab_size,
-                                err);
+        rc = csd_cli_draft_open(&a->draft, &a->model, tok, slots, slots, ctx,
+                                t->pipe->cfg.vocab_size, err);
     csd_tok_destroy(tok);
     return rc;
 }

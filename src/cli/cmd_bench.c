@@ -187,7 +187,8 @@ static bool finish_args(csd_bench_args *a) {
         fprintf(stderr, "cascadia bench: -p 0 and -n 0 leave nothing to measure\n");
         return false;
     }
-    if (a->spec_draft < 0) a->spec_draft = a->draft.dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
+    a->spec_draft = csd_cli_draft_spec("bench", &a->draft, a->spec_draft);
+    if (a->spec_draft < 0) return false;
     if ((a->spec_draft > 0 || a->draft.dir) && !a->n_levels) {
         fprintf(stderr, "cascadia bench: --spec-draft and --draft-model apply to --concurrency\n");
         return false;

@@ -165,7 +165,8 @@ static int parse_args(int argc, char **argv, run_args *a) {
             return 2;
         }
     }
-    if (a->gen.spec_draft < 0) a->gen.spec_draft = a->draft.dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
+    a->gen.spec_draft = (int)csd_cli_draft_spec("run", &a->draft, a->gen.spec_draft);
+    if (a->gen.spec_draft < 0) return 2;
     if (!csd_cli_fleet_check("run", &a->fleet)) return 2;
     if (a->fleet.fleet && a->model_dir) {
         fprintf(stderr, "cascadia run: give MODEL_DIR or --fleet/--manifest, not both\n");
@@ -281,8 +282,8 @@ int csd_cmd_run(int argc, char **argv) {
         rc = csd_local_pipeline_create(&pipe, model, 1, &err);
     }
     if (!rc)
-        rc = csd_cli_draft_open(&a.draft, &a.model, tok, 1, pipe->max_ctx, pipe->cfg.vocab_size,
-                                &err);
+        rc = csd_cli_draft_open(&a.draft, &a.model, tok, 1, 1, pipe->max_ctx,
+                                pipe->cfg.vocab_size, &err);
     a.gen.draft_model = a.draft.draft;
     if (!rc) rc = generate_text(&a, pipe, tok, &err);
     if (rc) csd_cli_error("run", &err);

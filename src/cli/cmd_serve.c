@@ -73,7 +73,8 @@ static const char *const serve_usage_models =
     "                       (default 0 = off, 4 with --draft-model; at most 16)\n"
     "  --draft-model DIR    the drafts come from a small model sharing the tokenizer (a Hugging\n"
     "                       Face or one-stage export directory), run here for every request\n"
-    "  --draft-precision P  the draft model's weights (default: --precision's)\n"
+    "  --draft-precision P  the draft model's weights (default: an export's own, else\n"
+    "                       --precision's)\n"
     CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -231,7 +232,8 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
 /* Checks that the flags fit together and fills what follows from them. 0, or 2. */
 static int finish_args(serve_args *a) {
     if (!csd_cli_fleet_check("serve", &a->fleet)) return 2;
-    if (a->spec_draft < 0) a->spec_draft = a->draft.dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
+    a->spec_draft = (int)csd_cli_draft_spec("serve", &a->draft, a->spec_draft);
+    if (a->spec_draft < 0) return 2;
     /* a service may start before its workers: wait for them, and stop waiting on a signal */
     if (a->fleet.wait_workers_s < 0) a->fleet.wait_workers_s = SERVE_WAIT_WORKERS_S;
     a->fleet.stop = &g_stop_signal;
@@ -486,7 +488,8 @@ static int start_engine(const serve_args *a, const csd_tok *tok, serve_backend *
     b->draft = a->draft;
     /* a slot per request the engine decodes at once, over every pipeline */
     int rc = csd_cli_draft_open(&b->draft, &a->model, tok, a->parallel * b->n_pipes,
-                                b->pipes[0]->max_ctx, b->pipes[0]->cfg.vocab_size, err);
+                                a->parallel, b->pipes[0]->max_ctx, b->pipes[0]->cfg.vocab_size,
+                                err);
     eo.draft_model = b->draft.draft;
     return rc ? rc : csd_engine_create(engine, b->pipes, b->n_pipes, eog, n_eog, &eo, err);
 }

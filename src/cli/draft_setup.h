@@ -10,7 +10,8 @@
 
 typedef struct csd_cli_draft {
     const char *dir;          /* --draft-model; NULL: none */
-    int precision;            /* --draft-precision; -1: the served model's --precision */
+    int precision;            /* --draft-precision; -1: an export's own, a Hugging Face
+                               * directory's converted as the served model's --precision */
     csd_model *model;
     csd_draft_model *draft;
 } csd_cli_draft;
@@ -23,18 +24,25 @@ typedef struct csd_cli_draft {
     "                      Hugging Face or one-stage export directory): it proposes\n"        \
     "                      --spec-draft tokens (default 4), one step checks them, the text\n" \
     "                      is the same\n"                                                      \
-    "  --draft-precision P the draft model's weights (default: --precision's)\n"
+    "  --draft-precision P the draft model's weights (default: an export's own, else\n"      \
+    "                      --precision's)\n"
 
 /* 1 when flag is --draft-model or --draft-precision (its value taken), 0 when not one of
  * them, -1 on a bad value (printed). */
 int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd_cli_draft *d);
 
-/* Loads d->dir (when set) with served's threads, KV type and context max_ctx, and slots request
- * slots; refuses a model whose tokenizer differs from tok. vocab_limit is the served model's
- * vocabulary (its embedding rows may be padded differently: a draft stops before a token beyond
- * it). */
+/* The --spec-draft to use (spec_draft: the flag's value, -1 when not given): 4 with
+ * --draft-model, else 0; -1 (message printed) for --spec-draft 0 with --draft-model, or
+ * --draft-precision without it. */
+int64_t csd_cli_draft_spec(const char *cmd, const csd_cli_draft *d, int64_t spec_draft);
+
+/* Loads d->dir (when set) with served's threads and KV type, and slots request slots (drafted
+ * for up to max_jobs at a time) of the context max_ctx, or the draft's trained one when shorter;
+ * refuses a model whose tokenizer differs from tok. vocab_limit is the served model's vocabulary
+ * (its embedding rows may be padded differently: a draft stops before a token beyond it). */
 int csd_cli_draft_open(csd_cli_draft *d, const csd_model_opts *served, const csd_tok *tok,
-                       int slots, int64_t max_ctx, int64_t vocab_limit, csd_err *err);
+                       int slots, int max_jobs, int64_t max_ctx, int64_t vocab_limit,
+                       csd_err *err);
 void csd_cli_draft_close(csd_cli_draft *d);
 
 #endif

@@ -8,7 +8,7 @@
 
 typedef struct draft_slot {
     uint64_t key;       /* the request holding it; 0: free (its KV may still serve a prefix) */
-    csd_kv *kv;
+    csd_kv *kv;         /* NULL until a request first needs the slot */
     int32_t *tokens;    /* what kv holds, cap of them */
     int64_t len;
     uint64_t last_used; /* the propose call that last used it */
@@ -21,14 +21,21 @@ typedef struct job_state {
     int got;            /* draft tokens written so far */
 } job_state;
 
+/* Releases wait here, under their own lock, for the next propose: a request that ends does not
+ * wait for another pipeline's drafts. */
+#define RELEASE_QUEUE 64
+
 struct csd_draft_model {
     pthread_mutex_t mu;
+    pthread_mutex_t release_mu;
+    uint64_t released[RELEASE_QUEUE];
+    int n_released;
     csd_model *model;   /* borrowed */
     int64_t cap;        /* positions per slot */
     int64_t vocab;      /* the draft model's */
     int64_t vocab_limit;
     int64_t max_batch;
-    int max_jobs;       /* per call: the slots, at most one batch of one token each */
+    int max_jobs;       /* per call: at most one batch of one token each */
     int n_slots;
     draft_slot *slots;
     uint64_t calls;
@@ -78,8 +85,42 @@ static draft_slot *slot_for(csd_draft_model *d, uint64_t key, const int32_t *tex
 }
 
 static void slot_reset(draft_slot *s) {
-    csd_kv_truncate(s->kv, 0);
+    if (s->kv) csd_kv_truncate(s->kv, 0);
     s->len = 0;
+}
+
+/* The slot's KV cache and token list, made when a request first takes it. */
+static bool slot_ready(csd_draft_model *d, draft_slot *s) {
+    if (s->kv) return true;
+    csd_err err = {0};
+    s->tokens = csd_alloc_array((size_t)d->cap, sizeof(int32_t));
+    if (s->tokens && !csd_kv_create(&s->kv, d->model, d->cap, &err)) return true;
+    csd_free(s->tokens);
+    s->tokens = NULL;
+    return false;
+}
+
+/* Frees the slot of key (lock held). */
+static void release_now(csd_draft_model *d, uint64_t key) {
+    for (int i = 0; i < d->n_slots; i++)
+        if (d->slots[i].key == key) d->slots[i].key = 0;
+}
+
+/* Applies the releases queued since the last call (lock held). */
+static void apply_releases(csd_draft_model *d) {
+    pthread_mutex_lock(&d->release_mu);
+    for (int i = 0; i < d->n_released; i++) release_now(d, d->released[i]);
+    d->n_released = 0;
+    pthread_mutex_unlock(&d->release_mu);
+}
+
+/* The first id of text[from..n) the draft model cannot embed, or -1: a request may carry ids of
+ * the served model's vocabulary beyond the draft's (an embedding padded differently). */
+static int64_t foreign_token(const csd_draft_model *d, const int32_t *text, int64_t from,
+                             int64_t n) {
+    for (int64_t i = from; i < n; i++)
+        if (text[i] < 0 || text[i] >= d->vocab) return i;
+    return -1;
 }
 
 /* Runs the batch of fill tokens; the logits rows go to their jobs' next draft token, ending a
@@ -179,15 +220,21 @@ static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
         return;
     }
     draft_slot *s = slot_for(d, job->key, job->text, job->n_text);
-    if (!s) {
+    /* none free, the key twice in one call, or no memory for its cache: no draft this time */
+    if (!s || (s->key == job->key && s->last_used == d->calls) || !slot_ready(d, s)) {
         job->k = 0;
         return;
     }
-    if (s->key != job->key) s->key = job->key;
-    s->last_used = d->calls;
     int64_t keep = shared_prefix(s->tokens, s->len, job->text, job->n_text);
+    /* (no slot holds such a token: none is in a prefix it could borrow) */
+    if (foreign_token(d, job->text, keep, job->n_text) >= 0) { /* the others still draft */
+        job->k = 0;
+        return;
+    }
     keep = borrow_prefix(s, d->slots, d->n_slots, job->text, job->n_text, keep);
     if (keep == job->n_text) keep--; /* the last token is fed again: its logits are not kept */
+    s->key = job->key;
+    s->last_used = d->calls;
     csd_kv_truncate(s->kv, keep);
     s->len = keep;
     js->slot = s;
@@ -197,6 +244,7 @@ static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
 int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err) {
     pthread_mutex_lock(&d->mu);
     d->calls++;
+    apply_releases(d);
     for (int j = n > d->max_jobs ? d->max_jobs : n; j < n; j++) jobs[j].k = 0;
     if (n > d->max_jobs) n = d->max_jobs;
     for (int j = 0; j < n; j++) start_job(d, &jobs[j], &d->jobs[j]);
@@ -213,9 +261,14 @@ int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_
 
 void csd_draft_model_release(csd_draft_model *d, uint64_t key) {
     if (!d || key == 0) return;
-    pthread_mutex_lock(&d->mu);
-    for (int i = 0; i < d->n_slots; i++)
-        if (d->slots[i].key == key) d->slots[i].key = 0;
+    pthread_mutex_lock(&d->release_mu);
+    bool queued = d->n_released < RELEASE_QUEUE;
+    if (queued) d->released[d->n_released++] = key;
+    pthread_mutex_unlock(&d->release_mu);
+    if (queued) return;
+    pthread_mutex_lock(&d->mu); /* a full queue: the next propose's work, done now */
+    apply_releases(d);
+    release_now(d, key);
     pthread_mutex_unlock(&d->mu);
 }
 
@@ -248,51 +301,43 @@ void csd_draft_model_destroy(csd_draft_model *d) {
     csd_free(d->batch_ids);
     csd_free(d->batch_want);
     pthread_mutex_destroy(&d->mu);
+    pthread_mutex_destroy(&d->release_mu);
     csd_free(d);
 }
 
-static int alloc_slots(csd_draft_model *d, csd_err *err) {
-    d->slots = csd_alloc_array((size_t)d->n_slots, sizeof *d->slots);
-    if (!d->slots) return csd_err_set(err, CSD_ENOMEM, "draft model slots");
-    for (int i = 0; i < d->n_slots; i++) {
-        int rc = csd_kv_create(&d->slots[i].kv, d->model, d->cap, err);
-        if (rc) return rc;
-        d->slots[i].tokens = csd_alloc_array((size_t)d->cap, sizeof(int32_t));
-        if (!d->slots[i].tokens) return csd_err_set(err, CSD_ENOMEM, "draft model slot tokens");
-    }
-    return 0;
-}
-
-int csd_draft_model_create(csd_draft_model **out, csd_model *model, int n_slots, int64_t max_ctx,
-                           int64_t vocab_limit, csd_err *err) {
+int csd_draft_model_create(csd_draft_model **out, csd_model *model, int n_slots, int max_jobs,
+                           int64_t max_ctx, int64_t vocab_limit, csd_err *err) {
     *out = NULL;
     const csd_model_config *cfg = csd_model_cfg(model);
     const csd_weights *w = csd_model_weights(model);
     if (!w->has_embed || !w->has_head)
         return csd_err_set(err, CSD_EINVAL, "a draft model needs all its layers in one place");
-    if (n_slots <= 0) return csd_err_set(err, CSD_EINVAL, "%d draft model slots", n_slots);
+    if (n_slots <= 0 || max_jobs <= 0)
+        return csd_err_set(err, CSD_EINVAL, "%d draft model slots, %d per call", n_slots,
+                           max_jobs);
     csd_draft_model *d = csd_alloc(sizeof *d);
     if (!d) return csd_err_set(err, CSD_ENOMEM, "draft model");
     pthread_mutex_init(&d->mu, NULL);
+    pthread_mutex_init(&d->release_mu, NULL);
     d->model = model;
     d->cap = max_ctx > 0 && max_ctx < csd_model_max_ctx(model) ? max_ctx : csd_model_max_ctx(model);
     d->vocab = cfg->vocab_size;
     d->vocab_limit = vocab_limit;
     d->max_batch = csd_model_max_batch(model);
     d->n_slots = n_slots;
-    d->max_jobs = n_slots < d->max_batch ? n_slots : (int)d->max_batch;
+    if (max_jobs > n_slots) max_jobs = n_slots;
+    d->max_jobs = max_jobs < d->max_batch ? max_jobs : (int)d->max_batch;
     d->jobs = csd_alloc_array((size_t)d->max_jobs, sizeof *d->jobs);
     d->row_job = csd_alloc_array((size_t)d->max_jobs, sizeof *d->row_job);
     d->logits = csd_alloc_array((size_t)d->max_jobs * (size_t)d->vocab, sizeof(float));
     d->batch_kv = csd_alloc_array((size_t)d->max_batch, sizeof(csd_kv *));
     d->batch_ids = csd_alloc_array((size_t)d->max_batch, sizeof(int32_t));
     d->batch_want = csd_alloc_array((size_t)d->max_batch, sizeof(bool));
-    int rc = d->jobs && d->row_job && d->logits && d->batch_kv && d->batch_ids && d->batch_want
-                 ? alloc_slots(d, err)
-                 : csd_err_set(err, CSD_ENOMEM, "draft model buffers");
-    if (rc) {
+    d->slots = csd_alloc_array((size_t)n_slots, sizeof *d->slots);
+    if (!d->jobs || !d->row_job || !d->logits || !d->batch_kv || !d->batch_ids ||
+        !d->batch_want || !d->slots) {
         csd_draft_model_destroy(d);
-        return rc;
+        return csd_err_set(err, CSD_ENOMEM, "draft model buffers");
     }
     *out = d;
     return 0;

@@ -30,27 +30,33 @@ typedef struct csd_draft_job {
     int32_t *out;        /* room for k tokens */
     int k;               /* in: tokens wanted; out: tokens written (fewer when the draft model's
                           * context or slots run out, or it proposes a token the served model
+                          * does not have; none when the text holds a token the draft model
                           * does not have) */
 } csd_draft_job;
 
 /* A draft model over model (borrowed: the caller destroys it after this) with n_slots request
- * slots of up to max_ctx positions each (0: the model's). vocab_limit is the served model's
+ * slots of up to max_ctx positions each (0: the model's), for calls of up to max_jobs jobs. A
+ * slot's KV cache is made when a request first takes it. vocab_limit is the served model's
  * vocabulary: a draft stops before a token at or beyond it. */
-int csd_draft_model_create(csd_draft_model **out, csd_model *model, int n_slots, int64_t max_ctx,
-                           int64_t vocab_limit, csd_err *err);
+int csd_draft_model_create(csd_draft_model **out, csd_model *model, int n_slots, int max_jobs,
+                           int64_t max_ctx, int64_t vocab_limit, csd_err *err);
 void csd_draft_model_destroy(csd_draft_model *d);
 
-/* Drafts for n jobs at once (at most the slots; the rest get none). On an error every job gets
- * none and the slots involved start afresh next time. */
+/* Drafts for n jobs at once, each of its own key (at most max_jobs; the rest get none). On an
+ * error every job gets none and the slots involved start afresh next time. */
 int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err);
 
 /* The request ended: its slot is free for another (its KV stays, for a prompt that starts the
- * same). Unknown keys are ignored. */
+ * same), from the next propose on; this call does not wait for one running. Unknown keys are
+ * ignored. */
 void csd_draft_model_release(csd_draft_model *d, uint64_t key);
 
 /* A request's next draft length after a step checked `drafted` of its draft tokens and agreed
- * with `agreed`: 2 longer after a draft held whole, 1 shorter after a miss, within [1, max]. Each
- * draft token costs the draft model a forward: a request whose drafts keep failing drafts 1. */
+ * with `agreed`: 2 longer after a draft held whole, 1 shorter after a miss, within [1, max] (the
+ * schedule of Hugging Face's assisted generation). A request whose drafts keep failing (a
+ * sampled answer, say) comes down to 1 draft token per step, having drafted max(max+1)/2 on the
+ * way. Halving after a miss (or one more than agreed) came out slower across a round trip,
+ * where a longer draft costs little: 3.03x against 3.51x (docs/benchmarks.md). */
 int csd_draft_next_k(int k, int drafted, int agreed, int max);
 
 /* Request slots and positions per slot. */
