@@ -318,28 +318,36 @@ static bool gen_token(void *ctx, int32_t id, const float *logits) {
     return false;
 }
 
+/* Request i through csd_generate, 100 tokens, without a draft (got[0]) and with up to 4 draft
+ * tokens (got[1]), from the text or from draft_model when it is set. */
+static void generate_both(fixture *f, int i, csd_draft_model *draft_model, gen_ids *got,
+                          csd_gen_stats *st) {
+    int32_t prompt[64];
+    int n;
+    csd_req_params rp;
+    request_for(i, prompt, &n, &rp);
+    for (int k = 0; k < 2; k++) {
+        csd_gen_params gp;
+        memset(&gp, 0, sizeof gp);
+        gp.sampling = rp.sampling;
+        gp.max_tokens = 100;
+        gp.ignore_eos = true;
+        gp.spec_draft = k ? 4 : 0;
+        gp.draft_model = draft_model;
+        got[k].n = 0;
+        csd_err err = {0};
+        if (csd_generate(f->pipe, 1, prompt, n, &gp, gen_token, &got[k], &st[k], &err))
+            fail_msg("generate: %s", err.msg);
+    }
+}
+
 static void test_generate_same_tokens(void **state) {
     fixture *f = *state;
     int64_t drafted = 0;
     for (int i = 0; i < 3; i++) {
-        int32_t prompt[64];
-        int n;
-        csd_req_params rp;
-        request_for(i, prompt, &n, &rp);
         gen_ids got[2];
         csd_gen_stats st[2];
-        for (int k = 0; k < 2; k++) {
-            csd_gen_params gp;
-            memset(&gp, 0, sizeof gp);
-            gp.sampling = rp.sampling;
-            gp.max_tokens = 100;
-            gp.ignore_eos = true;
-            gp.spec_draft = k ? 4 : 0;
-            got[k].n = 0;
-            csd_err err = {0};
-            if (csd_generate(f->pipe, 1, prompt, n, &gp, gen_token, &got[k], &st[k], &err))
-                fail_msg("generate: %s", err.msg);
-        }
+        generate_both(f, i, NULL, got, st);
         assert_int_equal(got[1].n, 100);
         if (memcmp(got[0].ids, got[1].ids, 100 * sizeof(int32_t)))
             fail_msg("request %d: csd_generate's tokens differ with a draft", i);
@@ -437,25 +445,9 @@ static void test_draft_model_saves_steps(void **state) {
     assert_int_equal(steps[0] - steps[1], agreed);
     /* csd_generate with it: the same tokens, sampled too */
     for (int i = 0; i < 2; i++) {
-        int32_t prompt[64];
-        int n;
-        csd_req_params rp;
-        request_for(i, prompt, &n, &rp);
         gen_ids got[2];
         csd_gen_stats st[2];
-        for (int k = 0; k < 2; k++) {
-            csd_gen_params gp;
-            memset(&gp, 0, sizeof gp);
-            gp.sampling = rp.sampling;
-            gp.max_tokens = 100;
-            gp.ignore_eos = true;
-            gp.spec_draft = k ? 4 : 0;
-            gp.draft_model = d;
-            got[k].n = 0;
-            csd_err err = {0};
-            if (csd_generate(f->pipe, 1, prompt, n, &gp, gen_token, &got[k], &st[k], &err))
-                fail_msg("generate: %s", err.msg);
-        }
+        generate_both(f, i, d, got, st);
         assert_int_equal(got[1].n, 100);
         assert_memory_equal(got[0].ids, got[1].ids, 100 * sizeof(int32_t));
         assert_true(st[1].spec_draft_tokens > 0);

@@ -96,16 +96,19 @@ bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_
     return true;
 }
 
+int csd_cli_precision(const char *cmd, const char *flag, const char *value) {
+    int d = csd_dtype_parse(value);
+    if (d < 0)
+        fprintf(stderr, "cascadia %s: %s must be f32, f16, bf16, int8 or int4, got '%s'\n", cmd,
+                flag, value ? value : "");
+    return d;
+}
+
 int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd_model_opts *opts) {
     int64_t v;
     if (!strcmp(flag, "--precision")) {
-        int d = csd_dtype_parse(value);
-        if (d < 0) {
-            fprintf(stderr,
-                    "cascadia %s: --precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
-                    cmd, value ? value : "");
-            return -1;
-        }
+        int d = csd_cli_precision(cmd, flag, value);
+        if (d < 0) return -1;
         opts->precision = d;
         return 1;
     }

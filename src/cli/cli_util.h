@@ -21,6 +21,10 @@ bool csd_cli_float(const char *cmd, const char *flag, const char *text, double l
 bool csd_cli_id_list(const char *cmd, const char *flag, const char *text, int32_t **ids,
                      int64_t *n);
 
+/* A weight precision's name (f32|f16|bf16|int8|int4) as a CSD_DTYPE_*, or -1 with a message
+ * naming flag. */
+int csd_cli_precision(const char *cmd, const char *flag, const char *value);
+
 /* Model flags common to run, logits, bench: --precision, --threads, --ctx, --kv-type.
  * Returns 1 when the flag was one of them (consumed), 0 when not, -1 on a bad value. */
 int csd_cli_model_flag(const char *cmd, const char *flag, const char *value, csd_model_opts *opts);

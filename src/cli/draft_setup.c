@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "core/clock.h"
+#include "cli_util.h"
 #include "core/dtype.h"
 
 int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd_cli_draft *d) {
@@ -18,16 +19,8 @@ int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd
         return 1;
     }
     if (strcmp(flag, "--draft-precision")) return 0;
-    int p = csd_dtype_parse(value);
-    if (p != CSD_DTYPE_F32 && p != CSD_DTYPE_F16 && p != CSD_DTYPE_BF16 && p != CSD_DTYPE_Q8 &&
-        p != CSD_DTYPE_Q4) {
-        fprintf(stderr,
-                "cascadia %s: --draft-precision must be f32, f16, bf16, int8 or int4, got '%s'\n",
-                cmd, value ? value : "");
-        return -1;
-    }
-    d->precision = p;
-    return 1;
+    d->precision = csd_cli_precision(cmd, flag, value);
+    return d->precision < 0 ? -1 : 1;
 }
 
 int64_t csd_cli_draft_spec(const char *cmd, const csd_cli_draft *d, int64_t spec_draft) {
