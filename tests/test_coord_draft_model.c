@@ -2,8 +2,9 @@
  * continuation of the text, also after the text moved on by a partly agreed draft or went back;
  * drafts for several requests in one call equal their drafts alone; a slot keeps what it computed
  * (the text's next draft costs about k positions, a finished request's prompt serves the next
- * one that starts the same); slots run out by the least recently used; the draft model's context
- * and the served model's vocabulary bound a draft; a draft's length follows its success. */
+ * one that starts the same, and requests of one call that start the same compute it once);
+ * slots run out by the least recently used; the draft model's context and the served model's
+ * vocabulary bound a draft; a draft's length follows its success. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -233,6 +234,28 @@ static void test_bounds(void **state) {
     csd_draft_model_destroy(d);
 }
 
+/* Requests of one call whose texts start the same (the choices of an n group) compute that
+ * prefix once: the second waits for the first and copies it. */
+static void test_group_shares_prompt(void **state) {
+    fixture *f = *state;
+    csd_draft_model *d = new_draft(f, 3, 300);
+    int32_t text[2][CTX], out[2][4], want[4];
+    prompt_for(6, text[0], 40);
+    memcpy(text[1], text[0], sizeof text[0]);
+    text[1][39] = (text[1][39] + 5) % 300; /* the last token differs */
+    csd_draft_job jobs[2] = {{21, text[0], 40, out[0], 3}, {22, text[1], 40, out[1], 3}};
+    csd_err err = {0};
+    assert_int_equal(csd_draft_model_propose(d, jobs, 2, &err), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(jobs[i].k, 3);
+        greedy(f->model, text[i], 40, 3, want);
+        assert_memory_equal(out[i], want, sizeof(int32_t) * 3);
+    }
+    /* 40 positions, the second's own last one, and 2 draft positions each */
+    assert_int_equal(csd_draft_model_computed(d), 40 + 1 + 2 * 2);
+    csd_draft_model_destroy(d);
+}
+
 /* The next draft's length: 2 longer after a draft held whole, 1 shorter after a miss. */
 static void test_next_k(void **state) {
     (void)state;
@@ -251,6 +274,7 @@ int main(void) {
         cmocka_unit_test(test_batch_equals_alone),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_bounds),
+        cmocka_unit_test(test_group_shares_prompt),
         cmocka_unit_test(test_next_k),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

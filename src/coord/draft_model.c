@@ -19,7 +19,13 @@ typedef struct job_state {
     draft_slot *slot;   /* NULL: no draft for this job */
     int64_t next;       /* the next text position the slot has not computed */
     int got;            /* draft tokens written so far */
+    bool waits;         /* an earlier job of the call computes a longer prefix of its text: it
+                         * copies that, then catches up (the choices of an n group) */
 } job_state;
+
+/* Shortest prefix a job waits for another to compute: the wait costs a forward more (a read of
+ * all the draft model's weights), which batched prompt positions repay from about here. */
+#define SHARE_MIN 32
 
 /* Releases wait here, under their own lock, for the next propose: a request that ends does not
  * wait for another pipeline's drafts. */
@@ -158,7 +164,7 @@ static int catch_up(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err
     int rows = 0;
     for (int j = 0; j < n; j++) {
         job_state *js = &d->jobs[j];
-        while (js->slot && js->next < jobs[j].n_text) {
+        while (js->slot && !js->waits && js->next < jobs[j].n_text) {
             bool last = js->next == jobs[j].n_text - 1;
             batch_add(d, j, jobs[j].text[js->next++], last, &fill, &rows);
             if (fill < d->max_batch) continue;
@@ -208,13 +214,38 @@ static int64_t borrow_prefix(draft_slot *s, const draft_slot *slots, int n_slots
     return best;
 }
 
+/* Sets job's slot to keep the first `keep` positions of its text (or all but the last: those
+ * logits are wanted again), taking a longer prefix another slot holds. */
+static void settle(csd_draft_model *d, const csd_draft_job *job, job_state *js, int64_t keep) {
+    draft_slot *s = js->slot;
+    keep = borrow_prefix(s, d->slots, d->n_slots, job->text, job->n_text, keep);
+    if (keep == job->n_text) keep--; /* the last token is fed again: its logits are not kept */
+    csd_kv_truncate(s->kv, keep);
+    s->len = keep;
+    js->next = keep;
+}
+
+/* Whether an earlier job of the call (jobs[0..j)) will compute at least SHARE_MIN more of
+ * job j's text than its slot keeps. */
+static bool worth_waiting(const csd_draft_model *d, const csd_draft_job *jobs, int j) {
+    for (int i = 0; i < j; i++)
+        if (d->jobs[i].slot && !d->jobs[i].waits &&
+            shared_prefix(jobs[i].text, jobs[i].n_text, jobs[j].text, jobs[j].n_text) >=
+                d->jobs[j].next + SHARE_MIN)
+            return true;
+    return false;
+}
+
 /* Gives job j a slot that holds the longest prefix of its text it can keep, and bounds its k by
  * the slot's room: the slot ends holding the text and all but the last draft token. */
-static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
+static void start_job(csd_draft_model *d, csd_draft_job *jobs, int j) {
+    csd_draft_job *job = &jobs[j];
+    job_state *js = &d->jobs[j];
     int64_t room = d->cap - job->n_text + 1;
     if (job->k > room) job->k = room > 0 ? (int)room : 0;
     js->slot = NULL;
     js->got = 0;
+    js->waits = false;
     if (job->k <= 0 || job->n_text <= 0 || job->key == 0) {
         job->k = 0;
         return;
@@ -231,14 +262,24 @@ static void start_job(csd_draft_model *d, csd_draft_job *job, job_state *js) {
         job->k = 0;
         return;
     }
-    keep = borrow_prefix(s, d->slots, d->n_slots, job->text, job->n_text, keep);
-    if (keep == job->n_text) keep--; /* the last token is fed again: its logits are not kept */
     s->key = job->key;
     s->last_used = d->calls;
-    csd_kv_truncate(s->kv, keep);
-    s->len = keep;
     js->slot = s;
-    js->next = keep;
+    settle(d, job, js, keep);
+    js->waits = worth_waiting(d, jobs, j);
+}
+
+/* The jobs that waited take the prefix an earlier job computed; true when there were any. */
+static bool rejoin(csd_draft_model *d, const csd_draft_job *jobs, int n) {
+    bool any = false;
+    for (int j = 0; j < n; j++) {
+        job_state *js = &d->jobs[j];
+        if (!js->waits) continue;
+        js->waits = false;
+        settle(d, &jobs[j], js, js->next);
+        any = true;
+    }
+    return any;
 }
 
 int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_err *err) {
@@ -247,8 +288,9 @@ int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_
     apply_releases(d);
     for (int j = n > d->max_jobs ? d->max_jobs : n; j < n; j++) jobs[j].k = 0;
     if (n > d->max_jobs) n = d->max_jobs;
-    for (int j = 0; j < n; j++) start_job(d, &jobs[j], &d->jobs[j]);
+    for (int j = 0; j < n; j++) start_job(d, jobs, j);
     int rc = catch_up(d, jobs, n, err);
+    if (!rc && rejoin(d, jobs, n)) rc = catch_up(d, jobs, n, err);
     if (!rc) rc = extend_drafts(d, jobs, n, err);
     for (int j = 0; j < n; j++) {
         if (rc && d->jobs[j].slot) slot_reset(d->jobs[j].slot);

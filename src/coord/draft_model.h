@@ -10,7 +10,8 @@
  * shares with the new text and computes only the rest, so a step costs the draft model about k
  * one-token forwards. The drafts of all the requests of a step run as one batch. A slot freed by a
  * finished request keeps its KV: a new request whose prompt starts the same (a system prompt)
- * takes it and skips that prefix, or copies it from a slot still held. Thread-safe: one propose
+ * takes it and skips that prefix, or copies it from a slot still held, or from another request
+ * of the same call that computes it first (the choices of an n group). Thread-safe: one propose
  * at a time. */
 #ifndef CSD_DRAFT_MODEL_H
 #define CSD_DRAFT_MODEL_H
