@@ -199,6 +199,22 @@ static void test_slots(void **state) {
     propose(d, 2, b, 20, 2, out); /* evicted: the whole text again (in 4's slot, now the LRU) */
     assert_int_equal(csd_draft_model_computed(d) - before, 20 + 1);
 
+    /* every slot held (3: a, 2: b; 2 the least recently used): a new request in the same call
+     * as 2 takes 3's slot, not 2's */
+    propose(d, 3, a, 20, 2, out);
+    int32_t g[CTX];
+    prompt_for(7, g, 20);
+    int32_t o2[2][4];
+    csd_draft_job both[2] = {{6, g, 20, o2[0], 2}, {2, b, 20, o2[1], 2}};
+    csd_err err2 = {0};
+    before = csd_draft_model_computed(d);
+    assert_int_equal(csd_draft_model_propose(d, both, 2, &err2), 0);
+    assert_int_equal(both[0].k, 2);
+    assert_int_equal(both[1].k, 2);
+    assert_int_equal(csd_draft_model_computed(d) - before, (20 + 1) + (1 + 1));
+    csd_draft_model_release(d, 6);
+    propose(d, 3, a, 20, 2, out);
+
     int32_t o[3][4];
     csd_draft_job jobs[3] = {{2, b, 20, o[0], 2}, {3, a, 20, o[1], 2}, {5, c, 20, o[2], 2}};
     csd_err err = {0};
@@ -265,6 +281,7 @@ static void test_next_k(void **state) {
     assert_int_equal(csd_draft_next_k(8, 8, 0, 16), 7);
     assert_int_equal(csd_draft_next_k(2, 2, 0, 8), 1);
     assert_int_equal(csd_draft_next_k(1, 1, 0, 8), 1);
+    assert_int_equal(csd_draft_next_k(12, 3, 1, 8), 8); /* never beyond max */
     assert_int_equal(csd_draft_next_k(3, 0, 0, 8), 3); /* nothing drafted: nothing learnt */
 }
 

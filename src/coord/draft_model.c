@@ -12,6 +12,7 @@ typedef struct draft_slot {
     int32_t *tokens;    /* what kv holds, cap of them */
     int64_t len;
     uint64_t last_used; /* the propose call that last used it */
+    uint64_t wanted;    /* the propose call whose jobs include its key: not to be evicted */
 } draft_slot;
 
 /* A job's progress through one propose call. */
@@ -68,8 +69,15 @@ static int32_t argmax(const float *row, int64_t n) {
     return (int32_t)best;
 }
 
-/* The slot of key: its own, else the free one sharing the longest prefix with text (the least
- * recently used among equals), else the least recently used one no job of this call holds. */
+/* Among free slots sharing as much with a text: one whose KV cache exists (memory grows with the
+ * requests served at once, not with the slots), then the least recently used. */
+static bool better_free(const draft_slot *s, const draft_slot *than) {
+    if ((s->kv != NULL) != (than->kv != NULL)) return s->kv != NULL;
+    return s->last_used < than->last_used;
+}
+
+/* The slot of key: its own, else the free one sharing the longest prefix with text, else the
+ * least recently used one that no job of this call wants. */
 static draft_slot *slot_for(csd_draft_model *d, uint64_t key, const int32_t *text, int64_t n) {
     draft_slot *best = NULL, *lru = NULL;
     int64_t best_shared = -1;
@@ -78,16 +86,23 @@ static draft_slot *slot_for(csd_draft_model *d, uint64_t key, const int32_t *tex
         if (s->key == key) return s;
         if (s->key == 0) {
             int64_t shared = shared_prefix(s->tokens, s->len, text, n);
-            if (shared > best_shared ||
-                (shared == best_shared && s->last_used < best->last_used)) {
+            if (shared > best_shared || (shared == best_shared && better_free(s, best))) {
                 best = s;
                 best_shared = shared;
             }
-        } else if (s->last_used != d->calls && (!lru || s->last_used < lru->last_used)) {
+        } else if (s->last_used != d->calls && s->wanted != d->calls &&
+                   (!lru || s->last_used < lru->last_used)) {
             lru = s;
         }
     }
     return best ? best : lru;
+}
+
+/* Marks the slots of the call's keys, so that a new request of the call does not evict one. */
+static void mark_wanted(csd_draft_model *d, const csd_draft_job *jobs, int n) {
+    for (int i = 0; i < d->n_slots; i++)
+        for (int j = 0; d->slots[i].key && j < n; j++)
+            if (d->slots[i].key == jobs[j].key) d->slots[i].wanted = d->calls;
 }
 
 static void slot_reset(draft_slot *s) {
@@ -288,6 +303,7 @@ int csd_draft_model_propose(csd_draft_model *d, csd_draft_job *jobs, int n, csd_
     apply_releases(d);
     for (int j = n > d->max_jobs ? d->max_jobs : n; j < n; j++) jobs[j].k = 0;
     if (n > d->max_jobs) n = d->max_jobs;
+    mark_wanted(d, jobs, n);
     for (int j = 0; j < n; j++) start_job(d, jobs, j);
     int rc = catch_up(d, jobs, n, err);
     if (!rc && rejoin(d, jobs, n)) rc = catch_up(d, jobs, n, err);
