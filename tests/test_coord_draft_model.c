@@ -17,6 +17,7 @@
 
 #include "coord/draft_model.h"
 #include "model/model.h"
+#include "model/quality.h"
 #include "test_synth.h"
 #include "test_util.h"
 
@@ -43,13 +44,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static int32_t argmax(const float *row, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return (int32_t)best;
-}
-
 /* The model's greedy continuation of text, k tokens, computed afresh one token at a time. */
 static void greedy(csd_model *m, const int32_t *text, int64_t n, int k, int32_t *out) {
     csd_kv *kv = csd_test_new_kv(m);
@@ -58,7 +52,7 @@ static void greedy(csd_model *m, const int32_t *text, int64_t n, int k, int32_t 
     csd_err err = {0};
     if (csd_model_forward_seq(m, kv, text, NULL, n, logits, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < k; i++) {
-        out[i] = argmax(logits, vocab);
+        out[i] = (int32_t)csd_quality_argmax(logits, vocab);
         if (i + 1 < k && csd_model_forward_seq(m, kv, &out[i], NULL, 1, logits, &err))
             fail_msg("%s", err.msg);
     }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "model/quality.h"
 
 typedef struct draft_slot {
     uint64_t key;       /* the request holding it; 0: free (its KV may still serve a prefix) */
@@ -60,13 +61,6 @@ static int64_t shared_prefix(const int32_t *a, int64_t na, const int32_t *b, int
     int64_t n = na < nb ? na : nb, i = 0;
     while (i < n && a[i] == b[i]) i++;
     return i;
-}
-
-static int32_t argmax(const float *row, int64_t n) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < n; i++)
-        if (row[i] > row[best]) best = i;
-    return (int32_t)best;
 }
 
 /* Among free slots sharing as much with a text: one whose KV cache exists (memory grows with the
@@ -154,7 +148,7 @@ static int run_batch(csd_draft_model *d, csd_draft_job *jobs, int64_t fill, int 
     d->computed += fill;
     for (int r = 0; r < rows; r++) {
         int j = d->row_job[r];
-        int32_t id = argmax(d->logits + (int64_t)r * d->vocab, d->vocab);
+        int32_t id = (int32_t)csd_quality_argmax(d->logits + (int64_t)r * d->vocab, d->vocab);
         if (id >= d->vocab_limit) jobs[j].k = d->jobs[j].got; /* the draft ends here */
         else jobs[j].out[d->jobs[j].got++] = id;
     }
@@ -335,7 +329,6 @@ int csd_draft_next_k(int k, int drafted, int agreed, int max) {
     return k > max ? max : k < 1 ? 1 : k;
 }
 
-int csd_draft_model_slots(const csd_draft_model *d) { return d->n_slots; }
 
 int64_t csd_draft_model_computed(csd_draft_model *d) {
     pthread_mutex_lock(&d->mu);

@@ -60,8 +60,7 @@ void csd_draft_model_release(csd_draft_model *d, uint64_t key);
  * where a longer draft costs little: 3.03x against 3.51x (docs/benchmarks.md). */
 int csd_draft_next_k(int k, int drafted, int agreed, int max);
 
-/* Request slots and positions per slot. */
-int csd_draft_model_slots(const csd_draft_model *d);
+/* Positions per request slot. */
 int64_t csd_draft_model_max_ctx(const csd_draft_model *d);
 /* Positions the draft model has computed so far (its cost: a slot that keeps a prefix skips it). */
 int64_t csd_draft_model_computed(csd_draft_model *d);
