@@ -30,6 +30,17 @@ done
 agreed=$(sed -n 's/^speculative decoding: \([0-9]*\) of \([0-9]*\) draft tokens agreed$/\1/p' "$WORK/draft_err")
 [ -n "$agreed" ] && [ "$agreed" -gt 0 ] || fail "no draft token agreed: $(cat "$WORK/draft_err")"
 echo "run --draft-model: $(grep 'draft tokens agreed' "$WORK/draft_err")"
+# a confidence cut-off drafts fewer tokens (those the draft model is unsure of are not
+# proposed), and the ids stay the golden ones
+"$CASCADIA" run "$M" -p "Once upon a time" -n "$n" --temp 0 --print-ids --draft-model "$M" \
+    --draft-precision int4 --draft-p-min 0.9 > "$WORK/pmin_ids" 2> "$WORK/pmin_err" ||
+    fail "run --draft-p-min failed: $(cat "$WORK/pmin_err")"
+[ "$(xargs < "$WORK/pmin_ids")" = "$want_ids" ] || fail "ids differ with --draft-p-min 0.9"
+drafted() { sed -n 's/^speculative decoding: [0-9]* of \([0-9]*\) draft tokens agreed$/\1/p' "$1"; }
+d_all=$(drafted "$WORK/draft_err") d_cut=$(drafted "$WORK/pmin_err")
+[ -n "$d_cut" ] && [ "$d_cut" -lt "$d_all" ] ||
+    fail "--draft-p-min 0.9 drafted ${d_cut:-?} tokens, not fewer than $d_all: $(cat "$WORK/pmin_err")"
+echo "run --draft-p-min 0.9: $(grep 'draft tokens agreed' "$WORK/pmin_err")"
 "$CASCADIA" synth --arch llama --preset tiny --out "$WORK/other" > /dev/null 2>&1 || fail "synth failed"
 if "$CASCADIA" run "$M" -p "Once" -n 4 --draft-model "$WORK/other" > /dev/null 2> "$WORK/other_err"; then
     fail "a draft model with another tokenizer was accepted"
@@ -48,6 +59,8 @@ refused() { # expected-exit message-part args...: run with args must exit so, sa
 refused 2 "--spec-draft 0 turns speculative decoding off" --spec-draft 0 --draft-model "$M"
 refused 2 "--draft-precision needs --draft-model" --draft-precision int8
 refused 2 "--draft-precision must be" --draft-model "$M" --draft-precision int3
+refused 2 "--draft-p-min needs --draft-model" --draft-p-min 0.5
+refused 2 "--draft-p-min expects a number in \[0, 1\]" --draft-model "$M" --draft-p-min 1.5
 refused 1 "--draft-model: its tokenizer: " --draft-model "$WORK/no-such-model"
 # a draft model trained on a shorter context drafts within it only: the same ids
 mkdir -p "$WORK/short"

@@ -4,13 +4,15 @@
  * (the text's next draft costs about k positions, a finished request's prompt serves the next
  * one that starts the same, and requests of one call that start the same compute it once);
  * slots run out by the least recently used; the draft model's context and the served model's
- * vocabulary bound a draft; a draft's length follows its success. */
+ * vocabulary bound a draft, and so does its confidence (p_min); a draft's length follows its
+ * success. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +58,27 @@ static void greedy(csd_model *m, const int32_t *text, int64_t n, int k, int32_t 
         if (i + 1 < k && csd_model_forward_seq(m, kv, &out[i], NULL, 1, logits, &err))
             fail_msg("%s", err.msg);
     }
+    free(logits);
+    csd_kv_destroy(kv);
+}
+
+/* As greedy, with the probability the model gives each token (p[i]). */
+static void greedy_probs(csd_model *m, const int32_t *text, int64_t n, int k, int32_t *out,
+                         double *p) {
+    csd_kv *kv = csd_test_new_kv(m);
+    int64_t vocab = csd_model_cfg(m)->vocab_size;
+    float *logits = malloc((size_t)vocab * sizeof(float));
+    double *logp = malloc((size_t)vocab * sizeof(double));
+    csd_err err = {0};
+    if (csd_model_forward_seq(m, kv, text, NULL, n, logits, &err)) fail_msg("%s", err.msg);
+    for (int i = 0; i < k; i++) {
+        out[i] = (int32_t)csd_quality_argmax(logits, vocab);
+        csd_quality_log_softmax(logits, vocab, logp);
+        p[i] = exp(logp[out[i]]);
+        if (i + 1 < k && csd_model_forward_seq(m, kv, &out[i], NULL, 1, logits, &err))
+            fail_msg("%s", err.msg);
+    }
+    free(logp);
     free(logits);
     csd_kv_destroy(kv);
 }
@@ -267,6 +290,53 @@ static void test_group_shares_prompt(void **state) {
 }
 
 /* The next draft's length: 2 longer after a draft held whole, 1 shorter after a miss. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+#define CONF_TEXTS 6
+#define CONF_K 8
+
+/* With a confidence cut-off, a draft is the greedy continuation up to the first token the model
+ * gives less than p_min, as computed afresh; a cut-off above every probability leaves no draft,
+ * and the slot then drafts in full again without it. */
+static void test_p_min(void **state) {
+    fixture *f = *state;
+    int32_t text[CONF_TEXTS][CTX], want[CONF_TEXTS][CONF_K], got[CONF_K];
+    double p[CONF_TEXTS][CONF_K], sorted[CONF_TEXTS * CONF_K];
+    for (int i = 0; i < CONF_TEXTS; i++) {
+        prompt_for(i, text[i], 10);
+        greedy_probs(f->model, text[i], 10, CONF_K, want[i], p[i]);
+    }
+    memcpy(sorted, p, sizeof sorted);
+    qsort(sorted, CONF_TEXTS * CONF_K, sizeof(double), cmp_double);
+    /* halfway across the widest gap between the probabilities seen, around the middle: no
+     * rounding of a batched forward's logits decides a token */
+    int n_p = CONF_TEXTS * CONF_K, at = n_p / 4;
+    for (int i = n_p / 4; i < 3 * n_p / 4; i++)
+        if (sorted[i + 1] - sorted[i] > sorted[at + 1] - sorted[at]) at = i;
+    assert_true(sorted[at + 1] - sorted[at] > 1e-4);
+    float p_min = (float)((sorted[at] + sorted[at + 1]) / 2);
+    csd_draft_model *d = new_draft(f, CONF_TEXTS, 300);
+    csd_draft_model_set_p_min(d, p_min);
+    int cut = 0;
+    for (int i = 0; i < CONF_TEXTS; i++) {
+        int keep = 0;
+        while (keep < CONF_K && want[i][keep] < 300 && p[i][keep] >= p_min) keep++;
+        assert_int_equal(propose(d, (uint64_t)i + 1, text[i], 10, CONF_K, got), keep);
+        assert_memory_equal(got, want[i], sizeof(int32_t) * (size_t)keep);
+        cut += keep < CONF_K;
+    }
+    assert_true(cut > 0); /* the cut-off decided something */
+    csd_draft_model_set_p_min(d, (float)sorted[n_p - 1] * 1.001f + 1e-6f);
+    assert_int_equal(propose(d, 1, text[0], 10, CONF_K, got), 0);
+    csd_draft_model_set_p_min(d, 0);
+    assert_int_equal(propose(d, 1, text[0], 10, CONF_K, got), CONF_K);
+    assert_memory_equal(got, want[0], sizeof got);
+    csd_draft_model_destroy(d);
+}
+
 static void test_next_k(void **state) {
     (void)state;
     assert_int_equal(csd_draft_next_k(4, 4, 4, 8), 6);
@@ -286,6 +356,7 @@ int main(void) {
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_bounds),
         cmocka_unit_test(test_group_shares_prompt),
+        cmocka_unit_test(test_p_min),
         cmocka_unit_test(test_next_k),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -41,7 +41,8 @@ static const char *const bench_usage =
     "                      16), on the same prompts, and give the share of drafts the model\n"
     "                      agreed with and the speed against the same level without\n"
     "  --draft-model DIR   with --concurrency: the drafts come from this model (serve\n"
-    "                      --draft-model; --spec-draft defaults to 4), --draft-precision P\n"
+    "                      --draft-model; --spec-draft defaults to 4), --draft-precision P,\n"
+    "                      --draft-p-min P\n"
     "  --membw-mib N       buffer of the peak bandwidth test in MiB (default 1024; 0 skips it,\n"
     "                      the paired roofline (tg again, each token followed by a read of its\n"
     "                      bytes) and the stream ceiling (tg again, each token followed by every\n"
@@ -114,7 +115,7 @@ static void default_args(csd_bench_args *a) {
     a->peak_min_mib = 256;
     a->stream_prompt = 16;
     a->spec_draft = -1; /* not given */
-    a->draft.precision = -1;
+    a->draft = CSD_CLI_DRAFT_NONE;
 }
 
 /* A numeric flag of bench's own: 1 when f is one (value taken), 0 when not, -1 on a bad value. */

@@ -116,7 +116,7 @@ static int parse_args(int argc, char **argv, run_args *a) {
     csd_sampler_params_default(&a->gen.sampling);
     a->gen.max_tokens = 128;
     a->gen.spec_draft = -1; /* not given */
-    a->draft.precision = -1;
+    a->draft = CSD_CLI_DRAFT_NONE;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         const char *value = i + 1 < argc ? argv[i + 1] : NULL;

@@ -75,6 +75,8 @@ static const char *const serve_usage_models =
     "                       Face or one-stage export directory), run here for every request\n"
     "  --draft-precision P  the draft model's weights (default: an export's own, else\n"
     "                       --precision's)\n"
+    "  --draft-p-min P      a draft ends before a token the draft model gives a probability\n"
+    "                       below P (0-1; default 0: drafts run to --spec-draft)\n"
     CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -275,7 +277,7 @@ static void default_args(serve_args *a) {
     a->shutdown_timeout_s = SERVE_SHUTDOWN_TIMEOUT_S;
     a->prefix_cache = 4;
     a->spec_draft = -1;
-    a->draft.precision = -1;
+    a->draft = CSD_CLI_DRAFT_NONE;
     csd_cli_fleet_init(&a->fleet);
 }
 

@@ -18,14 +18,17 @@ int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd
         d->dir = value;
         return 1;
     }
+    if (!strcmp(flag, "--draft-p-min"))
+        return csd_cli_float(cmd, flag, value, 0, 1, &d->p_min) ? 1 : -1;
     if (strcmp(flag, "--draft-precision")) return 0;
     d->precision = csd_cli_precision(cmd, flag, value);
     return d->precision < 0 ? -1 : 1;
 }
 
 int64_t csd_cli_draft_spec(const char *cmd, const csd_cli_draft *d, int64_t spec_draft) {
-    if (d->precision >= 0 && !d->dir) {
-        fprintf(stderr, "cascadia %s: --draft-precision needs --draft-model\n", cmd);
+    if ((d->precision >= 0 || d->p_min >= 0) && !d->dir) {
+        fprintf(stderr, "cascadia %s: %s needs --draft-model\n", cmd,
+                d->precision >= 0 ? "--draft-precision" : "--draft-p-min");
         return -1;
     }
     if (spec_draft < 0) return d->dir ? CSD_CLI_DRAFT_DEFAULT_K : 0;
@@ -96,13 +99,15 @@ int csd_cli_draft_open(csd_cli_draft *d, const csd_model_opts *served, const csd
     int64_t ctx = cfg->max_seq_len > 0 && cfg->max_seq_len < max_ctx ? cfg->max_seq_len : max_ctx;
     rc = csd_draft_model_create(&d->draft, d->model, slots, max_jobs, ctx, vocab_limit, err);
     if (rc) return csd_err_prefix(err, "--draft-model: ");
+    double p_min = d->p_min >= 0 ? d->p_min : CSD_CLI_DRAFT_DEFAULT_P_MIN;
+    csd_draft_model_set_p_min(d->draft, (float)p_min);
     fprintf(stderr,
             "draft model %s: %lld layers, %s weights (%.1f MiB), context %lld, KV %.1f MiB per "
-            "request slot (%d slot%s, made when used), loaded in %.2f s\n",
+            "request slot (%d slot%s, made when used), p-min %.2f, loaded in %.2f s\n",
             d->dir, (long long)cfg->n_layers, csd_dtype_name(csd_model_precision(d->model)),
             (double)csd_model_weight_bytes(d->model) / (1 << 20), (long long)ctx,
             (double)csd_model_kv_bytes_per_token(d->model) * (double)ctx / (1 << 20), slots,
-            slots == 1 ? "" : "s", (double)(csd_now_ns() - t0) * 1e-9);
+            slots == 1 ? "" : "s", p_min, (double)(csd_now_ns() - t0) * 1e-9);
     return 0;
 }
 

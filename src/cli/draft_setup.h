@@ -12,6 +12,7 @@ typedef struct csd_cli_draft {
     const char *dir;          /* --draft-model; NULL: none */
     int precision;            /* --draft-precision; -1: an export's own, a Hugging Face
                                * directory's converted as the served model's --precision */
+    double p_min;             /* --draft-p-min; -1: not given (CSD_CLI_DRAFT_DEFAULT_P_MIN) */
     csd_model *model;
     csd_draft_model *draft;
 } csd_cli_draft;
@@ -25,15 +26,24 @@ typedef struct csd_cli_draft {
     "                      --spec-draft tokens (default 4), one step checks them, the text\n" \
     "                      is the same\n"                                                      \
     "  --draft-precision P the draft model's weights (default: an export's own, else\n"      \
-    "                      --precision's)\n"
+    "                      --precision's)\n"                                                  \
+    "  --draft-p-min P     a draft ends before a token the draft model gives a probability\n"  \
+    "                      below P (0-1; default 0: drafts run to --spec-draft)\n"
 
-/* 1 when flag is --draft-model or --draft-precision (its value taken), 0 when not one of
- * them, -1 on a bad value (printed). */
+/* The confidence cut-off when --draft-p-min is not given: a draft ends before a token the draft
+ * model gives less probability than this (docs/benchmarks.md has the measurements). */
+#define CSD_CLI_DRAFT_DEFAULT_P_MIN 0.0
+
+/* A csd_cli_draft with nothing given. */
+#define CSD_CLI_DRAFT_NONE ((csd_cli_draft){.precision = -1, .p_min = -1})
+
+/* 1 when flag is --draft-model, --draft-precision or --draft-p-min (its value taken), 0 when not
+ * one of them, -1 on a bad value (printed). */
 int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd_cli_draft *d);
 
 /* The --spec-draft to use (spec_draft: the flag's value, -1 when not given): 4 with
  * --draft-model, else 0; -1 (message printed) for --spec-draft 0 with --draft-model, or
- * --draft-precision without it. */
+ * --draft-precision or --draft-p-min without it. */
 int64_t csd_cli_draft_spec(const char *cmd, const csd_cli_draft *d, int64_t spec_draft);
 
 /* Loads d->dir (when set) with served's threads and KV type, and slots request slots (drafted

@@ -1,6 +1,7 @@
 /* draft_model: greedy drafts from a small model, a KV cache per request (see draft_model.h). */
 #include "draft_model.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -42,6 +43,7 @@ struct csd_draft_model {
     int64_t cap;        /* positions per slot */
     int64_t vocab;      /* the draft model's */
     int64_t vocab_limit;
+    float p_min;        /* a draft ends before a token the draft model gives less (0: never) */
     int64_t max_batch;
     int max_jobs;       /* per call: at most one batch of one token each */
     int n_slots;
@@ -138,8 +140,15 @@ static int64_t foreign_token(const csd_draft_model *d, const int32_t *text, int6
     return -1;
 }
 
+/* The probability the draft model gives its greedy token top (the row's largest logit). */
+static double top_prob(const float *logits, int64_t vocab, int64_t top) {
+    double sum = 0;
+    for (int64_t v = 0; v < vocab; v++) sum += exp((double)logits[v] - (double)logits[top]);
+    return 1.0 / sum;
+}
+
 /* Runs the batch of fill tokens; the logits rows go to their jobs' next draft token, ending a
- * job's draft at a token beyond the served model's vocabulary. */
+ * job's draft at a token beyond the served model's vocabulary or one it is unsure of (p_min). */
 static int run_batch(csd_draft_model *d, csd_draft_job *jobs, int64_t fill, int rows,
                      csd_err *err) {
     csd_batch b = {fill, d->batch_ids, NULL, d->batch_kv, d->batch_want};
@@ -148,8 +157,10 @@ static int run_batch(csd_draft_model *d, csd_draft_job *jobs, int64_t fill, int 
     d->computed += fill;
     for (int r = 0; r < rows; r++) {
         int j = d->row_job[r];
-        int32_t id = (int32_t)csd_quality_argmax(d->logits + (int64_t)r * d->vocab, d->vocab);
-        if (id >= d->vocab_limit) jobs[j].k = d->jobs[j].got; /* the draft ends here */
+        const float *row = d->logits + (int64_t)r * d->vocab;
+        int32_t id = (int32_t)csd_quality_argmax(row, d->vocab);
+        if (id >= d->vocab_limit || (d->p_min > 0 && top_prob(row, d->vocab, id) < d->p_min))
+            jobs[j].k = d->jobs[j].got; /* the draft ends here */
         else jobs[j].out[d->jobs[j].got++] = id;
     }
     return 0;
@@ -337,6 +348,12 @@ int64_t csd_draft_model_computed(csd_draft_model *d) {
     return n;
 }
 int64_t csd_draft_model_max_ctx(const csd_draft_model *d) { return d->cap; }
+
+void csd_draft_model_set_p_min(csd_draft_model *d, float p_min) {
+    pthread_mutex_lock(&d->mu);
+    d->p_min = p_min;
+    pthread_mutex_unlock(&d->mu);
+}
 
 void csd_draft_model_destroy(csd_draft_model *d) {
     if (!d) return;

@@ -30,9 +30,9 @@ typedef struct csd_draft_job {
     int64_t n_text;
     int32_t *out;        /* room for k tokens */
     int k;               /* in: tokens wanted; out: tokens written (fewer when the draft model's
-                          * context or slots run out, or it proposes a token the served model
-                          * does not have; none when the text holds a token the draft model
-                          * does not have) */
+                          * context or slots run out, it proposes a token the served model does
+                          * not have or is unsure of its token (p_min); none when the text holds
+                          * a token the draft model does not have) */
 } csd_draft_job;
 
 /* A draft model over model (borrowed: the caller destroys it after this) with n_slots request
@@ -59,6 +59,10 @@ void csd_draft_model_release(csd_draft_model *d, uint64_t key);
  * way. Halving after a miss (or one more than agreed) came out slower across a round trip,
  * where a longer draft costs little: 3.03x against 3.51x (docs/benchmarks.md). */
 int csd_draft_next_k(int k, int drafted, int agreed, int max);
+
+/* Drafts end before a token the draft model gives a probability below p_min (its confidence
+ * cut-off, llama.cpp's --draft-p-min), the first one included; 0 (the default): they run to k. */
+void csd_draft_model_set_p_min(csd_draft_model *d, float p_min);
 
 /* Positions per request slot. */
 int64_t csd_draft_model_max_ctx(const csd_draft_model *d);
