@@ -3,7 +3,8 @@
 # (one of them behind an API key): greedy answers through the router equal the upstream's own,
 # streamed too; six concurrent requests never put more than --max 1 on an upstream and use both;
 # --queue 0 answers 429; a dead upstream is failed over and counted; a client that leaves mid-stream
-# frees its slot and cancels the upstream's request; bodies and flags are checked; SIGTERM exits 0.
+# frees its slot and cancels the upstream's request; an HTTP/1.0 client gets whole answers with
+# their length (a cut one is a 502); bodies and flags are checked; SIGTERM exits 0.
 source "$(dirname "$0")/e2e_lib.sh"
 
 PY=/usr/bin/python3
@@ -265,11 +266,15 @@ FAKE = srv.getsockname()[1]
 EVENT = b'data: {"choices": [{"index": 0, "text": "hi"}]}\n\n'
 CHUNK = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
 SSE_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+PLAIN_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+WHOLE = b'{"choices": [{"index": 0, "text": "' + b"x" * 40000 + b'"}]}'
 ANSWERS = {
     "garbage": b"NOT HTTP AT ALL\r\n\r\n",
     "huge-headers": b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 70000 + b"\r\n\r\n{}",
     "bad-status": b"HTTP/1.1 999 Nine\r\nContent-Length: 2\r\n\r\n{}",
     "mid-stream": SSE_HEAD + CHUNK,  # and then the connection closes: the body never ends
+    "plain-whole": PLAIN_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(WHOLE), WHOLE),
+    "plain-cut": PLAIN_HEAD + b"%x\r\n%s\r\n" % (len(WHOLE) // 2, WHOLE[:len(WHOLE) // 2]),
     "unavailable": b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}",
     "switching": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n",
     "not-modified": b"HTTP/1.1 304 Not Modified\r\n\r\n",
@@ -298,7 +303,7 @@ def answer(conn):
             left.append(True)
     else:
         conn.sendall(ANSWERS[mode["now"]])
-    if mode["now"] == "mid-stream":
+    if mode["now"] in ("mid-stream", "plain-cut"):
         time.sleep(0.3)  # the event is relayed before the break (not failed over)
     conn.close()
 
@@ -381,6 +386,51 @@ events = [l[6:] for l in body.split("\n") if l.startswith("data: ")]
 assert s == 200 and json.loads(events[0])["choices"][0]["text"] == "hi", (s, body)
 assert json.loads(events[-1])["error"]["code"] == "upstream_error", body
 assert "[DONE]" not in body
+
+
+def http10(stream):
+    """A request as an HTTP/1.0 client sends it: (status, headers, body) once the router closes."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    data = json.dumps({"prompt": "x", "stream": stream}).encode()
+    sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    got = b""
+    while True:
+        more = sock.recv(65536)
+        if not more:
+            break
+        got += more
+    sock.close()
+    head, body = got.split(b"\r\n\r\n", 1)
+    lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+# an HTTP/1.0 client has no chunked encoding to tell a cut answer from a whole one: it gets the
+# whole answer with its length, or a 502 when the upstream broke before the end; an HTTP/1.1
+# client gets the cut answer as it came (its chunked encoding does not end)
+mode["now"] = "plain-whole"
+s, h, body = http10(False)
+assert s == 200 and body == WHOLE and h.get("content-length") == str(len(WHOLE)), (s, h, body[:80])
+mode["now"] = "plain-cut"
+s, h, body = http10(False)
+assert s == 502 and json.loads(body)["error"]["code"] == "upstream_error", (s, h, body[:200])
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+c.request("POST", "/v1/completions", json.dumps({"prompt": "x"}), {"Content-Type": "application/json"})
+r = c.getresponse()
+try:
+    r.read()
+    assert False, "an HTTP/1.1 client read a cut answer as whole"
+except http.client.IncompleteRead as e:
+    assert r.status == 200 and e.partial == WHOLE[:len(WHOLE) // 2], (r.status, e.partial[:80])
+c.close()
+mode["now"] = "mid-stream"
+s, h, body = http10(True)  # an event stream is relayed as it comes, ending with an error event
+assert s == 200 and "content-length" not in h, (s, h)
+assert json.loads(body.decode().split("data: ")[-1])["error"]["code"] == "upstream_error", body
+print("ok   an HTTP/1.0 client gets a whole answer with its length, a 502 for one the upstream "
+      "cut (an HTTP/1.1 client sees the cut), and event streams as they come")
 mode["now"] = "silent"
 t0 = time.time()
 s, body = post()

@@ -30,6 +30,9 @@
 #define CONNECT_TIMEOUT_S 10
 /* Seconds a client should wait before retrying a 429 or 503. */
 #define RETRY_AFTER "1"
+/* Largest answer held whole for an HTTP/1.0 client (below): an answer of 32K tokens with 20
+ * logprobs each is about this size. */
+#define WHOLE_ANSWER_MAX ((size_t)32 << 20)
 
 enum route_path {
     PATH_NONE = 0,
@@ -70,6 +73,7 @@ struct csd_route_server {
 typedef struct conn_state {
     int path;
     bool replied; /* a response was queued on the first call (401, 404, 413, ...) */
+    bool http10;  /* the client speaks HTTP/1.0: no chunked encoding (whole_answer) */
     csd_mhd_body body;
 } conn_state;
 
@@ -440,6 +444,48 @@ static enum MHD_Result relay_empty(csd_route_server *s, struct MHD_Connection *c
     return send_body(c, status, "application/json", "", NULL, NULL);
 }
 
+/* ---- an answer held whole (HTTP/1.0) ---- */
+
+/* An HTTP/1.0 client gets no chunked encoding: a relayed answer would end with the connection,
+ * so an upstream failing mid-answer would look to it like a whole answer. Its answers (other
+ * than event streams, which end with an error event) are therefore read whole first and sent
+ * with their length; a failure before the end is failed over like a failed connection. */
+static bool hold_whole(const conn_state *cs, const csd_route_xfer *x) {
+    return cs->http10 && strncasecmp(csd_route_xfer_content_type(x), "text/event-stream", 17);
+}
+
+enum { WHOLE_OK, WHOLE_FAILED, WHOLE_ABORTED, WHOLE_TOO_LONG };
+
+/* Reads x's answer into b, up to WHOLE_ANSWER_MAX bytes. */
+static int read_whole(csd_route_xfer *x, const csd_route_abort *ab, csd_http_buf *b,
+                      csd_err *err) {
+    char block[RELAY_BLOCK];
+    for (;;) {
+        ssize_t n = csd_route_xfer_read(x, block, sizeof block, ab, err);
+        if (n == 0) return WHOLE_OK;
+        if (n == -2) return WHOLE_ABORTED;
+        if (n < 0) return WHOLE_FAILED;
+        if (b->len + (size_t)n > WHOLE_ANSWER_MAX) return WHOLE_TOO_LONG;
+        if (csd_http_buf_append(b, block, (size_t)n)) {
+            csd_err_set(err, CSD_ENOMEM, "no memory to hold the answer");
+            return WHOLE_FAILED;
+        }
+    }
+}
+
+/* Sends the answer b with its length, the upstream's status and Content-Type. */
+static enum MHD_Result send_whole(struct MHD_Connection *c, const csd_route_xfer *x,
+                                  const csd_http_buf *b) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        b->len, b->len ? b->data : (void *)(uintptr_t)"", MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    const char *ctype = csd_route_xfer_content_type(x);
+    MHD_add_response_header(r, "Content-Type", ctype[0] ? ctype : "application/json");
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)csd_route_xfer_status(x), r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 /* ---- forwarding ---- */
 
 /* The body for upstream u: as sent, or with "model" rewritten (--upstream-model), parsed again
@@ -506,6 +552,32 @@ static enum MHD_Result no_slot(csd_route_server *s, struct MHD_Connection *c, in
                       last->msg);
 }
 
+/* Answers an HTTP/1.0 client from upstream up's transfer x, read whole (hold_whole); takes x.
+ * false when the upstream failed before the end: its slot is given back as failed, err says
+ * why, and nothing was sent. */
+static bool answer_whole(csd_route_server *s, struct MHD_Connection *c, csd_route_xfer *x,
+                         int up, const csd_route_abort *ab, csd_err *err, enum MHD_Result *sent) {
+    csd_http_buf b = {0};
+    int rc = read_whole(x, ab, &b, err);
+    if (rc == WHOLE_FAILED) {
+        csd_route_xfer_destroy(x);
+        csd_http_buf_fini(&b);
+        return false;
+    }
+    csd_route_sched_release(&s->sched, up, false, false);
+    idle_timeout(c, true);
+    if (rc == WHOLE_OK) *sent = send_whole(c, x, &b);
+    else if (rc == WHOLE_ABORTED) *sent = MHD_NO; /* the client left, or the server stops */
+    else
+        *sent = send_error(c, 502, "server_error", NULL, "upstream_error", NULL, NULL,
+                           "the answer is longer than %zu MiB, the most held for an HTTP/1.0 "
+                           "client (HTTP/1.1 gets it as it comes)",
+                           WHOLE_ANSWER_MAX >> 20);
+    csd_route_xfer_destroy(x);
+    csd_http_buf_fini(&b);
+    return true;
+}
+
 /* Forwards the request, failing over while nothing was relayed: each upstream at most once. */
 static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, int path,
                                const conn_state *cs) {
@@ -527,7 +599,11 @@ static enum MHD_Result forward(csd_route_server *s, struct MHD_Connection *c, in
         csd_route_xfer *x = NULL;
         csd_err err = {0};
         int rc = attempt(s, up, path, cs, &ab, &x, &err);
-        if (rc == CSD_ROUTE_XFER_OK) {
+        if (rc == CSD_ROUTE_XFER_OK && !empty_answer(x) && hold_whole(cs, x)) {
+            enum MHD_Result sent;
+            if (answer_whole(s, c, x, up, &ab, &err, &sent)) return sent;
+            rc = CSD_ROUTE_XFER_BROKEN; /* nothing was sent: the next upstream may answer */
+        } else if (rc == CSD_ROUTE_XFER_OK) {
             idle_timeout(c, true);
             return empty_answer(x) ? relay_empty(s, c, x, up) : start_relay(s, c, x, up, w.fd);
         }
@@ -607,7 +683,6 @@ static enum MHD_Result on_headers(csd_route_server *s, struct MHD_Connection *c,
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload,
                                   size_t *upload_size, void **con_cls) {
-    (void)version;
     csd_route_server *s = cls;
     conn_state *cs = *con_cls;
     if (!cs) {
@@ -615,6 +690,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!cs) return MHD_NO;
         *con_cls = cs;
         cs->path = path_of(url);
+        cs->http10 = version && !strcmp(version, MHD_HTTP_VERSION_1_0);
         return on_headers(s, c, cs, method);
     }
     if (cs->replied) { /* discard the body of a request already answered */
