@@ -276,6 +276,7 @@ ANSWERS = {
     "mid-stream": SSE_HEAD + CHUNK,  # and then the connection closes: the body never ends
     "plain-whole": PLAIN_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (len(WHOLE), WHOLE),
     "plain-cut": PLAIN_HEAD + b"%x\r\n%s\r\n" % (len(WHOLE) // 2, WHOLE[:len(WHOLE) // 2]),
+    "plain-huge": PLAIN_HEAD + b"%x\r\n%s\r\n0\r\n\r\n" % (33 << 20, b"x" * (33 << 20)),
     "unavailable": b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}",
     "switching": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n",
     "not-modified": b"HTTP/1.1 304 Not Modified\r\n\r\n",
@@ -316,17 +317,21 @@ def serve_fake():
 
 
 threading.Thread(target=serve_fake, daemon=True).start()
-router = subprocess.Popen([sys.argv[1], "route", "--upstream", "http://127.0.0.1:%d/v1" % FAKE,
-                           "--queue", "4", "--queue-timeout", "1", "--upstream-timeout", "1",
-                           "--port", "0"],
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-atexit.register(lambda: router.poll() is None and router.kill())  # when an assertion fails
-line = ""
-while "listening on" not in line:
-    line = router.stderr.readline()
-    assert line, "the router did not start"
-port = int(re.search(r"listening on http://[^ ]*:(\d+) ", line).group(1))
-threading.Thread(target=router.stderr.read, daemon=True).start()  # keeps draining its log
+def start_router(*args):
+    """`cascadia route ARGS --port 0`: (process, port) once it listens."""
+    proc = subprocess.Popen([sys.argv[1], "route", *args, "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    atexit.register(lambda: proc.poll() is None and proc.kill())  # when an assertion fails
+    line = ""
+    while "listening on" not in line:
+        line = proc.stderr.readline()
+        assert line, "the router did not start: " + " ".join(args)
+    threading.Thread(target=proc.stderr.read, daemon=True).start()  # keeps draining its log
+    return proc, int(re.search(r"listening on http://[^ ]*:(\d+) ", line).group(1))
+
+
+router, port = start_router("--upstream", "http://127.0.0.1:%d/v1" % FAKE, "--queue", "4",
+                            "--queue-timeout", "1", "--upstream-timeout", "1")
 
 
 def post(stream=False):
@@ -389,9 +394,9 @@ assert json.loads(events[-1])["error"]["code"] == "upstream_error", body
 assert "[DONE]" not in body
 
 
-def http10(stream):
+def http10(stream, to=None):
     """A request as an HTTP/1.0 client sends it: (status, headers, body) once the router closes."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    sock = socket.create_connection(("127.0.0.1", to or port), timeout=30)
     data = json.dumps({"prompt": "x", "stream": stream}).encode()
     sock.sendall(b"POST /v1/completions HTTP/1.0\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % len(data) + data)
@@ -426,12 +431,48 @@ try:
 except http.client.IncompleteRead as e:
     assert r.status == 200 and e.partial == WHOLE[:len(WHOLE) // 2], (r.status, e.partial[:80])
 c.close()
+mode["now"] = "plain-huge"
+s, h, body = http10(False)
+assert s == 502 and "longer than 32 MiB" in json.loads(body)["error"]["message"], (s, body[:200])
 mode["now"] = "mid-stream"
 s, h, body = http10(True)  # an event stream is relayed as it comes, ending with an error event
 assert s == 200 and "content-length" not in h, (s, h)
 assert json.loads(body.decode().split("data: ")[-1])["error"]["code"] == "upstream_error", body
+# a cut answer fails over: beside the fake (cutting), a second fake answers whole; ties go round
+# robin, so of two requests one tries the cutting fake first
+whole = socket.socket()
+whole.bind(("127.0.0.1", 0))
+whole.listen(8)
+
+
+def answer_whole():
+    while True:
+        conn, _ = whole.accept()
+        conn.recv(65536)
+        time.sleep(0.05)  # (the request's body has arrived)
+        conn.sendall(ANSWERS["plain-whole"])
+        conn.close()
+
+
+threading.Thread(target=answer_whole, daemon=True).start()
+mode["now"] = "plain-cut"
+pair, pport = start_router("--upstream", "http://127.0.0.1:%d/v1" % FAKE,
+                           "--upstream", "http://127.0.0.1:%d/v1" % whole.getsockname()[1])
+for _ in range(2):
+    s, h, body = http10(False, pport)
+    assert s == 200 and body == WHOLE, (s, h, body[:200])
+c = http.client.HTTPConnection("127.0.0.1", pport, timeout=30)
+c.request("GET", "/metrics")
+text = c.getresponse().read().decode()
+cut = re.search(r'^cascadia_route_upstream_failures_total\{upstream="http://127.0.0.1:%d/v1"\} (\S+)$'
+                % FAKE, text, re.M)
+assert cut and float(cut.group(1)) >= 1, text
+assert not re.search(r"^cascadia_route_upstream_in_flight\{.*\} [1-9]", text, re.M), text
+pair.terminate()
+assert pair.wait(timeout=30) == 0
 print("ok   an HTTP/1.0 client gets a whole answer with its length, a 502 for one the upstream "
-      "cut (an HTTP/1.1 client sees the cut), and event streams as they come")
+      "cut or one over 32 MiB (an HTTP/1.1 client sees the cut), a cut answer fails over, and "
+      "event streams come as they are")
 mode["now"] = "silent"
 t0 = time.time()
 s, body = post()
@@ -456,16 +497,8 @@ assert metric("cascadia_route_queue_timeouts_total") == 1
 # memory: a queued request holds its body, not a parsed tree of it (a body of small numbers is a
 # tree ~20 times its size), so four queued 3.5 MiB bodies cost far less than one tree each
 if os.environ.get("CSD_SANITIZE") == "OFF" and os.environ.get("CSD_TSAN") == "OFF":
-    waiting = subprocess.Popen([sys.argv[1], "route", "--upstream", "http://127.0.0.1:%d/v1" % FAKE,
-                                "--queue-timeout", "60", "--port", "0"],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    atexit.register(lambda: waiting.poll() is None and waiting.kill())
-    line = ""
-    while "listening on" not in line:
-        line = waiting.stderr.readline()
-        assert line, "the second router did not start"
-    wport = int(re.search(r"listening on http://[^ ]*:(\d+) ", line).group(1))
-    threading.Thread(target=waiting.stderr.read, daemon=True).start()
+    waiting, wport = start_router("--upstream", "http://127.0.0.1:%d/v1" % FAKE,
+                                  "--queue-timeout", "60")
 
     def rss_mib():
         with open("/proc/%d/status" % waiting.pid) as f:

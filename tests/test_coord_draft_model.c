@@ -289,7 +289,6 @@ static void test_group_shares_prompt(void **state) {
     csd_draft_model_destroy(d);
 }
 
-/* The next draft's length: 2 longer after a draft held whole, 1 shorter after a miss. */
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -337,6 +336,7 @@ static void test_p_min(void **state) {
     csd_draft_model_destroy(d);
 }
 
+/* The next draft's length: 2 longer after a draft held whole, 1 shorter after a miss. */
 static void test_next_k(void **state) {
     (void)state;
     assert_int_equal(csd_draft_next_k(4, 4, 4, 8), 6);

@@ -18,8 +18,11 @@ int csd_cli_draft_flag(const char *cmd, const char *flag, const char *value, csd
         d->dir = value;
         return 1;
     }
-    if (!strcmp(flag, "--draft-p-min"))
-        return csd_cli_float(cmd, flag, value, 0, 1, &d->p_min) ? 1 : -1;
+    if (!strcmp(flag, "--draft-p-min")) {
+        if (!csd_cli_float(cmd, flag, value, 0, 1, &d->p_min)) return -1;
+        d->p_min += 0.0; /* -0 is 0 */
+        return 1;
+    }
     if (strcmp(flag, "--draft-precision")) return 0;
     d->precision = csd_cli_precision(cmd, flag, value);
     return d->precision < 0 ? -1 : 1;

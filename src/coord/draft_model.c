@@ -159,7 +159,8 @@ static int run_batch(csd_draft_model *d, csd_draft_job *jobs, int64_t fill, int 
         int j = d->row_job[r];
         const float *row = d->logits + (int64_t)r * d->vocab;
         int32_t id = (int32_t)csd_quality_argmax(row, d->vocab);
-        if (id >= d->vocab_limit || (d->p_min > 0 && top_prob(row, d->vocab, id) < d->p_min))
+        /* (a NaN from infinite or NaN logits cuts too) */
+        if (id >= d->vocab_limit || (d->p_min > 0 && !(top_prob(row, d->vocab, id) >= d->p_min)))
             jobs[j].k = d->jobs[j].got; /* the draft ends here */
         else jobs[j].out[d->jobs[j].got++] = id;
     }

@@ -2,8 +2,9 @@
  * (a curl multi handle of its own, polled in short steps so that a client that leaves or a server
  * that stops aborts the transfer, and the upstream sees its connection close and cancels). The
  * answer's bytes are handed on as they arrive; at most CSD_ROUTE_XFER_BUF_MAX of them wait here
- * (the transfer pauses beyond that), so a long stream is never held whole. Knows nothing of HTTP
- * servers or of slots. See docs/route.md. */
+ * (the transfer pauses beyond that): the caller decides whether to hold an answer whole (the
+ * router does for HTTP/1.0 clients). Knows nothing of HTTP servers or of slots. See
+ * docs/route.md. */
 #ifndef CSD_ROUTE_PROXY_H
 #define CSD_ROUTE_PROXY_H
 

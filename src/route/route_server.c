@@ -2,8 +2,9 @@
  * the body, checks it is a JSON object, acquires a slot (route_sched.c), and drives the upstream
  * transfer (route_proxy.c) until the answer's status and first bytes are known; only then is the
  * response queued, so an upstream that fails before answering is replaced by another. The rest of
- * the answer is relayed by a content-reader callback as it arrives. The router is a second HTTP
- * front, not part of the API: it shares only src/mhd's plumbing with src/http. */
+ * the answer is relayed by a content-reader callback as it arrives, except to an HTTP/1.0 client,
+ * which gets a plain answer whole (answer_whole). The router is a second HTTP front, not part of
+ * the API: it shares only src/mhd's plumbing with src/http. */
 #include "route_server.h"
 
 #include <jansson.h>
@@ -473,15 +474,20 @@ static int read_whole(csd_route_xfer *x, const csd_route_abort *ab, csd_http_buf
     }
 }
 
-/* Sends the answer b with its length, the upstream's status and Content-Type. */
-static enum MHD_Result send_whole(struct MHD_Connection *c, const csd_route_xfer *x,
-                                  const csd_http_buf *b) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(
-        b->len, b->len ? b->data : (void *)(uintptr_t)"", MHD_RESPMEM_MUST_COPY);
-    if (!r) return MHD_NO;
-    const char *ctype = csd_route_xfer_content_type(x);
+/* Sends the answer b (taken) with its length, status and Content-Type. */
+static enum MHD_Result send_whole(struct MHD_Connection *c, int status, const char *ctype,
+                                  csd_http_buf *b) {
+    /* handed to MHD, which frees it: an answer is not held twice */
+    struct MHD_Response *r =
+        b->data ? MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE)
+                : MHD_create_response_from_buffer(0, (void *)(uintptr_t)"", MHD_RESPMEM_PERSISTENT);
+    if (!r) {
+        csd_http_buf_fini(b);
+        return MHD_NO;
+    }
+    *b = (csd_http_buf){0};
     MHD_add_response_header(r, "Content-Type", ctype[0] ? ctype : "application/json");
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)csd_route_xfer_status(x), r);
+    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
 }
@@ -553,27 +559,30 @@ static enum MHD_Result no_slot(csd_route_server *s, struct MHD_Connection *c, in
 }
 
 /* Answers an HTTP/1.0 client from upstream up's transfer x, read whole (hold_whole); takes x.
- * false when the upstream failed before the end: its slot is given back as failed, err says
- * why, and nothing was sent. */
+ * false when the upstream failed before the end: nothing was sent, err says why, and the slot
+ * is still held (the caller gives it back as failed and tries another upstream). */
 static bool answer_whole(csd_route_server *s, struct MHD_Connection *c, csd_route_xfer *x,
                          int up, const csd_route_abort *ab, csd_err *err, enum MHD_Result *sent) {
     csd_http_buf b = {0};
     int rc = read_whole(x, ab, &b, err);
+    int status = csd_route_xfer_status(x);
+    char ctype[CSD_ROUTE_CTYPE_MAX];
+    snprintf(ctype, sizeof ctype, "%s", csd_route_xfer_content_type(x));
+    /* closed before the slot is given back: the upstream has let go of the request by then */
+    csd_route_xfer_destroy(x);
     if (rc == WHOLE_FAILED) {
-        csd_route_xfer_destroy(x);
         csd_http_buf_fini(&b);
         return false;
     }
     csd_route_sched_release(&s->sched, up, false, false);
     idle_timeout(c, true);
-    if (rc == WHOLE_OK) *sent = send_whole(c, x, &b);
+    if (rc == WHOLE_OK) *sent = send_whole(c, status, ctype, &b);
     else if (rc == WHOLE_ABORTED) *sent = MHD_NO; /* the client left, or the server stops */
     else
         *sent = send_error(c, 502, "server_error", NULL, "upstream_error", NULL, NULL,
                            "the answer is longer than %zu MiB, the most held for an HTTP/1.0 "
                            "client (HTTP/1.1 gets it as it comes)",
                            WHOLE_ANSWER_MAX >> 20);
-    csd_route_xfer_destroy(x);
     csd_http_buf_fini(&b);
     return true;
 }
