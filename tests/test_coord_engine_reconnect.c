@@ -33,6 +33,7 @@ typedef struct fake_pipe {
     atomic_int step_ms; /* each step takes this long */
     _Atomic uint64_t epoch;
     atomic_int opens, copies, closes;
+    atomic_int longest; /* the most tokens one entry of a step carried */
     float *logits; /* the step in flight's (the engine thread only) */
     int n_want, n_entries;
 } fake_pipe;
@@ -54,7 +55,10 @@ static int fake_step_begin(csd_pipeline *p, const csd_step_entry *entries, int n
     f->logits = logits;
     f->n_entries = n;
     f->n_want = 0;
-    for (int i = 0; i < n; i++) f->n_want += entries[i].want_logits;
+    for (int i = 0; i < n; i++) {
+        f->n_want += entries[i].want_logits;
+        if (entries[i].n > atomic_load(&f->longest)) atomic_store(&f->longest, (int)entries[i].n);
+    }
     return 0;
 }
 
@@ -120,6 +124,8 @@ typedef struct outcome {
     int code;
     int64_t cached_tokens;
     int first; /* 1 + how many requests had their first token before this one's; 0: none yet */
+    atomic_int tokens;
+    int64_t completion_tokens;
 } outcome;
 
 static atomic_int g_first_tokens; /* first tokens so far, over every request */
@@ -128,6 +134,7 @@ static bool on_token(void *ctx, const csd_token_event *ev) {
     outcome *o = ctx;
     (void)ev;
     if (!o->first) o->first = 1 + atomic_fetch_add(&g_first_tokens, 1);
+    atomic_fetch_add(&o->tokens, 1);
     return false;
 }
 
@@ -138,6 +145,7 @@ static void on_done(void *ctx, const csd_req_result *res) {
     o->end = res->end;
     o->code = res->code;
     o->cached_tokens = res->cached_tokens;
+    o->completion_tokens = res->completion_tokens;
     pthread_cond_signal(&o->cv);
     pthread_mutex_unlock(&o->mu);
 }
@@ -406,6 +414,46 @@ static void test_refused_request_not_stranded(void **state) {
     csd_engine_destroy(e);
 }
 
+/* A replica lost while a request's tokens stream (a worker gone) hands it to the other replica,
+ * which computes its prompt and its answer so far in one prefill and goes on: the client gets
+ * every token once, up to max_tokens, and nothing fails. A request the other replica then
+ * refuses alone fails (a refusal is never resumed). */
+static void test_replica_lost_mid_answer_resumes(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    fake_init(&f[0]);
+    fake_init(&f[1]);
+    atomic_store(&f[0].step_ms, 2);
+    atomic_store(&f[1].step_ms, 2);
+    csd_engine *e = engine_over_pair(f, 1, 4);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome o, refused;
+    submit(e, prompt, 3, 120, &o);
+    while (atomic_load(&o.tokens) < 20) sleep_ms(1);
+    int on = atomic_load(&f[0].opens) ? 0 : 1, other = 1 - on;
+    atomic_store(&f[on].up, false);
+    assert_true(wait_done_ms(&o, 20000));
+    assert_int_equal(o.end, CSD_REQ_END_LENGTH);
+    assert_int_equal(o.completion_tokens, 120);
+    assert_int_equal(atomic_load(&o.tokens), 120);
+    /* the other replica's prefill: the prompt and the answer the client had (at least 20) */
+    assert_true(atomic_load(&f[other].longest) >= 3 + 20);
+    csd_engine_stats st;
+    csd_engine_get_stats(e, &st);
+    assert_int_equal(st.requests_resumed, 1);
+    /* the same loss while the replica left refuses everything: the request fails there */
+    atomic_store(&f[on].up, true);
+    submit(e, prompt, 3, 100000, &refused);
+    while (atomic_load(&refused.tokens) < 5) sleep_ms(1);
+    int holder = atomic_load(&f[other].opens) > 1 ? other : on; /* (the other is still free) */
+    atomic_store(&f[1 - holder].refuse, true);
+    atomic_store(&f[holder].up, false);
+    assert_true(wait_done_ms(&refused, 20000));
+    assert_int_equal(refused.end, CSD_REQ_END_ERROR);
+    assert_int_equal(refused.code, CSD_EFULL);
+    csd_engine_destroy(e);
+}
+
 /* Requests a replica refused together go back to the queue in the order they were submitted:
  * the other replica starts them in that order. Two long requests hold the serving replica's two
  * slots while the refusing one refuses r[0] and r[1] in one step, then r[2] and r[3]; once the
@@ -520,6 +568,7 @@ int main(void) {
         cmocka_unit_test(test_refusing_replica_passes_requests_on),
         cmocka_unit_test(test_request_every_replica_refuses_fails),
         cmocka_unit_test(test_refused_request_not_stranded),
+        cmocka_unit_test(test_replica_lost_mid_answer_resumes),
         cmocka_unit_test(test_rerouted_requests_keep_order),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),

@@ -44,6 +44,7 @@ typedef struct req {
     int draft_k;              /* its next draft's length from a draft model (csd_draft_next_k) */
     int64_t n_prefilled;
     int64_t n_gen;
+    int64_t n_refeed;         /* answer tokens computed again after the prompt (resume) */
     int32_t last_token;
     csd_req_params params;
     csd_req_callbacks cb;
@@ -382,7 +383,7 @@ static void admit(worker *w) {
     req *r;
     while (w->n_active < e->opts.parallel && (r = take_queued(w))) {
         r->state = REQ_PREFILL;
-        r->t_admit = csd_now_ns();
+        if (!r->t_admit) r->t_admit = csd_now_ns(); /* (a rerouted one keeps its first) */
         req **tail = &w->active; /* append: keeps admission order for prefill fairness */
         while (*tail) tail = &(*tail)->next;
         *tail = r;
@@ -419,24 +420,42 @@ static void requeue_in_order(csd_engine *e, req *r) {
     e->stats.queue_depth = e->queue_len;
 }
 
-/* r failed on w's replica (why: msg) before its first token: nothing of it has reached its
- * client, so it starts over whole on another replica, at its place in the queue, unless every
- * other replica that is up has failed it too. A replica that refused r alone (not one whose whole
- * step failed: it is down) pauses. Returns false when r must fail instead; true when r left w. */
+/* Whether r, failed on a replica after tokens reached its client, can go on elsewhere: only when
+ * the replica failed (a worker gone), not when r was refused alone (that may be r's own doing),
+ * and with its whole answer so far kept to compute again. */
+static bool resumable(const req *r) {
+    return r->step_failed && r->n_prompt + r->n_gen <= r->hist_cap;
+}
+
+/* r failed on w's replica (why: msg). Before its first token nothing of it has reached its client,
+ * so it starts over whole on another replica, at its place in the queue, unless every other
+ * replica that is up has failed it too. After tokens went out it resumes there when resumable:
+ * the new replica computes its prompt and its answer so far (the last token included), and the
+ * logits after them give its next token, so the client's answer goes on where it was. A replica
+ * that refused r alone (not one whose whole step failed: it is down) pauses. Returns false when r
+ * must fail instead; true when r left w. */
 static bool reroute(worker *w, req *r, const char *msg) {
     csd_engine *e = w->e;
-    if (e->n_workers < 2 || r->n_gen > 0 || atomic_load(&r->cancel)) return false;
+    bool resume = r->n_gen > 0;
+    if (e->n_workers < 2 || (resume && !resumable(r)) || atomic_load(&r->cancel)) return false;
     r->failed_on |= replica_bit(w);
     pthread_mutex_lock(&e->mu);
     if (!r->step_failed) pause_replica(w);
     bool elsewhere = !e->stopping && other_replica_for(w, r);
     pthread_mutex_unlock(&e->mu);
     if (!elsewhere) return false;
-    CSD_LOGW("request %llu: replica %d failed it before its first token (%s); trying another",
-             (unsigned long long)r->id, w->index, msg);
+    if (resume)
+        CSD_LOGW("request %llu: replica %d failed after %lld tokens (%s); resuming on another",
+                 (unsigned long long)r->id, w->index, (long long)r->n_gen, msg);
+    else
+        CSD_LOGW("request %llu: replica %d failed it before its first token (%s); trying another",
+                 (unsigned long long)r->id, w->index, msg);
     if (r->opened) w->pipe->ops->close(w->pipe, r->pid);
-    r->opened = r->no_copy = r->step_failed = false;
-    r->n_prefilled = r->n_sent = r->cached_tokens = 0;
+    r->opened = r->step_failed = false;
+    r->no_copy = resume; /* (its prompt and answer are computed whole: no prefix copies) */
+    r->n_refeed = r->n_gen;
+    r->n_prefilled = r->n_sent = 0;
+    if (!resume) r->cached_tokens = 0; /* (a resumed one reports its first run's) */
     r->copied_from = 0;
     r->fail_code = 0;
     r->fail_msg[0] = '\0';
@@ -450,6 +469,7 @@ static bool reroute(worker *w, req *r, const char *msg) {
         r->pid = (uint32_t)next_id(e);
         requeue_in_order(e, r);
         e->stats.requests_rerouted++;
+        e->stats.requests_resumed += resume;
         pthread_cond_broadcast(&e->cv);
     }
     pthread_mutex_unlock(&e->mu);
@@ -493,9 +513,12 @@ static void prepare_requests(worker *w) {
  * computes chunk i while stage k computes chunk i+1. A cancelled one joins none: its steps in
  * flight drain and prepare_requests ends it (else a prompt that always has a chunk in flight
  * would be computed to its end for a client that has gone). */
+/* Tokens r's prefill computes: its prompt, and after a resume its answer so far. */
+static int64_t prefill_len(const req *r) { return r->n_prompt + r->n_refeed; }
+
 static bool can_step(const req *r) {
     if (!r->opened || r->fail_code || atomic_load(&r->cancel)) return false;
-    if (r->state == REQ_PREFILL) return r->n_sent < r->n_prompt;
+    if (r->state == REQ_PREFILL) return r->n_sent < prefill_len(r);
     return r->in_flight == 0;
 }
 
@@ -620,7 +643,7 @@ static void build_step(worker *w, inflight_step *s, int limit) {
             en->want_logits = true;
             en->all_logits = k > 0;
         } else {
-            int64_t left = r->n_prompt - r->n_sent;
+            int64_t left = prefill_len(r) - r->n_sent;
             int64_t take = left < budget ? left : budget;
             if (take + tokens > max_tokens) take = max_tokens - tokens;
             if (take <= 0) continue;
@@ -920,6 +943,27 @@ static void join_worker(worker *w) {
     pthread_join(w->thread, NULL);
 }
 
+/* Ends r, which waits in the queue (cancelled, or the engine stops): tells its owner, with the
+ * tokens it streamed before a resume if any, and frees it. Nothing of it is in a pipeline. */
+static void end_queued(csd_engine *e, req *r, const char *why) {
+    uint64_t now = csd_now_ns();
+    csd_req_result res = {0};
+    res.end = CSD_REQ_END_CANCELLED;
+    res.prompt_tokens = r->n_prompt;
+    res.completion_tokens = r->n_gen;
+    res.queue_s = (double)((r->t_admit ? r->t_admit : now) - r->t_submit) * 1e-9;
+    res.ttft_s = r->t_first ? (double)(r->t_first - r->t_submit) * 1e-9 : 0;
+    res.total_s = (double)(now - r->t_submit) * 1e-9;
+    res.cached_tokens = r->cached_tokens;
+    snprintf(res.message, sizeof res.message, "%s", why);
+    pthread_mutex_lock(&e->mu);
+    e->stats.completion_tokens_total += r->n_gen;
+    pthread_mutex_unlock(&e->mu);
+    r->cb.on_done(r->ctx, &res);
+    csd_draft_model_release(e->opts.draft_model, r->id);
+    req_free(r);
+}
+
 void csd_engine_destroy(csd_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
@@ -930,14 +974,9 @@ void csd_engine_destroy(csd_engine *e) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     for (int i = 0; i < e->n_workers; i++) join_worker(&e->workers[i]);
-    while (q) { /* never admitted: tell their owners */
+    while (q) { /* waiting: tell their owners */
         req *next = q->next;
-        csd_req_result res = {0};
-        res.end = CSD_REQ_END_CANCELLED;
-        res.prompt_tokens = q->n_prompt;
-        snprintf(res.message, sizeof res.message, "server shutting down");
-        q->cb.on_done(q->ctx, &res);
-        req_free(q);
+        end_queued(e, q, "server shutting down");
         q = next;
     }
     for (int i = 0; e->workers && i < e->n_alloc; i++) {
@@ -981,10 +1020,11 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     req *r = csd_alloc(sizeof *r);
     int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
                : csd_err_set(err, CSD_ENOMEM, "request");
-    /* with speculation the answer is kept after the prompt: drafts are looked up in both */
-    int64_t cap = e->opts.spec_draft > 0
-                      ? csd_spec_text_cap(n_prompt, params->max_tokens, e->max_ctx)
-                      : n_prompt;
+    /* with speculation the answer is kept after the prompt: drafts are looked up in both; with
+     * replicas, one that fails mid-answer hands it on whole (reroute) */
+    bool keep_answer = e->opts.spec_draft > 0 || e->n_workers > 1;
+    int64_t cap = keep_answer ? csd_spec_text_cap(n_prompt, params->max_tokens, e->max_ctx)
+                              : n_prompt;
     if (!rc && !(r->prompt = csd_alloc_array((size_t)cap, sizeof(int32_t))))
         rc = csd_err_set(err, CSD_ENOMEM, "prompt copy");
     if (!rc && params->json_schema && !(r->schema = csd_json_schema_copy(params->json_schema)))
@@ -996,7 +1036,7 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     memcpy(r->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     for (int64_t i = 0; i < n_prompt; i++) csd_sampler_accept_prompt(r->sampler, prompt[i]);
     r->n_prompt = n_prompt;
-    r->hist_cap = e->opts.spec_draft > 0 ? cap : 0;
+    r->hist_cap = keep_answer ? cap : 0;
     r->draft_k = e->opts.spec_draft;
     r->params = *params;
     r->params.json_schema = r->schema;
@@ -1109,16 +1149,7 @@ void csd_engine_cancel(csd_engine *e, uint64_t id) {
             if (r->id == id) atomic_store(&r->cancel, true);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (queued) { /* never admitted: nothing of it is in a pipeline */
-        csd_req_result res = {0};
-        res.end = CSD_REQ_END_CANCELLED;
-        res.prompt_tokens = queued->n_prompt;
-        res.queue_s = (double)(csd_now_ns() - queued->t_submit) * 1e-9;
-        res.total_s = res.queue_s;
-        snprintf(res.message, sizeof res.message, "cancelled");
-        queued->cb.on_done(queued->ctx, &res);
-        req_free(queued);
-    }
+    if (queued) end_queued(e, queued, "cancelled");
 }
 
 void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {
