@@ -717,24 +717,17 @@ else
     echo "speculative decoding part skipped: $CSD_SHARED_DIR/models/stories260K not found"
 fi
 
-# 14. a worker dies while a request streams (two replicas): the request resumes on the other
-#     replica where it was, and the client's answer is the one it gets with no death (greedy, f32
-#     weights and KV). The long-context tiny model of part 5 in one stage, 3000 tokens: the kill
-#     lands mid-answer.
+# 14. a worker dies while a request streams: the request resumes where it was, on the other
+#     replica (a) or, with one replica, on its worker restarted on the same address (b), and the
+#     client's answer is the one it gets with no death (greedy, f32 weights and KV). The
+#     long-context tiny model of part 5 in one stage, 3000 tokens: the kill lands mid-answer.
 "$CASCADIA" export "$WORK/mlong" --stages 1 --precision f32 --out "$WORK/x-long-1" >/dev/null 2>&1 ||
     fail "export long, 1 stage"
-read -r wa pa < <(start_worker "$WORK/x-long-1/stage-0.shard" "$WORK/ra.log" --insecure)
-PIDS+=("$wa")
-read -r wb pb < <(start_worker "$WORK/x-long-1/stage-0.shard" "$WORK/rb.log" --insecure)
-PIDS+=("$wb")
-: >"$WORK/serve.log"
-CSD_LOG=info "$CASCADIA" serve --manifest "$WORK/x-long-1" --fleet "127.0.0.1:$pa" \
-    --fleet "127.0.0.1:$pb" --insecure --port 0 --parallel 1 --ctx 4096 >"$WORK/serve.log" 2>&1 &
-PIDS+=("$!")
-wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve (two replicas, long context) did not start"; }
-/usr/bin/python3 - "http://127.0.0.1:$port" "$wa" "$wb" <<'PY' || { tail -5 "$WORK/serve.log"; fail "a request that lost its worker mid-answer"; }
-import json, os, signal, sys, time, urllib.request
-base, pids = sys.argv[1], [int(p) for p in sys.argv[2:]]
+cat >"$WORK/resume.py" <<'PY'
+import json, os, signal, subprocess, sys, time, urllib.request
+# usage: resume.py BASE_URL CASCADIA SHARD PORT:PID [PORT:PID]  (with one worker: it is restarted)
+base, cascadia, shard = sys.argv[1:4]
+workers = [tuple(int(x) for x in w.split(":")) for w in sys.argv[4:]]
 body = {"prompt": "Once upon a time", "max_tokens": 3000, "temperature": 0, "ignore_eos": True}
 def request(extra):
     return urllib.request.Request(base + "/v1/completions", json.dumps(dict(body, **extra)).encode(),
@@ -745,40 +738,72 @@ def cpu(pid):  # user + system ticks
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
-text, events, killed, usage, finish = [], 0, None, None, None
-with urllib.request.urlopen(request({"stream": True, "stream_options": {"include_usage": True}}),
-                            timeout=300) as r:
-    for line in r:
-        line = line.decode().strip()
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            continue
-        ev = json.loads(line[6:])
-        assert "error" not in ev, ev
-        if ev.get("usage"):
-            usage = ev["usage"]
-        for c in ev.get("choices", []):
-            text.append(c.get("text", ""))
-            finish = c.get("finish_reason") or finish
-        events += 1
-        if events == 50 and killed is None:  # the worker that computes it is the busy one
-            before = [cpu(p) for p in pids]
-            time.sleep(0.3)
-            busy = max(range(2), key=lambda i: cpu(pids[i]) - before[i])
-            killed, at = pids[busy], len("".join(text))
-            os.kill(killed, signal.SIGKILL)
-got = "".join(text)
-assert killed is not None, "the answer ended before the kill (%d events)" % events
-assert finish == "length" and usage and usage["completion_tokens"] == 3000, (finish, usage)
-assert got == want, "resumed text differs at char %d" % next(
-    i for i in range(min(len(got), len(want)) + 1) if got[i:i + 1] != want[i:i + 1])
-with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-    m = r.read().decode()
-assert "\ncascadia_requests_resumed_total 1\n" in m, [l for l in m.splitlines() if "resumed" in l]
-print("ok: a worker killed mid-answer (%d of %d characters streamed): the request resumed on the "
-      "other replica, and the answer is the one without the death" % (at, len(want)))
+def kill_busy():
+    before = [cpu(pid) for _, pid in workers]
+    time.sleep(0.3)
+    busy = max(range(len(workers)), key=lambda i: cpu(workers[i][1]) - before[i])
+    port, pid = workers[busy]
+    os.kill(pid, signal.SIGKILL)
+    if len(workers) > 1:
+        return None
+    time.sleep(0.5)  # its port is free once it is gone (the shell reaps it)
+    return subprocess.Popen([cascadia, "worker", "--shard", shard, "--listen", "127.0.0.1:%d" % port,
+                             "--insecure", "--threads", "1"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+text, events, at, usage, finish, again = [], 0, None, None, None, None
+try:
+    with urllib.request.urlopen(request({"stream": True, "stream_options": {"include_usage": True}}),
+                                timeout=300) as r:
+        for line in r:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            assert "error" not in ev, ev
+            if ev.get("usage"):
+                usage = ev["usage"]
+            for c in ev.get("choices", []):
+                text.append(c.get("text", ""))
+                finish = c.get("finish_reason") or finish
+            events += 1
+            if events == 50:  # the worker that computes it is the busy one
+                at = len("".join(text))
+                again = kill_busy()
+    got = "".join(text)
+    assert finish == "length" and usage and usage["completion_tokens"] == 3000, (finish, usage)
+    assert got == want, "resumed text differs at char %d" % next(
+        i for i in range(min(len(got), len(want)) + 1) if got[i:i + 1] != want[i:i + 1])
+    with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+        m = r.read().decode()
+    assert "\ncascadia_requests_resumed_total 1\n" in m, [l for l in m.splitlines() if "resumed" in l]
+finally:
+    if again:
+        again.terminate()
+        again.wait()
+how = "on the other replica" if len(workers) > 1 else "on its worker, restarted"
+print("ok: a worker killed mid-answer (%d of %d characters streamed): the request resumed %s, and "
+      "the answer is the one without the death" % (at, len(want), how))
 PY
-grep -q "failed after [0-9]* tokens (.*); resuming on another" "$WORK/serve.log" ||
-    fail "serve did not log the resume: $(grep -i resum "$WORK/serve.log" | tail -2)"
-passed=$((passed + 1))
-fleet_down
+for mode in replica restart; do
+    read -r wa pa < <(start_worker "$WORK/x-long-1/stage-0.shard" "$WORK/ra.log" --insecure)
+    PIDS+=("$wa")
+    fleets=(--fleet "127.0.0.1:$pa") workers=("$pa:$wa")
+    if [ $mode = replica ]; then
+        read -r wb pb < <(start_worker "$WORK/x-long-1/stage-0.shard" "$WORK/rb.log" --insecure)
+        PIDS+=("$wb")
+        fleets+=(--fleet "127.0.0.1:$pb") workers+=("$pb:$wb")
+    fi
+    : >"$WORK/serve.log"
+    CSD_LOG=info "$CASCADIA" serve --manifest "$WORK/x-long-1" "${fleets[@]}" --insecure --port 0 \
+        --parallel 1 --ctx 4096 >"$WORK/serve.log" 2>&1 &
+    PIDS+=("$!")
+    wait_for 30 serve_up || { cat "$WORK/serve.log"; fail "serve ($mode, long context) did not start"; }
+    /usr/bin/python3 "$WORK/resume.py" "http://127.0.0.1:$port" "$CASCADIA" \
+        "$WORK/x-long-1/stage-0.shard" "${workers[@]}" ||
+        { tail -5 "$WORK/serve.log"; fail "a request that lost its worker mid-answer ($mode)"; }
+    grep -q "after [0-9]* tokens (.*); \(resuming on another\|waiting up to\)" "$WORK/serve.log" ||
+        fail "serve did not log the resume ($mode): $(grep -i resum "$WORK/serve.log" | tail -2)"
+    passed=$((passed + 1))
+    fleet_down
+done
 echo "$passed passed, 0 failed"

@@ -454,6 +454,84 @@ static void test_replica_lost_mid_answer_resumes(void **state) {
     csd_engine_destroy(e);
 }
 
+/* An engine over f alone whose requests wait resume_wait_ms for a lost pipeline to come back. */
+static csd_engine *engine_waiting(fake_pipe *f, int resume_wait_ms) {
+    csd_pipeline *pipe = &f->base;
+    csd_engine_opts o;
+    csd_engine_opts_default(&o);
+    o.parallel = 1;
+    o.prefix_cache = 0;
+    o.resume_wait_ms = resume_wait_ms;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
+    return e;
+}
+
+/* With one replica, a request whose pipeline is lost mid-answer waits for it to come back (a
+ * worker restarted and reconnected) and goes on there: every token once, up to max_tokens. Lost
+ * a second time on that replica, a request fails (no request bounces for ever). */
+static void test_lost_alone_waits_for_the_replica(void **state) {
+    (void)state;
+    static fake_pipe f; /* static: a failed test leaves its engine running */
+    fake_init(&f);
+    atomic_store(&f.step_ms, 2);
+    csd_engine *e = engine_waiting(&f, 20000);
+    int32_t prompt[3] = {1, 2, 3};
+    static outcome o, twice;
+    submit(e, prompt, 3, 120, &o);
+    while (atomic_load(&o.tokens) < 20) sleep_ms(1);
+    atomic_store(&f.up, false);
+    sleep_ms(300);
+    assert_false(o.done); /* waiting, not failed */
+    atomic_store(&f.longest, 0);
+    atomic_store(&f.up, true);
+    assert_true(wait_done_ms(&o, 20000));
+    assert_int_equal(o.end, CSD_REQ_END_LENGTH);
+    assert_int_equal(o.completion_tokens, 120);
+    assert_int_equal(atomic_load(&o.tokens), 120);
+    assert_true(atomic_load(&f.longest) >= 3 + 20); /* its prompt and answer, computed again */
+    csd_engine_stats st;
+    csd_engine_get_stats(e, &st);
+    assert_int_equal(st.requests_resumed, 1);
+    submit(e, prompt, 3, 100000, &twice);
+    for (int loss = 0; loss < 2; loss++) {
+        int seen = atomic_load(&twice.tokens);
+        while (atomic_load(&twice.tokens) < seen + 5) sleep_ms(1);
+        atomic_store(&f.up, false);
+        sleep_ms(100);
+        atomic_store(&f.up, true);
+    }
+    assert_true(wait_done_ms(&twice, 20000));
+    assert_int_equal(twice.end, CSD_REQ_END_ERROR);
+    csd_engine_destroy(e);
+}
+
+/* A lost request that no replica takes back within resume_wait_ms fails with a message saying so,
+ * its streamed tokens counted; with 0 it fails at once, without waiting in the queue. */
+static void test_lost_wait_ends(void **state) {
+    (void)state;
+    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
+    static outcome o[2];
+    int32_t prompt[3] = {1, 2, 3};
+    for (int i = 0; i < 2; i++) {
+        fake_init(&f[i]);
+        atomic_store(&f[i].step_ms, 2);
+        csd_engine *e = engine_waiting(&f[i], i == 0 ? 300 : 0);
+        submit(e, prompt, 3, 100000, &o[i]);
+        while (atomic_load(&o[i].tokens) < 10) sleep_ms(1);
+        atomic_store(&f[i].up, false);
+        assert_true(wait_done_ms(&o[i], 10000));
+        assert_int_equal(o[i].end, CSD_REQ_END_ERROR);
+        assert_int_equal(o[i].completion_tokens, atomic_load(&o[i].tokens));
+        csd_engine_stats st;
+        csd_engine_get_stats(e, &st);
+        assert_int_equal(st.requests_rerouted, i == 0 ? 1 : 0); /* waited, or not at all */
+        csd_engine_destroy(e);
+    }
+    assert_int_equal(o[0].code, CSD_ECLOSED);
+}
+
 /* Requests a replica refused together go back to the queue in the order they were submitted:
  * the other replica starts them in that order. Two long requests hold the serving replica's two
  * slots while the refusing one refuses r[0] and r[1] in one step, then r[2] and r[3]; once the
@@ -569,6 +647,8 @@ int main(void) {
         cmocka_unit_test(test_request_every_replica_refuses_fails),
         cmocka_unit_test(test_refused_request_not_stranded),
         cmocka_unit_test(test_replica_lost_mid_answer_resumes),
+        cmocka_unit_test(test_lost_alone_waits_for_the_replica),
+        cmocka_unit_test(test_lost_wait_ends),
         cmocka_unit_test(test_rerouted_requests_keep_order),
         cmocka_unit_test(test_reconnect_forgets_prefix_cache),
         cmocka_unit_test(test_stats_read_while_cache_changes),

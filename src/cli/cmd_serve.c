@@ -75,12 +75,20 @@ static const char *const serve_usage_models =
     "                       Face or one-stage export directory), run here for every request\n"
     "  --draft-precision P  the draft model's weights (default: an export's own, else\n"
     "                       --precision's)\n"
+    "  --resume-wait SECONDS\n"
+    "                       a request whose fleet is lost mid-answer (a worker gone) while no\n"
+    "                       other replica is up waits this long for one to come back, then\n"
+    "                       goes on where it was (default 30; 0 = it fails at once)\n"
     "  --draft-p-min P      a draft ends before a token the draft model gives a probability\n"
     "                       below P (0-1; default 0: drafts run to --spec-draft)\n"
     CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
 #define SERVE_MAX_FLEETS 16
+/* --resume-wait's default and bound: long enough for a restarted worker to load its shard and
+ * be reconnected (the coordinator retries every second). */
+#define SERVE_RESUME_WAIT_S 30
+#define SERVE_RESUME_WAIT_MAX_S 3600
 /* --wait-workers' default: longer than a worker waits (45 s) before it replaces a quiet
  * coordinator */
 #define SERVE_WAIT_WORKERS_S 60
@@ -104,6 +112,7 @@ typedef struct serve_args {
     int max_per_ip;
     int idle_timeout_s;
     int shutdown_timeout_s;
+    int resume_wait_s;      /* --resume-wait */
     int prefix_cache;
     int spec_draft;      /* -1: not given */
     csd_cli_draft draft; /* --draft-model */
@@ -182,6 +191,9 @@ static int parse_serve_flag(const char *f, const char *value, serve_args *a) {
     } else if (!strcmp(f, "--shutdown-timeout")) {
         if (!csd_cli_int("serve", f, value, 0, CSD_HTTP_IDLE_TIMEOUT_LIMIT, &v)) return 2;
         a->shutdown_timeout_s = (int)v;
+    } else if (!strcmp(f, "--resume-wait")) {
+        if (!csd_cli_int("serve", f, value, 0, SERVE_RESUME_WAIT_MAX_S, &v)) return 2;
+        a->resume_wait_s = (int)v;
     } else if (!strcmp(f, "--api-key")) {
         if (!value[0]) { /* an empty key would check nothing while the banner says auth=on */
             fprintf(stderr, "cascadia serve: --api-key must not be empty\n");
@@ -275,6 +287,7 @@ static void default_args(serve_args *a) {
     a->max_connections = CSD_HTTP_DEFAULT_MAX_CONNECTIONS;
     a->idle_timeout_s = CSD_HTTP_DEFAULT_IDLE_TIMEOUT;
     a->shutdown_timeout_s = SERVE_SHUTDOWN_TIMEOUT_S;
+    a->resume_wait_s = SERVE_RESUME_WAIT_S;
     a->prefix_cache = 4;
     a->spec_draft = -1;
     a->draft = CSD_CLI_DRAFT_NONE;
@@ -485,6 +498,7 @@ static int start_engine(const serve_args *a, const csd_tok *tok, serve_backend *
     csd_engine_opts_default(&eo);
     eo.parallel = a->parallel;
     eo.queue_max = a->queue_max;
+    eo.resume_wait_ms = a->resume_wait_s * 1000;
     eo.prefix_cache = a->prefix_cache;
     eo.spec_draft = a->spec_draft;
     b->draft = a->draft;

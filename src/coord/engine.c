@@ -45,6 +45,8 @@ typedef struct req {
     int64_t n_prefilled;
     int64_t n_gen;
     int64_t n_refeed;         /* answer tokens computed again after the prompt (resume) */
+    int losses;               /* replicas lost while they served it (each may lose it once) */
+    uint64_t wait_until;      /* lost with no replica up: it fails if none admits it by then */
     int32_t last_token;
     csd_req_params params;
     csd_req_callbacks cb;
@@ -130,6 +132,7 @@ void csd_engine_opts_default(csd_engine_opts *o) {
     o->queue_max = 64;
     o->prefill_chunk = 256;
     o->prefix_min = 16;
+    o->resume_wait_ms = 30000;
 }
 
 /* ---- prefix cache ---- */
@@ -339,6 +342,7 @@ static bool is_eog(const csd_engine *e, int32_t id) {
 }
 
 static bool pipe_ready(csd_pipeline *p);
+static void end_queued(csd_engine *e, req *r, int end, int code, const char *why);
 
 /* Whether w's replica takes requests now (lock held): it is up and not pausing after a refusal. */
 static bool worker_ready(const worker *w) {
@@ -384,6 +388,7 @@ static void admit(worker *w) {
     while (w->n_active < e->opts.parallel && (r = take_queued(w))) {
         r->state = REQ_PREFILL;
         if (!r->t_admit) r->t_admit = csd_now_ns(); /* (a rerouted one keeps its first) */
+        r->wait_until = 0;
         req **tail = &w->active; /* append: keeps admission order for prefill fairness */
         while (*tail) tail = &(*tail)->next;
         *tail = r;
@@ -427,24 +432,40 @@ static bool resumable(const req *r) {
     return r->step_failed && r->n_prompt + r->n_gen <= r->hist_cap;
 }
 
+/* Whether r, lost with its replica (lock held) and no other up, waits in the queue for one to
+ * come back (a worker restarted, reconnected): for opts.resume_wait_ms, and once per replica. */
+static bool wait_for_replica(const csd_engine *e, const req *r) {
+    return r->step_failed && e->opts.resume_wait_ms > 0 && r->losses < e->n_workers &&
+           !e->stopping;
+}
+
 /* r failed on w's replica (why: msg). Before its first token nothing of it has reached its client,
  * so it starts over whole on another replica, at its place in the queue, unless every other
  * replica that is up has failed it too. After tokens went out it resumes there when resumable:
  * the new replica computes its prompt and its answer so far (the last token included), and the
- * logits after them give its next token, so the client's answer goes on where it was. A replica
- * that refused r alone (not one whose whole step failed: it is down) pauses. Returns false when r
- * must fail instead; true when r left w. */
+ * logits after them give its next token, so the client's answer goes on where it was. When the
+ * replica was lost (not a refusal) and none other is up, r waits for one to come back, w's own
+ * included (wait_for_replica). A replica that refused r alone (not one whose whole step failed:
+ * it is down) pauses. Returns false when r must fail instead; true when r left w. */
 static bool reroute(worker *w, req *r, const char *msg) {
     csd_engine *e = w->e;
     bool resume = r->n_gen > 0;
-    if (e->n_workers < 2 || (resume && !resumable(r)) || atomic_load(&r->cancel)) return false;
+    if ((resume && !resumable(r)) || atomic_load(&r->cancel)) return false;
     r->failed_on |= replica_bit(w);
     pthread_mutex_lock(&e->mu);
     if (!r->step_failed) pause_replica(w);
-    bool elsewhere = !e->stopping && other_replica_for(w, r);
+    bool elsewhere = !e->stopping && e->n_workers > 1 && other_replica_for(w, r);
+    bool wait = !elsewhere && wait_for_replica(e, r);
     pthread_mutex_unlock(&e->mu);
-    if (!elsewhere) return false;
-    if (resume)
+    if (!elsewhere && !wait) return false;
+    r->losses += r->step_failed;
+    if (wait) r->wait_until = csd_now_ns() + (uint64_t)e->opts.resume_wait_ms * 1000000u;
+    if (wait)
+        CSD_LOGW("request %llu: replica %d lost after %lld tokens (%s); waiting up to %d ms for a "
+                 "replica to come back",
+                 (unsigned long long)r->id, w->index, (long long)r->n_gen, msg,
+                 e->opts.resume_wait_ms);
+    else if (resume)
         CSD_LOGW("request %llu: replica %d failed after %lld tokens (%s); resuming on another",
                  (unsigned long long)r->id, w->index, (long long)r->n_gen, msg);
     else
@@ -817,6 +838,41 @@ static void wait_for_work(worker *w) {
     pthread_cond_timedwait(&e->cv, &e->mu, &ts);
 }
 
+/* The queued requests lost with their replica whose wait for one to come back is over while none
+ * is up (lock held), taken out of the queue as a list. */
+static req *take_expired(csd_engine *e) {
+    req *out = NULL;
+    uint64_t now = csd_now_ns();
+    bool none_up = !csd_engine_ready(e);
+    for (req **p = &e->queue_head, *prev = NULL; *p;) {
+        req *r = *p;
+        if (!r->wait_until || now < r->wait_until || !none_up) {
+            prev = r;
+            p = &r->next;
+            continue;
+        }
+        *p = r->next;
+        if (e->queue_tail == r) e->queue_tail = prev;
+        e->queue_len--;
+        r->next = out;
+        out = r;
+    }
+    e->stats.queue_depth = e->queue_len;
+    return out;
+}
+
+static void end_expired(csd_engine *e, req *list) {
+    if (!list) return;
+    char msg[160];
+    snprintf(msg, sizeof msg,
+             "the fleet was lost mid-request and no replica came back within %d ms",
+             e->opts.resume_wait_ms);
+    for (req *r = list, *next; r; r = next) {
+        next = r->next;
+        end_queued(e, r, CSD_REQ_END_ERROR, CSD_ECLOSED, msg);
+    }
+}
+
 static void *worker_main(void *arg) {
     worker *w = arg;
     csd_engine *e = w->e;
@@ -824,12 +880,15 @@ static void *worker_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&e->mu);
         admit(w);
-        while (!e->stopping && w->n_active == 0 && w->count == 0) {
+        req *expired = take_expired(e);
+        while (!expired && !e->stopping && w->n_active == 0 && w->count == 0) {
             wait_for_work(w);
             admit(w);
+            expired = take_expired(e);
         }
         bool stopping = e->stopping;
         pthread_mutex_unlock(&e->mu);
+        end_expired(e, expired);
         if (stopping && w->count == 0) break;
         drop_cache_after_reconnect(w);
         prepare_requests(w);
@@ -943,12 +1002,14 @@ static void join_worker(worker *w) {
     pthread_join(w->thread, NULL);
 }
 
-/* Ends r, which waits in the queue (cancelled, or the engine stops): tells its owner, with the
- * tokens it streamed before a resume if any, and frees it. Nothing of it is in a pipeline. */
-static void end_queued(csd_engine *e, req *r, const char *why) {
+/* Ends r, which waits in the queue (cancelled, the engine stops, no replica came back): tells
+ * its owner, with the tokens it streamed before a resume if any, and frees it. Nothing of it is
+ * in a pipeline. */
+static void end_queued(csd_engine *e, req *r, int end, int code, const char *why) {
     uint64_t now = csd_now_ns();
     csd_req_result res = {0};
-    res.end = CSD_REQ_END_CANCELLED;
+    res.end = end;
+    res.code = code;
     res.prompt_tokens = r->n_prompt;
     res.completion_tokens = r->n_gen;
     res.queue_s = (double)((r->t_admit ? r->t_admit : now) - r->t_submit) * 1e-9;
@@ -976,7 +1037,7 @@ void csd_engine_destroy(csd_engine *e) {
     for (int i = 0; i < e->n_workers; i++) join_worker(&e->workers[i]);
     while (q) { /* waiting: tell their owners */
         req *next = q->next;
-        end_queued(e, q, "server shutting down");
+        end_queued(e, q, CSD_REQ_END_CANCELLED, 0, "server shutting down");
         q = next;
     }
     for (int i = 0; e->workers && i < e->n_alloc; i++) {
@@ -1020,9 +1081,9 @@ static int req_new(const csd_engine *e, const int32_t *prompt, int64_t n_prompt,
     req *r = csd_alloc(sizeof *r);
     int rc = r ? csd_sampler_create(&r->sampler, &params->sampling, (int32_t)e->cfg.vocab_size, err)
                : csd_err_set(err, CSD_ENOMEM, "request");
-    /* with speculation the answer is kept after the prompt: drafts are looked up in both; with
-     * replicas, one that fails mid-answer hands it on whole (reroute) */
-    bool keep_answer = e->opts.spec_draft > 0 || e->n_workers > 1;
+    /* with speculation the answer is kept after the prompt: drafts are looked up in both; a
+     * replica lost mid-answer hands it on whole to another, or to itself once back (reroute) */
+    bool keep_answer = e->opts.spec_draft > 0 || e->n_workers > 1 || e->opts.resume_wait_ms > 0;
     int64_t cap = keep_answer ? csd_spec_text_cap(n_prompt, params->max_tokens, e->max_ctx)
                               : n_prompt;
     if (!rc && !(r->prompt = csd_alloc_array((size_t)cap, sizeof(int32_t))))
@@ -1149,7 +1210,7 @@ void csd_engine_cancel(csd_engine *e, uint64_t id) {
             if (r->id == id) atomic_store(&r->cancel, true);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (queued) end_queued(e, queued, "cancelled");
+    if (queued) end_queued(e, queued, CSD_REQ_END_CANCELLED, 0, "cancelled");
 }
 
 void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {

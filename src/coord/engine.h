@@ -33,6 +33,9 @@ typedef struct csd_engine_opts {
                             * step; 0 (default): off; at most CSD_SPEC_MAX_DRAFT */
     csd_draft_model *draft_model; /* with spec_draft: the drafts come from this model instead of
                                    * the text (draft_model.h); borrowed, it outlives the engine */
+    int resume_wait_ms;    /* a request whose replica is lost (a worker gone) while no other is
+                            * up waits this long in the queue for one to come back, then resumes
+                            * there (or fails); 0: it fails at once. Default 30000 */
 } csd_engine_opts;
 
 void csd_engine_opts_default(csd_engine_opts *o);
