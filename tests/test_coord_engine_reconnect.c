@@ -485,7 +485,14 @@ static void test_lost_alone_waits_for_the_replica(void **state) {
     sleep_ms(300);
     assert_false(o.done); /* waiting, not failed */
     atomic_store(&f.longest, 0);
+    /* up on its old connection (a pipeline that still looked up after a failed send): not taken
+     * back there, where it would fail at once */
+    int held = atomic_load(&o.tokens);
     atomic_store(&f.up, true);
+    sleep_ms(300);
+    assert_false(o.done);
+    assert_int_equal(atomic_load(&o.tokens), held);
+    atomic_fetch_add(&f.epoch, 1); /* reconnected: a new connection */
     assert_true(wait_done_ms(&o, 20000));
     assert_int_equal(o.end, CSD_REQ_END_LENGTH);
     assert_int_equal(o.completion_tokens, 120);
@@ -500,6 +507,7 @@ static void test_lost_alone_waits_for_the_replica(void **state) {
         while (atomic_load(&twice.tokens) < seen + 5) sleep_ms(1);
         atomic_store(&f.up, false);
         sleep_ms(100);
+        atomic_fetch_add(&f.epoch, 1);
         atomic_store(&f.up, true);
     }
     assert_true(wait_done_ms(&twice, 20000));
@@ -508,25 +516,31 @@ static void test_lost_alone_waits_for_the_replica(void **state) {
 }
 
 /* A lost request that no replica takes back within resume_wait_ms fails with a message saying so,
- * its streamed tokens counted; with 0 it fails at once, without waiting in the queue. */
+ * its streamed tokens counted; with 0 it fails at once, without waiting in the queue; when serve
+ * drains (SIGTERM), one waiting ends at once rather than hold the drain. */
 static void test_lost_wait_ends(void **state) {
     (void)state;
-    static fake_pipe f[2]; /* static: a failed test leaves its engine running */
-    static outcome o[2];
+    static fake_pipe f[3]; /* static: a failed test leaves its engine running */
+    static outcome o[3];
     int32_t prompt[3] = {1, 2, 3};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < 3; i++) {
         fake_init(&f[i]);
         atomic_store(&f[i].step_ms, 2);
-        csd_engine *e = engine_waiting(&f[i], i == 0 ? 300 : 0);
+        csd_engine *e = engine_waiting(&f[i], i == 0 ? 300 : i == 1 ? 0 : 60000);
         submit(e, prompt, 3, 100000, &o[i]);
         while (atomic_load(&o[i].tokens) < 10) sleep_ms(1);
         atomic_store(&f[i].up, false);
+        if (i == 2) {
+            sleep_ms(200);
+            assert_false(o[i].done); /* waiting */
+            csd_engine_drain(e);
+        }
         assert_true(wait_done_ms(&o[i], 10000));
         assert_int_equal(o[i].end, CSD_REQ_END_ERROR);
         assert_int_equal(o[i].completion_tokens, atomic_load(&o[i].tokens));
         csd_engine_stats st;
         csd_engine_get_stats(e, &st);
-        assert_int_equal(st.requests_rerouted, i == 0 ? 1 : 0); /* waited, or not at all */
+        assert_int_equal(st.requests_rerouted, i == 1 ? 0 : 1); /* waited, or not at all */
         csd_engine_destroy(e);
     }
     assert_int_equal(o[0].code, CSD_ECLOSED);

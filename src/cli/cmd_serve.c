@@ -75,12 +75,13 @@ static const char *const serve_usage_models =
     "                       Face or one-stage export directory), run here for every request\n"
     "  --draft-precision P  the draft model's weights (default: an export's own, else\n"
     "                       --precision's)\n"
+
+    "  --draft-p-min P      a draft ends before a token the draft model gives a probability\n"
+    "                       below P (0-1; default 0: drafts run to --spec-draft)\n"
     "  --resume-wait SECONDS\n"
     "                       a request whose fleet is lost mid-answer (a worker gone) while no\n"
     "                       other replica is up waits this long for one to come back, then\n"
     "                       goes on where it was (default 30; 0 = it fails at once)\n"
-    "  --draft-p-min P      a draft ends before a token the draft model gives a probability\n"
-    "                       below P (0-1; default 0: drafts run to --spec-draft)\n"
     CSD_CLI_MODEL_DIR_HELP
         CSD_CLI_MODEL_FLAGS_HELP CSD_CLI_FLEET_FLAGS_HELP;
 
@@ -474,8 +475,9 @@ static void sleep_ms(long ms) {
 
 /* The first signal's graceful part: no new requests, and those in flight may finish until the
  * timeout or a second signal. */
-static void drain(csd_http_server *srv, int timeout_s) {
+static void drain(csd_http_server *srv, csd_engine *engine, int timeout_s) {
     csd_http_server_drain(srv);
+    csd_engine_drain(engine);
     int n = csd_http_server_in_flight(srv);
     fprintf(stderr,
             "cascadia serve: signal %d: draining, new requests get 503; %d in flight may finish "
@@ -543,7 +545,7 @@ int csd_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cascadia serve: ready (context %lld tokens, %d parallel)\n",
                 (long long)csd_engine_max_ctx(engine), a.parallel);
         while (!atomic_load(&g_stop_signal)) sleep_ms(100);
-        drain(srv, a.shutdown_timeout_s);
+        drain(srv, engine, a.shutdown_timeout_s);
     }
     int sig = atomic_load(&g_stop_signal);
     if (sig) fprintf(stderr, "cascadia serve: signal %d, shutting down\n", sig);

@@ -46,7 +46,9 @@ typedef struct req {
     int64_t n_gen;
     int64_t n_refeed;         /* answer tokens computed again after the prompt (resume) */
     int losses;               /* replicas lost while they served it (each may lose it once) */
-    uint64_t wait_until;      /* lost with no replica up: it fails if none admits it by then */
+    uint64_t wait_until;      /* lost: it fails if no replica can take it by then */
+    int lost_on;              /* 1 + the replica it was last lost on; 0: none */
+    uint64_t lost_epoch;      /* that replica's connection then: it takes r back once new */
     int32_t last_token;
     csd_req_params params;
     csd_req_callbacks cb;
@@ -122,6 +124,7 @@ struct csd_engine {
     req *queue_head, *queue_tail;
     int queue_len;
     bool stopping;
+    bool draining;   /* serve stops taking requests: those waiting for a lost replica end */
     uint64_t next_id;
     csd_engine_stats stats;
 };
@@ -361,13 +364,29 @@ static bool other_replica_for(const worker *w, const req *r) {
     return false;
 }
 
+/* Whether w's replica lost r and has not reconnected since: its pipeline may still look up for a
+ * moment after a failed send, and r would fail there again at once. */
+static bool gated(const worker *w, const req *r) {
+    return r->lost_on == w->index + 1 && w->pipe->ops->epoch &&
+           pipe_epoch(w->pipe) == r->lost_epoch;
+}
+
+/* Whether a replica that is up may take r (lock held). */
+static bool taker_for(const csd_engine *e, const req *r) {
+    for (int i = 0; i < e->n_workers; i++)
+        if (pipe_ready(e->workers[i].pipe) && !gated(&e->workers[i], r)) return true;
+    return false;
+}
+
 /* The first queued request w may take (lock held): not one w's replica has already failed while
- * another replica that is up has not (with none, w tries it again: it fails there, or serves). */
+ * another replica that is up has not (with none, w tries it again: it fails there, or serves),
+ * nor one w's replica lost before its reconnection. */
 static req *take_queued(worker *w) {
     csd_engine *e = w->e;
     req *prev = NULL;
     for (req *r = e->queue_head; r; prev = r, r = r->next) {
         if ((r->failed_on & replica_bit(w)) && other_replica_for(w, r)) continue;
+        if (gated(w, r)) continue;
         if (prev) prev->next = r->next;
         else e->queue_head = r->next;
         if (e->queue_tail == r) e->queue_tail = prev;
@@ -432,11 +451,13 @@ static bool resumable(const req *r) {
     return r->step_failed && r->n_prompt + r->n_gen <= r->hist_cap;
 }
 
-/* Whether r, lost with its replica (lock held) and no other up, waits in the queue for one to
- * come back (a worker restarted, reconnected): for opts.resume_wait_ms, and once per replica. */
-static bool wait_for_replica(const csd_engine *e, const req *r) {
+/* Whether r, lost with w's replica (lock held) and no other up, waits in the queue for one to
+ * come back (a worker restarted, reconnected): for opts.resume_wait_ms, each replica losing it
+ * once at most, where a replica can come back (a fleet: it reconnects). */
+static bool wait_for_replica(const worker *w, const req *r) {
+    const csd_engine *e = w->e;
     return r->step_failed && e->opts.resume_wait_ms > 0 && r->losses < e->n_workers &&
-           !e->stopping;
+           !e->stopping && !e->draining && (w->pipe->ops->epoch || e->n_workers > 1);
 }
 
 /* r failed on w's replica (why: msg). Before its first token nothing of it has reached its client,
@@ -451,15 +472,20 @@ static bool reroute(worker *w, req *r, const char *msg) {
     csd_engine *e = w->e;
     bool resume = r->n_gen > 0;
     if ((resume && !resumable(r)) || atomic_load(&r->cancel)) return false;
+    if (e->n_workers < 2 && !r->step_failed) return false; /* a refusal, nowhere else to go */
     r->failed_on |= replica_bit(w);
     pthread_mutex_lock(&e->mu);
     if (!r->step_failed) pause_replica(w);
     bool elsewhere = !e->stopping && e->n_workers > 1 && other_replica_for(w, r);
-    bool wait = !elsewhere && wait_for_replica(e, r);
+    bool wait = !elsewhere && wait_for_replica(w, r);
     pthread_mutex_unlock(&e->mu);
     if (!elsewhere && !wait) return false;
-    r->losses += r->step_failed;
-    if (wait) r->wait_until = csd_now_ns() + (uint64_t)e->opts.resume_wait_ms * 1000000u;
+    if (r->step_failed) { /* a loss: w takes r back only once reconnected, and not for ever */
+        r->losses += r->opened; /* (lost while it ran there, not at its open) */
+        r->lost_on = w->index + 1;
+        r->lost_epoch = pipe_epoch(w->pipe);
+        r->wait_until = csd_now_ns() + (uint64_t)e->opts.resume_wait_ms * 1000000u;
+    }
     if (wait)
         CSD_LOGW("request %llu: replica %d lost after %lld tokens (%s); waiting up to %d ms for a "
                  "replica to come back",
@@ -515,6 +541,7 @@ static void prepare_requests(worker *w) {
             if (lead && lead->n_prefilled < r->n_prompt - 1) continue;
             csd_err err = {0};
             int rc = w->pipe->ops->open(w->pipe, r->pid, w->e->max_ctx, &err);
+            r->step_failed = rc == CSD_ECLOSED; /* the fleet's link is down: a loss */
             if (rc && !reroute(w, r, err.msg)) {
                 remove_active(w, r);
                 finish(w, r, CSD_REQ_END_ERROR, rc, err.msg);
@@ -838,15 +865,16 @@ static void wait_for_work(worker *w) {
     pthread_cond_timedwait(&e->cv, &e->mu, &ts);
 }
 
-/* The queued requests lost with their replica whose wait for one to come back is over while none
- * is up (lock held), taken out of the queue as a list. */
+/* The queued requests lost with their replica that no replica can take (none is up, or the one up
+ * lost them and has not reconnected) once their wait is over, or at once while serve drains (lock
+ * held), taken out of the queue as a list. */
 static req *take_expired(csd_engine *e) {
     req *out = NULL;
+    if (!e->queue_head) return NULL;
     uint64_t now = csd_now_ns();
-    bool none_up = !csd_engine_ready(e);
     for (req **p = &e->queue_head, *prev = NULL; *p;) {
         req *r = *p;
-        if (!r->wait_until || now < r->wait_until || !none_up) {
+        if (!r->wait_until || (now < r->wait_until && !e->draining) || taker_for(e, r)) {
             prev = r;
             p = &r->next;
             continue;
@@ -981,11 +1009,15 @@ int csd_engine_create(csd_engine **out, csd_pipeline *const *pipes, int n_pipes,
             ok = w->steps[s].logits != NULL;
         }
         if (!ok || pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+            pthread_mutex_lock(&e->mu);
             e->n_workers = i;
+            pthread_mutex_unlock(&e->mu);
             csd_engine_destroy(e);
             return csd_err_set(err, CSD_ENOMEM, "engine worker %d", i);
         }
+        pthread_mutex_lock(&e->mu); /* the threads started read it (take_expired) */
         e->n_workers = i + 1;
+        pthread_mutex_unlock(&e->mu);
     }
     *out = e;
     return 0;
@@ -1211,6 +1243,13 @@ void csd_engine_cancel(csd_engine *e, uint64_t id) {
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
     if (queued) end_queued(e, queued, CSD_REQ_END_CANCELLED, 0, "cancelled");
+}
+
+void csd_engine_drain(csd_engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->draining = true;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st) {

@@ -144,6 +144,9 @@ int csd_engine_capacity(csd_engine *e);
  * request still in the queue it is called at once, from this call: the caller must not hold a
  * lock that its on_done takes. */
 void csd_engine_cancel(csd_engine *e, uint64_t id);
+/* Serve drains (SIGTERM): requests waiting for a lost replica to come back end now (they could
+ * not finish in the drain without one); the others go on. */
+void csd_engine_drain(csd_engine *e);
 void csd_engine_get_stats(csd_engine *e, csd_engine_stats *st);
 /* The model being served (all pipelines serve the same one). */
 const csd_model_config *csd_engine_model(const csd_engine *e);
