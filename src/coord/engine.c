@@ -183,18 +183,16 @@ static uint64_t next_id(csd_engine *e) {
 
 /* ---- finishing ---- */
 
-static void finish(worker *w, req *r, int end, int code, const char *msg) {
-    csd_engine *e = w->e;
-    bool kept =
-        r->opened && (end == CSD_REQ_END_STOP || end == CSD_REQ_END_LENGTH) && retain_prompt(w, r);
-    if (r->opened && !kept) w->pipe->ops->close(w->pipe, r->pid);
+/* Tells r's owner how it ended (with the tokens it streamed, a resumed one's included), counts
+ * them, and frees r. Nothing of it is in a pipeline any more: finish closed it, or it waited in
+ * the queue (cancelled, the engine stopping, no replica back in time). */
+static void end_request(csd_engine *e, req *r, int end, int code, const char *msg) {
     csd_req_result res = {0};
     res.end = end;
     res.prompt_tokens = r->n_prompt;
     res.completion_tokens = r->n_gen;
     uint64_t now = csd_now_ns();
-    res.queue_s =
-        r->t_admit ? (double)(r->t_admit - r->t_submit) * 1e-9 : (double)(now - r->t_submit) * 1e-9;
+    res.queue_s = (double)((r->t_admit ? r->t_admit : now) - r->t_submit) * 1e-9;
     res.ttft_s = r->t_first ? (double)(r->t_first - r->t_submit) * 1e-9 : 0;
     res.total_s = (double)(now - r->t_submit) * 1e-9;
     res.cached_tokens = r->cached_tokens;
@@ -206,6 +204,13 @@ static void finish(worker *w, req *r, int end, int code, const char *msg) {
     r->cb.on_done(r->ctx, &res);
     csd_draft_model_release(e->opts.draft_model, r->id);
     req_free(r);
+}
+
+static void finish(worker *w, req *r, int end, int code, const char *msg) {
+    bool kept =
+        r->opened && (end == CSD_REQ_END_STOP || end == CSD_REQ_END_LENGTH) && retain_prompt(w, r);
+    if (r->opened && !kept) w->pipe->ops->close(w->pipe, r->pid);
+    end_request(w->e, r, end, code, msg);
 }
 
 static bool retain_prompt(worker *w, req *r) {
@@ -345,7 +350,6 @@ static bool is_eog(const csd_engine *e, int32_t id) {
 }
 
 static bool pipe_ready(csd_pipeline *p);
-static void end_queued(csd_engine *e, req *r, int end, int code, const char *why);
 
 /* Whether w's replica takes requests now (lock held): it is up and not pausing after a refusal. */
 static bool worker_ready(const worker *w) {
@@ -897,7 +901,7 @@ static void end_expired(csd_engine *e, req *list) {
              e->opts.resume_wait_ms);
     for (req *r = list, *next; r; r = next) {
         next = r->next;
-        end_queued(e, r, CSD_REQ_END_ERROR, CSD_ECLOSED, msg);
+        end_request(e, r, CSD_REQ_END_ERROR, CSD_ECLOSED, msg);
     }
 }
 
@@ -1034,29 +1038,6 @@ static void join_worker(worker *w) {
     pthread_join(w->thread, NULL);
 }
 
-/* Ends r, which waits in the queue (cancelled, the engine stops, no replica came back): tells
- * its owner, with the tokens it streamed before a resume if any, and frees it. Nothing of it is
- * in a pipeline. */
-static void end_queued(csd_engine *e, req *r, int end, int code, const char *why) {
-    uint64_t now = csd_now_ns();
-    csd_req_result res = {0};
-    res.end = end;
-    res.code = code;
-    res.prompt_tokens = r->n_prompt;
-    res.completion_tokens = r->n_gen;
-    res.queue_s = (double)((r->t_admit ? r->t_admit : now) - r->t_submit) * 1e-9;
-    res.ttft_s = r->t_first ? (double)(r->t_first - r->t_submit) * 1e-9 : 0;
-    res.total_s = (double)(now - r->t_submit) * 1e-9;
-    res.cached_tokens = r->cached_tokens;
-    snprintf(res.message, sizeof res.message, "%s", why);
-    pthread_mutex_lock(&e->mu);
-    e->stats.completion_tokens_total += r->n_gen;
-    pthread_mutex_unlock(&e->mu);
-    r->cb.on_done(r->ctx, &res);
-    csd_draft_model_release(e->opts.draft_model, r->id);
-    req_free(r);
-}
-
 void csd_engine_destroy(csd_engine *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
@@ -1069,7 +1050,7 @@ void csd_engine_destroy(csd_engine *e) {
     for (int i = 0; i < e->n_workers; i++) join_worker(&e->workers[i]);
     while (q) { /* waiting: tell their owners */
         req *next = q->next;
-        end_queued(e, q, CSD_REQ_END_CANCELLED, 0, "server shutting down");
+        end_request(e, q, CSD_REQ_END_CANCELLED, 0, "server shutting down");
         q = next;
     }
     for (int i = 0; e->workers && i < e->n_alloc; i++) {
@@ -1242,7 +1223,7 @@ void csd_engine_cancel(csd_engine *e, uint64_t id) {
             if (r->id == id) atomic_store(&r->cancel, true);
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
-    if (queued) end_queued(e, queued, CSD_REQ_END_CANCELLED, 0, "cancelled");
+    if (queued) end_request(e, queued, CSD_REQ_END_CANCELLED, 0, "cancelled");
 }
 
 void csd_engine_drain(csd_engine *e) {
