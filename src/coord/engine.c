@@ -560,14 +560,14 @@ static void prepare_requests(worker *w) {
 
 /* ---- steps ---- */
 
+/* Tokens r's prefill computes: its prompt, and after a resume its answer so far. */
+static int64_t prefill_len(const req *r) { return r->n_prompt + r->n_refeed; }
+
 /* A request can join a new step when no step carries it, or while its prompt still has tokens no
  * step carries yet: chunks of one long prompt then travel the pipeline back to back, so stage k+1
  * computes chunk i while stage k computes chunk i+1. A cancelled one joins none: its steps in
  * flight drain and prepare_requests ends it (else a prompt that always has a chunk in flight
  * would be computed to its end for a client that has gone). */
-/* Tokens r's prefill computes: its prompt, and after a resume its answer so far. */
-static int64_t prefill_len(const req *r) { return r->n_prompt + r->n_refeed; }
-
 static bool can_step(const req *r) {
     if (!r->opened || r->fail_code || atomic_load(&r->cancel)) return false;
     if (r->state == REQ_PREFILL) return r->n_sent < prefill_len(r);
