@@ -46,23 +46,8 @@ static int teardown(void **state) {
     return 0;
 }
 
-/* The model's greedy continuation of text, k tokens, computed afresh one token at a time. */
-static void greedy(csd_model *m, const int32_t *text, int64_t n, int k, int32_t *out) {
-    csd_kv *kv = csd_test_new_kv(m);
-    int64_t vocab = csd_model_cfg(m)->vocab_size;
-    float *logits = malloc((size_t)vocab * sizeof(float));
-    csd_err err = {0};
-    if (csd_model_forward_seq(m, kv, text, NULL, n, logits, &err)) fail_msg("%s", err.msg);
-    for (int i = 0; i < k; i++) {
-        out[i] = (int32_t)csd_quality_argmax(logits, vocab);
-        if (i + 1 < k && csd_model_forward_seq(m, kv, &out[i], NULL, 1, logits, &err))
-            fail_msg("%s", err.msg);
-    }
-    free(logits);
-    csd_kv_destroy(kv);
-}
-
-/* As greedy, with the probability the model gives each token (p[i]). */
+/* The model's greedy continuation of text, k tokens, computed afresh one token at a time, with
+ * the probability the model gives each token in p[i] when p is not NULL. */
 static void greedy_probs(csd_model *m, const int32_t *text, int64_t n, int k, int32_t *out,
                          double *p) {
     csd_kv *kv = csd_test_new_kv(m);
@@ -73,14 +58,20 @@ static void greedy_probs(csd_model *m, const int32_t *text, int64_t n, int k, in
     if (csd_model_forward_seq(m, kv, text, NULL, n, logits, &err)) fail_msg("%s", err.msg);
     for (int i = 0; i < k; i++) {
         out[i] = (int32_t)csd_quality_argmax(logits, vocab);
-        csd_quality_log_softmax(logits, vocab, logp);
-        p[i] = exp(logp[out[i]]);
+        if (p) {
+            csd_quality_log_softmax(logits, vocab, logp);
+            p[i] = exp(logp[out[i]]);
+        }
         if (i + 1 < k && csd_model_forward_seq(m, kv, &out[i], NULL, 1, logits, &err))
             fail_msg("%s", err.msg);
     }
     free(logp);
     free(logits);
     csd_kv_destroy(kv);
+}
+
+static void greedy(csd_model *m, const int32_t *text, int64_t n, int k, int32_t *out) {
+    greedy_probs(m, text, n, k, out, NULL);
 }
 
 static csd_draft_model *new_draft(fixture *f, int slots, int64_t vocab_limit) {

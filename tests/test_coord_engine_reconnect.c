@@ -205,18 +205,22 @@ static void sleep_ms(int ms) {
 }
 
 /* An engine over f alone (prefix_min 8; queue_max < 0: the default). */
-static csd_engine *engine_over(fake_pipe *f, int parallel, int queue_max, int prefix_cache) {
+static csd_engine *engine_with(fake_pipe *f, const csd_engine_opts *o) {
     csd_pipeline *pipe = &f->base;
+    csd_engine *e = NULL;
+    csd_err err = {0};
+    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, o, &err), 0);
+    return e;
+}
+
+static csd_engine *engine_over(fake_pipe *f, int parallel, int queue_max, int prefix_cache) {
     csd_engine_opts o;
     csd_engine_opts_default(&o);
     o.parallel = parallel;
     if (queue_max >= 0) o.queue_max = queue_max;
     o.prefix_cache = prefix_cache;
     o.prefix_min = 8;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
-    return e;
+    return engine_with(f, &o);
 }
 
 /* ---- tests ---- */
@@ -456,16 +460,12 @@ static void test_replica_lost_mid_answer_resumes(void **state) {
 
 /* An engine over f alone whose requests wait resume_wait_ms for a lost pipeline to come back. */
 static csd_engine *engine_waiting(fake_pipe *f, int resume_wait_ms) {
-    csd_pipeline *pipe = &f->base;
     csd_engine_opts o;
     csd_engine_opts_default(&o);
     o.parallel = 1;
     o.prefix_cache = 0;
     o.resume_wait_ms = resume_wait_ms;
-    csd_engine *e = NULL;
-    csd_err err = {0};
-    assert_int_equal(csd_engine_create(&e, &pipe, 1, NULL, 0, &o, &err), 0);
-    return e;
+    return engine_with(f, &o);
 }
 
 /* With one replica, a request whose pipeline is lost mid-answer waits for it to come back (a

@@ -75,7 +75,6 @@ static const char *const serve_usage_models =
     "                       Face or one-stage export directory), run here for every request\n"
     "  --draft-precision P  the draft model's weights (default: an export's own, else\n"
     "                       --precision's)\n"
-
     "  --draft-p-min P      a draft ends before a token the draft model gives a probability\n"
     "                       below P (0-1; default 0: drafts run to --spec-draft)\n"
     "  --resume-wait SECONDS\n"

@@ -140,11 +140,14 @@ static int64_t foreign_token(const csd_draft_model *d, const int32_t *text, int6
     return -1;
 }
 
-/* The probability the draft model gives its greedy token top (the row's largest logit). */
-static double top_prob(const float *logits, int64_t vocab, int64_t top) {
-    double sum = 0;
-    for (int64_t v = 0; v < vocab; v++) sum += exp((double)logits[v] - (double)logits[top]);
-    return 1.0 / sum;
+/* Whether the draft model gives its greedy token top (the row's largest logit) a probability of
+ * p_min or more: 1 / sum exp(l - l_top) >= p_min. The sum stops once past 1 / p_min; infinite
+ * or NaN logits give false. */
+static bool sure_of(const float *logits, int64_t vocab, int64_t top, float p_min) {
+    double limit = 1.0 / p_min, sum = 0;
+    for (int64_t v = 0; v < vocab && sum <= limit; v++)
+        sum += exp((double)logits[v] - (double)logits[top]);
+    return sum <= limit;
 }
 
 /* Runs the batch of fill tokens; the logits rows go to their jobs' next draft token, ending a
@@ -159,8 +162,7 @@ static int run_batch(csd_draft_model *d, csd_draft_job *jobs, int64_t fill, int 
         int j = d->row_job[r];
         const float *row = d->logits + (int64_t)r * d->vocab;
         int32_t id = (int32_t)csd_quality_argmax(row, d->vocab);
-        /* (a NaN from infinite or NaN logits cuts too) */
-        if (id >= d->vocab_limit || (d->p_min > 0 && !(top_prob(row, d->vocab, id) >= d->p_min)))
+        if (id >= d->vocab_limit || (d->p_min > 0 && !sure_of(row, d->vocab, id, d->p_min)))
             jobs[j].k = d->jobs[j].got; /* the draft ends here */
         else jobs[j].out[d->jobs[j].got++] = id;
     }
@@ -340,7 +342,6 @@ int csd_draft_next_k(int k, int drafted, int agreed, int max) {
     if (drafted > 0) k = agreed == drafted ? k + 2 : k - 1;
     return k > max ? max : k < 1 ? 1 : k;
 }
-
 
 int64_t csd_draft_model_computed(csd_draft_model *d) {
     pthread_mutex_lock(&d->mu);

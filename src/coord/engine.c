@@ -125,6 +125,7 @@ struct csd_engine {
     int queue_len;
     bool stopping;
     bool draining;   /* serve stops taking requests: those waiting for a lost replica end */
+    uint64_t expiry_check_at; /* take_expired's next walk of the queue (csd_now_ns) */
     uint64_t next_id;
     csd_engine_stats stats;
 };
@@ -874,8 +875,10 @@ static void wait_for_work(worker *w) {
  * held), taken out of the queue as a list. */
 static req *take_expired(csd_engine *e) {
     req *out = NULL;
-    if (!e->queue_head) return NULL;
     uint64_t now = csd_now_ns();
+    /* a walk of the whole queue: not at every step of a busy engine, RECHECK_MS apart */
+    if (!e->queue_head || (now < e->expiry_check_at && !e->draining)) return NULL;
+    e->expiry_check_at = now + RECHECK_MS * 1000000ull;
     for (req **p = &e->queue_head, *prev = NULL; *p;) {
         req *r = *p;
         if (!r->wait_until || (now < r->wait_until && !e->draining) || taker_for(e, r)) {

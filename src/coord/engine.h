@@ -107,8 +107,8 @@ typedef struct csd_engine_stats {
     int64_t prefix_tokens;     /* prompt tokens they did not recompute */
     int64_t prefix_refused;    /* requests refused after a copy: they computed their prompt */
     int prefix_entries;        /* prompts held in the cache now */
-    int64_t requests_rerouted; /* failed on a replica, sent to another (resumed ones included) */
-    int64_t requests_resumed;  /* of those, failed after tokens went out, resumed elsewhere */
+    int64_t requests_rerouted; /* refused or lost by a replica, queued again (resumed included) */
+    int64_t requests_resumed;  /* of those, lost after tokens went out, resumed where they were */
     int64_t spec_draft_tokens;    /* draft tokens proposed, each computed in a step
                                    * (speculative decoding) */
     int64_t spec_accepted_tokens; /* of them, the ones the model agreed with */

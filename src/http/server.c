@@ -265,12 +265,12 @@ static void append_engine_metrics(csd_http_buf *b, const csd_engine_stats *st, i
     metric(b, "cascadia_prefix_cache_entries", "gauge", "Prompts whose KV is held for reuse.",
            "cascadia_prefix_cache_entries %d\n", st->prefix_entries);
     metric(b, "cascadia_requests_rerouted_total", "counter",
-           "Requests a replica refused or failed, moved to another replica (before their first "
-           "token: started over; after: resumed).",
+           "Requests a replica refused or lost, put back in the queue for a replica (before "
+           "their first token: started over; after: resumed).",
            "cascadia_requests_rerouted_total %lld\n", (long long)st->requests_rerouted);
     metric(b, "cascadia_requests_resumed_total", "counter",
-           "Requests whose replica failed after tokens went out, resumed on another replica "
-           "where they were.",
+           "Requests whose replica was lost after tokens went out, resumed where they were (on "
+           "another replica, or theirs once back).",
            "cascadia_requests_resumed_total %lld\n", (long long)st->requests_resumed);
     metric(b, "cascadia_spec_draft_tokens_total", "counter",
            "Draft tokens speculative decoding proposed and computed (--spec-draft).",

@@ -74,7 +74,7 @@ struct csd_route_server {
 typedef struct conn_state {
     int path;
     bool replied; /* a response was queued on the first call (401, 404, 413, ...) */
-    bool http10;  /* the client speaks HTTP/1.0: no chunked encoding (whole_answer) */
+    bool http10;  /* the client speaks HTTP/1.0: no chunked encoding (answer_whole) */
     csd_mhd_body body;
 } conn_state;
 
@@ -171,16 +171,27 @@ bool csd_route_url_same(const char *a, const char *b) {
 
 /* ---- responses ---- */
 
-static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *ctype,
-                                 const char *body, const char *h1, const char *v1) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)(uintptr_t)body,
-                                                             MHD_RESPMEM_MUST_COPY);
+/* Queues r (NULL: out of memory) with its Content-Type and one more header if h1. */
+static enum MHD_Result queue_response(struct MHD_Connection *c, int status,
+                                      struct MHD_Response *r, const char *ctype, const char *h1,
+                                      const char *v1) {
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", ctype);
     if (h1) MHD_add_response_header(r, h1, v1);
     enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+static enum MHD_Result send_body(struct MHD_Connection *c, int status, const char *ctype,
+                                 const char *body, const char *h1, const char *v1) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)(uintptr_t)body,
+                                                             MHD_RESPMEM_MUST_COPY);
+    return queue_response(c, status, r, ctype, h1, v1);
+}
+
+static bool is_event_stream(const char *ctype) {
+    return !strncasecmp(ctype, "text/event-stream", 17);
 }
 
 /* OpenAI's error shape, as src/http answers: {"error": {"message", "type", "param", "code"}}. */
@@ -422,12 +433,10 @@ static enum MHD_Result start_relay(csd_route_server *s, struct MHD_Connection *c
     }
     *r = (relay){.s = s, .conn = c, .x = x, .w = {s, fd}, .up = up};
     const char *ctype = csd_route_xfer_content_type(x);
-    r->sse = !strncasecmp(ctype, "text/event-stream", 17);
-    MHD_add_response_header(resp, "Content-Type", ctype[0] ? ctype : "application/json");
-    if (r->sse) MHD_add_response_header(resp, "Cache-Control", "no-cache");
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)csd_route_xfer_status(x), resp);
-    MHD_destroy_response(resp); /* the connection holds it; relay_free runs when it is done */
-    return ret;
+    r->sse = is_event_stream(ctype);
+    /* the connection holds resp once queued; relay_free runs when it is done */
+    return queue_response(c, csd_route_xfer_status(x), resp, ctype[0] ? ctype : "application/json",
+                          r->sse ? "Cache-Control" : NULL, "no-cache");
 }
 
 /* An answer that must have no body (204, 304): HTTP forbids one, so it is not relayed as a
@@ -450,9 +459,9 @@ static enum MHD_Result relay_empty(csd_route_server *s, struct MHD_Connection *c
 /* An HTTP/1.0 client gets no chunked encoding: a relayed answer would end with the connection,
  * so an upstream failing mid-answer would look to it like a whole answer. Its answers (other
  * than event streams, which end with an error event) are therefore read whole first and sent
- * with their length; a failure before the end is failed over like a failed connection. */
+ * with their length; a failure before the end fails over, as a broken connection does. */
 static bool hold_whole(const conn_state *cs, const csd_route_xfer *x) {
-    return cs->http10 && strncasecmp(csd_route_xfer_content_type(x), "text/event-stream", 17);
+    return cs->http10 && !is_event_stream(csd_route_xfer_content_type(x));
 }
 
 enum { WHOLE_OK, WHOLE_FAILED, WHOLE_ABORTED, WHOLE_TOO_LONG };
@@ -477,19 +486,13 @@ static int read_whole(csd_route_xfer *x, const csd_route_abort *ab, csd_http_buf
 /* Sends the answer b (taken) with its length, status and Content-Type. */
 static enum MHD_Result send_whole(struct MHD_Connection *c, int status, const char *ctype,
                                   csd_http_buf *b) {
+    if (!ctype[0]) ctype = "application/json";
+    if (!b->data) return send_body(c, status, ctype, "", NULL, NULL);
     /* handed to MHD, which frees it: an answer is not held twice */
     struct MHD_Response *r =
-        b->data ? MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE)
-                : MHD_create_response_from_buffer(0, (void *)(uintptr_t)"", MHD_RESPMEM_PERSISTENT);
-    if (!r) {
-        csd_http_buf_fini(b);
-        return MHD_NO;
-    }
-    *b = (csd_http_buf){0};
-    MHD_add_response_header(r, "Content-Type", ctype[0] ? ctype : "application/json");
-    enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, r);
-    MHD_destroy_response(r);
-    return ret;
+        MHD_create_response_from_buffer(b->len, b->data, MHD_RESPMEM_MUST_FREE);
+    if (r) *b = (csd_http_buf){0};
+    return queue_response(c, status, r, ctype, NULL, NULL);
 }
 
 /* ---- forwarding ---- */
